@@ -1,0 +1,44 @@
+# symkit: `make repro` runs the experiment, `make test` runs the tests.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.symkit-installed
+# Fixed CPU thread counts: results must not depend on the machine's core count.
+export OMP_NUM_THREADS ?= 2
+export MKL_NUM_THREADS ?= 2
+export DVC_NO_ANALYTICS := 1
+export PYTHONHASHSEED := 0
+
+.PHONY: repro test test-slow lint bench clean-venv help
+
+help:
+	@echo "make repro      - create .venv, install pinned deps, run the DVC pipeline"
+	@echo "make test       - create .venv, install pinned deps, run the default test suite"
+	@echo "make test-slow  - also run tests marked slow"
+	@echo "make lint       - ruff check"
+	@echo "make bench      - run benchmarks/ (prints ratios against in-run baselines)"
+
+# The virtual environment is rebuilt when the lock file or pyproject.toml changes.
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	@touch $(STAMP)
+
+repro: $(STAMP)
+	$(BIN)/dvc repro
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean-venv:
+	rm -rf $(VENV)

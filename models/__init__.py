@@ -1,0 +1,1 @@
+"""symkit models: estimators with a scikit-learn-style ``fit``/``score`` contract."""

@@ -1,0 +1,74 @@
+"""``symkit`` command line: one subcommand per stage plus a few tools.
+
+Each command lives in its own module exposing ``add_arguments(parser)`` and ``main(args)``; this
+file only maps names to modules and imports the chosen one, so ``symkit ingest`` never imports
+torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from pipeline.config import ParamsError
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "corpus": ("pipeline.corpus", "materialise the MIDI sources into data/raw/"),
+    "ingest": ("pipeline.ingest", "hash, parse and quarantine sources -> data/manifest.parquet"),
+    "dedupe": ("pipeline.dedupe", "exact, transposed, melody and near-duplicate clusters"),
+    "split": ("pipeline.split", "grouped train/val/test split and leakage audit"),
+    "tokenize": ("pipeline.tokenization", "miditok tokenizer (BPE on train only) and token tables"),
+    "train-ngram": ("pipeline.train_ngram", "fit n-gram baselines, choose the order on val"),
+    "train-transformer": ("pipeline.train_transformer", "train the transformer (resumable)"),
+    "evaluate": ("pipeline.evaluate", "score every model on val/test with one protocol"),
+    "generate": ("pipeline.generate", "sample music from trained models"),
+    "audit": ("pipeline.audit", "memorisation audit and music statistics"),
+    "report": ("pipeline.report", "decision report against pre-registered criteria"),
+    "preregister": ("pipeline.preregister", "freeze the decision criteria before scoring test"),
+    "estimate": ("pipeline.estimate", "memory and compute estimate for a transformer config"),
+    "doctor": ("pipeline.doctor", "fast checks that tell a data bug from a model bug"),
+    "check-params": ("pipeline.check_params", "validate every section of params.yaml"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="symkit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_, description=help_)
+        p.add_argument("--params", type=Path, default=Path("params.yaml"),
+                       help="parameters file (default: ./params.yaml)")
+        p.set_defaults(_module=module)
+    return parser
+
+
+def _version() -> str:
+    from pipeline import __version__
+
+    return f"symkit {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # Two passes: find the command, then let its module add its own arguments.
+    known, _ = parser.parse_known_args(argv)
+    module = importlib.import_module(known._module)
+    sub = parser._subparsers._group_actions[0].choices[known.command]  # type: ignore[union-attr]
+    if hasattr(module, "add_arguments"):
+        module.add_arguments(sub)
+    args = parser.parse_args(argv)
+    try:
+        rc = module.main(args)
+    except ParamsError as e:
+        print(f"symkit {known.command}: invalid parameters\n{e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

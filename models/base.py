@@ -27,5 +27,5 @@ class SequenceModel(Protocol):
         ...
 
     def next_logprobs(self, contexts: Sequence[np.ndarray]) -> np.ndarray:
-        """``(B, vocab_size)`` natural-log next-token distribution for each context (BOS implied)."""
+        """``(B, vocab_size)`` natural-log next-token distribution per context (BOS implied)."""
         ...

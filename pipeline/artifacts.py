@@ -23,8 +23,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-PARQUET_OPTIONS = dict(compression="zstd", compression_level=3, use_dictionary=True,
-                       write_statistics=True)
+PARQUET_OPTIONS = dict(
+    compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True
+)
 
 
 @contextlib.contextmanager
@@ -70,7 +71,10 @@ def _clean(obj: Any) -> Any:
 
 
 def dumps_json(obj: Any) -> str:
-    return json.dumps(_clean(obj), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    return (
+        json.dumps(_clean(obj), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+        + "\n"
+    )
 
 
 def write_json(path: Path | str, obj: Any) -> None:
@@ -126,8 +130,19 @@ def environment_facts() -> dict[str, Any]:
     from importlib import metadata
 
     versions = {}
-    for pkg in ("symkit", "miditok", "symusic", "music21", "numpy", "pandas", "pyarrow", "torch",
-                "scikit-learn", "datasketch", "dvc"):
+    for pkg in (
+        "symkit",
+        "miditok",
+        "symusic",
+        "music21",
+        "numpy",
+        "pandas",
+        "pyarrow",
+        "torch",
+        "scikit-learn",
+        "datasketch",
+        "dvc",
+    ):
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

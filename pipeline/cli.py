@@ -40,8 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        p.add_argument("--params", type=Path, default=Path("params.yaml"),
-                       help="parameters file (default: ./params.yaml)")
+        p.add_argument(
+            "--params",
+            type=Path,
+            default=Path("params.yaml"),
+            help="parameters file (default: ./params.yaml)",
+        )
         p.set_defaults(_module=module)
     return parser
 

@@ -88,11 +88,14 @@ def read_params(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise ParamsError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(data, dict):
-        raise ParamsError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+        raise ParamsError(
+            f"{path}: top level must be a mapping of sections, got {type(data).__name__}"
+        )
     unknown = sorted(set(map(str, data)) - set(SECTIONS))
     if unknown:
         raise ParamsError(
-            f"{path}: unknown section {unknown[0]!r}; allowed sections: {', '.join(sorted(SECTIONS))}"
+            f"{path}: unknown section {unknown[0]!r}; "
+            f"allowed sections: {', '.join(sorted(SECTIONS))}"
         )
     return data
 
@@ -123,7 +126,9 @@ def load_section(name: str, params: Path | str = DEFAULT_PARAMS, cls: type[T] | 
 def check_all(params: Path | str = DEFAULT_PARAMS) -> dict[str, StageConfig]:
     """Validate every section present in ``params``; used by ``symkit check-params``."""
     data = read_params(params)
-    return {name: parse_section(name, data[name], section_class(name), str(params)) for name in data}
+    return {
+        name: parse_section(name, data[name], section_class(name), str(params)) for name in data
+    }
 
 
 def _format_error(section: str, raw: dict, err: ValidationError, source: str) -> str:
@@ -132,8 +137,14 @@ def _format_error(section: str, raw: dict, err: ValidationError, source: str) ->
     for e in err.errors(include_url=False):
         loc = [str(p) for p in e["loc"] if not str(p).startswith(("function-", "lax-"))]
         # pydantic adds union member names ('int', "literal['auto']") to loc; drop them.
-        loc = [p for p in loc if not (p in {"int", "float", "str", "bool", "list", "dict"}
-                                      or p.startswith(("literal[", "constrained-")))]
+        loc = [
+            p
+            for p in loc
+            if not (
+                p in {"int", "float", "str", "bool", "list", "dict"}
+                or p.startswith(("literal[", "constrained-"))
+            )
+        ]
         key = ".".join([section, *loc])
         value = e.get("input")
         if e["type"] == "extra_forbidden":
@@ -144,7 +155,9 @@ def _format_error(section: str, raw: dict, err: ValidationError, source: str) ->
             value = "<missing>"
         else:
             msg = e["msg"]
-            if e["type"] in {"int_type", "float_type", "bool_type", "string_type"} and isinstance(value, str):
+            if e["type"] in {"int_type", "float_type", "bool_type", "string_type"} and isinstance(
+                value, str
+            ):
                 msg += " (a quoted or zero-padded number is a string: write a plain number)"
         lines.append(f"{source}: {key} = {value!r}: {msg}")
     # A union reports one error per member; keep unique lines in order.
@@ -158,7 +171,9 @@ def _allowed_keys(model_title: str, section: str, loc: list[str]) -> str:
         return ""
     for part in loc[:-1]:
         field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        if field is None or not (
+            isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+        ):
             return ""
         model = field.annotation
     return ", ".join(sorted(model.model_fields))

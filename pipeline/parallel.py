@@ -45,10 +45,12 @@ def isolated_map(
     if not items:
         return []
     # max_tasks bounds memory growth in long runs; a crashed worker is replaced by pebble.
-    with ProcessPool(max_workers=workers, max_tasks=2000, initializer=initializer,
-                     initargs=initargs) as pool:
-        futures = {pool.schedule(fn, args=(item,), timeout=timeout_s): i
-                   for i, item in enumerate(items)}
+    with ProcessPool(
+        max_workers=workers, max_tasks=2000, initializer=initializer, initargs=initargs
+    ) as pool:
+        futures = {
+            pool.schedule(fn, args=(item,), timeout=timeout_s): i for i, item in enumerate(items)
+        }
         bar = progress(total=len(items), desc=desc, enabled=show_progress)
         for fut in concurrent.futures.as_completed(futures):
             i = futures[fut]

@@ -10,5 +10,11 @@ from tqdm import tqdm
 def progress(total: int, desc: str = "", enabled: bool | str = "auto") -> tqdm:
     if enabled == "auto":
         enabled = sys.stderr.isatty()
-    return tqdm(total=total, desc=desc, disable=not enabled, file=sys.stderr, dynamic_ncols=True,
-                mininterval=0.5)
+    return tqdm(
+        total=total,
+        desc=desc,
+        disable=not enabled,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny MIDI files generated on the fly, plus a few real Bach chorales."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.midi_utils import make_midi
+
+
+@pytest.fixture
+def midi_factory():
+    """``midi_factory(tracks, **kw) -> bytes`` (see :func:`make_midi`)."""
+    return make_midi
+
+
+@pytest.fixture(scope="session")
+def bach_dir(tmp_path_factory) -> Path:
+    """Six real Bach chorales (music21 corpus) written as MIDI, with a metadata CSV.
+
+    Two of them (BWV 269 and its transposed harmonisation under another title would be ideal) are
+    chosen so that the set holds real multitrack files; conversion takes ~0.2 s per chorale.
+    """
+    from pipeline.corpus import chorale_filename, chorale_list, chorale_midi, write_metadata
+
+    root = tmp_path_factory.mktemp("bach")
+    entries = chorale_list()[:6]
+    rows = []
+    for e in entries:
+        data, err = chorale_midi(e)
+        assert data is not None, err
+        path = chorale_filename(e)
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+        rows.append({"path": path, "group": e["title"], "bwv": e["bwv"]})
+    write_metadata(rows, root / "metadata.csv")
+    return root
+
+
+@pytest.fixture
+def copy_tree():
+    def _copy(src: Path, dst: Path) -> Path:
+        shutil.copytree(src, dst)
+        return dst
+
+    return _copy

@@ -1,0 +1,190 @@
+"""Ingest: every quarantine reason, odd names, duplicates, note_hash invariance, determinism."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import ingest as ingest_mod
+from pipeline.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.ingest import IngestConfig, run
+from pipeline.midi import note_hash, parse_midi
+from tests.midi_utils import make_midi, random_piece
+
+SCALE = [(i * 0.5, 0.5, 60 + i, 80) for i in range(8)]
+
+
+def ingest(
+    raw: Path,
+    tmp: Path,
+    cfg: IngestConfig | None = None,
+    workers: int = 1,
+    metadata: Path | None = None,
+) -> pd.DataFrame:
+    out = tmp / f"out{workers}"
+    run(
+        cfg or IngestConfig(),
+        RuntimeConfig(workers=workers, progress=False),
+        raw_dir=raw,
+        metadata=metadata,
+        manifest=out / "manifest.parquet",
+        notes=out / "notes.parquet",
+        report=out / "ingest.json",
+    )
+    return pd.read_parquet(out / "manifest.parquet").set_index("path")
+
+
+@pytest.fixture
+def bad_corpus(tmp_path: Path) -> Path:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    good = make_midi(SCALE)
+    files = {
+        "good.mid": good,
+        "empty.mid": b"",
+        "random.mid": np.random.default_rng(0).bytes(300),
+        "truncated.mid": good[: len(good) // 2],
+        "text.mid": b"this is a text file, not music\n",
+        "header_only.mid": good[:14],
+        "no_notes.mid": make_midi([[]]),
+        "absurd_gap.mid": make_midi([(0, 1, 60, 80), (2**27 / 480, 1, 62, 80)]),
+        "many_notes.mid": make_midi([(i * 0.1, 0.1, 60 + i % 12, 80) for i in range(500)]),
+        "long.mid": make_midi([(i * 10.0, 10.0, 60, 80) for i in range(40)], tempo=30.0),
+        "big.mid": make_midi([(i * 0.25, 0.25, 40 + i % 40, 80) for i in range(1500)]),
+    }
+    for name, data in files.items():
+        (raw / name).write_bytes(data)
+    return raw
+
+
+CFG = IngestConfig(max_notes=400, max_gap_beats=512.0, max_duration_s=600.0, max_file_bytes=6000)
+
+
+def test_every_quarantine_reason(bad_corpus: Path, tmp_path: Path):
+    m = ingest(bad_corpus, tmp_path, CFG)
+    expect = {
+        "good.mid": "",
+        "empty.mid": "empty_file",
+        "random.mid": "not_midi",
+        "truncated.mid": "corrupt",
+        "text.mid": "not_midi",
+        # symusic accepts a bare header as an empty score: quarantined as having no notes.
+        "header_only.mid": "no_notes",
+        "no_notes.mid": "no_notes",
+        "absurd_gap.mid": "absurd_timing",
+        "many_notes.mid": "too_many_notes",
+        "long.mid": "too_long",
+        "big.mid": "too_large",
+    }
+    assert m["reason"].to_dict() == expect
+    assert (m.loc[[k for k, v in expect.items() if v], "status"] == "quarantined").all()
+    assert m.loc["good.mid", "status"] == "ok" and m.loc["good.mid", "n_notes"] == 8
+    assert m.loc["truncated.mid", "detail"]  # the parser's own message is kept
+    notes = pd.read_parquet(tmp_path / "out1" / "notes.parquet")
+    assert list(notes["sha256"]) == [m.loc["good.mid", "sha256"]]
+
+
+def test_crash_and_hang_are_quarantined(tmp_path: Path, monkeypatch):
+    """A parser that kills or hangs its worker costs only that file (workers are forked)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("a.mid", "crash.mid", "hang.mid", "z.mid"):
+        (raw / name).write_bytes(make_midi(SCALE, tempo=100 + len(name)) + name.encode())
+    real = ingest_mod.parse_midi
+
+    def fragile(data: bytes):
+        if data.endswith(b"crash.mid"):
+            os._exit(11)
+        if data.endswith(b"hang.mid"):
+            time.sleep(60)
+        return real(data)
+
+    monkeypatch.setattr(ingest_mod, "parse_midi", fragile)
+    m = ingest(raw, tmp_path, IngestConfig(timeout_s=1.0), workers=2)
+    assert m["reason"].to_dict() == {
+        "a.mid": "",
+        "crash.mid": "crash",
+        "hang.mid": "timeout",
+        "z.mid": "",
+    }
+
+
+def test_odd_names_duplicates_and_metadata(tmp_path: Path):
+    raw = tmp_path / "raw"
+    (raw / "sub dir").mkdir(parents=True)
+    a, b = make_midi(SCALE), make_midi(SCALE[:5])
+    (raw / "sub dir" / "with space.MID").write_bytes(a)
+    (raw / "ünïcødé.midi").write_bytes(b)
+    (raw / "copy.kar").write_bytes(a)
+    (raw / "notes.txt").write_text("ignored: not a MIDI suffix")
+    meta = tmp_path / "meta.csv"
+    meta.write_text("path,group,license\nsub dir/with space.MID,g1,cc-by\ncopy.kar,g2,cc0\n")
+    m = ingest(raw, tmp_path, metadata=meta)
+    assert list(m.index) == ["copy.kar", "sub dir/with space.MID", "ünïcødé.midi"]
+    assert m.loc["copy.kar", "status"] == "ok"  # first in sorted order is canonical
+    assert m.loc["sub dir/with space.MID", "status"] == "duplicate"
+    assert m.loc["sub dir/with space.MID", "duplicate_of"] == "copy.kar"
+    assert m.loc["sub dir/with space.MID", "group"] == "g1"  # keeps its own metadata
+    assert m.loc["sub dir/with space.MID", "license"] == "cc-by"
+    assert m.loc["ünïcødé.midi", "group"] == "ünïcødé.midi"  # default group: its own path
+
+
+def test_note_hash_survives_resaving():
+    rng = np.random.default_rng(1)
+    # Voices in separate registers: one MIDI channel cannot hold overlapping notes of one pitch,
+    # so merging tracks is only lossless when voices never share a pitch at the same time.
+    piece = [
+        [(o, d, p % 12 + 36 + 24 * i, vel) for o, d, p, vel in voice]
+        for i, voice in enumerate(random_piece(rng, n=40, voices=3))
+    ]
+    base = parse_midi(make_midi(piece, tpq=480))
+    variants = [
+        make_midi(piece, tpq=96),
+        make_midi(piece, tpq=10080, tempo=77.0, tempo_changes=[(8.0, 140.0)]),
+        make_midi([[(o, d, p, 100) for o, d, p, _ in v] for v in piece], tpq=480),  # velocities
+        make_midi([[n for voice in piece for n in voice]], tpq=480),
+        make_midi(piece[::-1], tpq=480, programs=[40, 41, 42]),  # other track order/programs
+    ]
+    for v in variants:
+        assert note_hash(parse_midi(v).notes) == note_hash(base.notes)
+    shifted = [[(o, d, p + 1, vel) for o, d, p, vel in v] for v in piece]
+    assert note_hash(parse_midi(make_midi(shifted)).notes) != note_hash(base.notes)
+
+
+def test_same_output_for_one_and_two_workers(tmp_path: Path):
+    rng = np.random.default_rng(2)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i in range(70):  # > 2 chunks
+        (raw / f"p{i:03d}.mid").write_bytes(make_midi(random_piece(rng, n=20)))
+    (raw / "bad.mid").write_bytes(b"MThd garbage")
+    ingest(raw, tmp_path, workers=1)
+    ingest(raw, tmp_path, workers=2)
+    for name in ("manifest.parquet", "notes.parquet", "ingest.json"):
+        assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes()
+
+
+def test_real_chorales(bach_dir: Path, tmp_path: Path):
+    m = ingest(bach_dir, tmp_path, metadata=bach_dir / "metadata.csv")
+    assert (m["status"] == "ok").all()
+    assert (m["tpq"] == 10080).all() and (m["n_tracks"] == 4).all()
+    assert m["group"].str.len().min() > 0 and (m["duration_s"] > 10).all()
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"max_notes": 0}, "ingest.max_notes = 0"),
+        ({"max_notes": "100"}, "ingest.max_notes = '100'"),
+        ({"timeout": 5}, "ingest.timeout = 5: unknown key"),
+        ({"max_duration_s": -1.0}, "ingest.max_duration_s = -1.0"),
+    ],
+)
+def test_bad_params_name_the_key(raw, message):
+    with pytest.raises(ParamsError, match=message.replace(".", r"\.").replace("'", "'")):
+        parse_section("ingest", raw, IngestConfig)

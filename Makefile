@@ -25,8 +25,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	@touch $(STAMP)
 
+# Stage commands call `symkit`, so the venv's bin goes first on PATH.
 repro: $(STAMP)
-	$(BIN)/dvc repro
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

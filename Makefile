@@ -21,8 +21,8 @@ help:
 # The virtual environment is rebuilt when the lock file or pyproject.toml changes.
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m pip install -qq -r requirements.lock
+	$(BIN)/python -m pip install -qq --no-deps -e .
 	@touch $(STAMP)
 
 # Stage commands call `symkit`, so the venv's bin goes first on PATH.

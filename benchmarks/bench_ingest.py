@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.config import RuntimeConfig  # noqa: E402
-from pipeline.ingest import IngestConfig, inspect_file, run  # noqa: E402
-from tests.midi_utils import make_midi, random_piece  # noqa: E402
+from pipeline.config import RuntimeConfig
+from pipeline.ingest import IngestConfig, inspect_file, run
+from tests.midi_utils import make_midi, random_piece
 
 
 def make_corpus(root: Path, n: int, seed: int = 0) -> None:

@@ -50,3 +50,29 @@ def random_piece(rng: np.random.Generator, n: int = 64, voices: int = 1) -> list
             t += dur
         out.append(notes)
     return out
+
+
+def write_tiny_corpus(root, n_groups: int = 12, per_group: int = 2, seed: int = 0) -> None:
+    """A small corpus with known structure: ``n_groups`` works of ``per_group`` pieces each, a
+    transposed copy, a byte duplicate and a corrupt file, plus ``metadata.csv`` beside the files.
+    """
+    from pathlib import Path
+
+    root = Path(root)
+    (root / "midi").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    rows = ["path,group,license"]
+    for g in range(n_groups):
+        for k in range(per_group):
+            piece = random_piece(rng, n=int(rng.integers(30, 60)), voices=2)
+            name = f"w{g:02d}_{k}.mid"
+            (root / "midi" / name).write_bytes(make_midi(piece))
+            rows.append(f"{name},work {g},cc0")
+    first = make_midi(random_piece(np.random.default_rng(seed + 1), n=40, voices=2))
+    (root / "midi" / "orig.mid").write_bytes(first)
+    (root / "midi" / "orig_copy.mid").write_bytes(first)
+    transposed = [[(o, d, p + 3, v) for o, d, p, v in voice]
+                  for voice in random_piece(np.random.default_rng(seed + 1), n=40, voices=2)]
+    (root / "midi" / "orig_up3.mid").write_bytes(make_midi(transposed))
+    (root / "midi" / "broken.mid").write_bytes(b"MThd\x00\x00\x00\x06garbage")
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n")

@@ -59,17 +59,19 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    # Two passes: find the command, then let its module add its own arguments.
-    known, _ = parser.parse_known_args(argv)
-    module = importlib.import_module(known._module)
-    sub = parser._subparsers._group_actions[0].choices[known.command]  # type: ignore[union-attr]
-    if hasattr(module, "add_arguments"):
-        module.add_arguments(sub)
+    # The chosen command's module adds its own arguments before parsing (so --help shows them).
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in COMMANDS:
+        module = importlib.import_module(COMMANDS[command][0])
+        if hasattr(module, "add_arguments"):
+            subparsers = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+            module.add_arguments(subparsers[command])
     args = parser.parse_args(argv)
+    module = importlib.import_module(args._module)
     try:
         rc = module.main(args)
     except ParamsError as e:
-        print(f"symkit {known.command}: invalid parameters\n{e}", file=sys.stderr)
+        print(f"symkit {args.command}: invalid parameters\n{e}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -1,0 +1,119 @@
+"""Deterministic PNG figures (matplotlib Agg): piano rolls and the report's plots.
+
+Each function returns PNG bytes. ``metadata={"Software": None}`` drops the matplotlib version from
+the file, fonts and DPI are fixed, and figures are closed after saving, so the same data gives the
+same bytes on every run. Plot functions take plain arrays/tables and never read files.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+DPI = 80
+_STYLE = {"font.family": "DejaVu Sans", "font.size": 9, "svg.hashsalt": "symkit",
+          "path.simplify": False}
+
+
+def png_bytes(fig) -> bytes:
+    """Render and close ``fig``; no software tag or timestamp in the PNG."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _figure(w: float = 7.0, h: float = 3.0):
+    with plt.rc_context(_STYLE):
+        fig, ax = plt.subplots(figsize=(w, h), layout="constrained")
+    return fig, ax
+
+
+def piano_roll_png(notes: Mapping, title: str = "") -> bytes:
+    """Piano roll of a notes table (``onset``/``duration`` in beats, ``pitch``)."""
+    onset = np.asarray(notes["onset"], dtype=float)
+    duration = np.asarray(notes["duration"], dtype=float)
+    pitch = np.asarray(notes["pitch"], dtype=float)
+    fig, ax = _figure(7.0, 2.6)
+    if onset.size:
+        ax.barh(pitch, np.maximum(duration, 0.05), left=onset, height=0.8, color="#3b6ea5",
+                edgecolor="none")
+        ax.set_ylim(pitch.min() - 2, pitch.max() + 2)
+        ax.set_xlim(0, max(float((onset + duration).max()), 1.0))
+    else:
+        ax.text(0.5, 0.5, "no notes", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("beats")
+    ax.set_ylabel("pitch")
+    if title:
+        ax.set_title(title)
+    return png_bytes(fig)
+
+
+def line_plot_png(x: np.ndarray, series: Mapping[str, np.ndarray], xlabel: str, ylabel: str,
+                  title: str = "") -> bytes:
+    """One line per named series over a shared x (NaNs leave gaps)."""
+    fig, ax = _figure()
+    for name in sorted(series):
+        y = np.asarray(series[name], dtype=float)
+        ok = np.isfinite(y)
+        if ok.any():
+            ax.plot(np.asarray(x, dtype=float)[ok], y[ok], label=name, linewidth=1.2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if series:
+        ax.legend(loc="best", frameon=False)
+    return png_bytes(fig)
+
+
+def histograms_png(groups: Mapping[str, np.ndarray], xlabel: str, title: str = "",
+                   bins: int = 30) -> bytes:
+    """Overlaid density histograms on shared bins, one per named group."""
+    fig, ax = _figure()
+    values = [np.asarray(v, dtype=float) for v in groups.values()]
+    finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.array([])
+    if finite.size:
+        lo, hi = float(finite.min()), float(finite.max())
+        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        for name in sorted(groups):
+            v = np.asarray(groups[name], dtype=float)
+            v = v[np.isfinite(v)]
+            if v.size:
+                ax.hist(v, bins=edges, density=True, histtype="step", linewidth=1.4,
+                        label=f"{name} (n={v.size})")
+        ax.legend(loc="best", frameon=False)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("density")
+    if title:
+        ax.set_title(title)
+    return png_bytes(fig)
+
+
+def grouped_bars_png(categories: Sequence[str], groups: Mapping[str, Sequence[float]],
+                     title: str = "", reference: float | None = None) -> bytes:
+    """Grouped bar chart: one bar per group within each category (NaN drawn as 0), with an
+    optional horizontal reference line."""
+    fig, ax = _figure(7.5, 3.2)
+    names = sorted(groups)
+    width = 0.8 / max(len(names), 1)
+    x = np.arange(len(categories))
+    for k, name in enumerate(names):
+        y = np.nan_to_num(np.asarray(groups[name], dtype=float), nan=0.0)
+        ax.bar(x + k * width - 0.4 + width / 2, y, width=width, label=name)
+    if reference is not None:
+        ax.axhline(reference, color="#444", linewidth=0.8, linestyle="--")
+    ax.set_xticks(x, list(categories), rotation=20, ha="right")
+    if names:
+        ax.legend(loc="best", frameon=False)
+    if title:
+        ax.set_title(title)
+    return png_bytes(fig)

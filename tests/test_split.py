@@ -1,0 +1,206 @@
+"""Split: groups never span splits, additions that merge nothing move nothing, k folds."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline import artifacts
+from pipeline.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.dedupe import DedupeConfig
+from pipeline.dedupe import run as run_dedupe
+from pipeline.split import SplitConfig, moved_pieces, split_hash, split_table
+from pipeline.split import run as run_split
+from tests.test_dedupe import planted_corpus, write_corpus
+
+CFG = SplitConfig()
+
+
+def _sha(i: int, salt: str = "") -> str:
+    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+
+
+@st.composite
+def structures(draw, salt: str = ""):
+    """Files with metadata labels (from a small alphabet, "" = none) and dedupe clusters."""
+    n = draw(st.integers(1, 40))
+    labels = draw(st.lists(st.sampled_from(["", "a", "b", "c", "d", "e", "f"]), min_size=n,
+                           max_size=n))
+    cluster_of = draw(st.lists(st.integers(0, n - 1), min_size=n, max_size=n))
+    keep = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return _tables([_sha(i, salt) for i in range(n)], labels, cluster_of, keep)
+
+
+def _tables(shas, labels, cluster_of, keep):
+    files = pd.DataFrame({"sha256": shas, "group": labels})
+    cid = pd.Series(shas).groupby(pd.Series(cluster_of)).transform("min")
+    clusters = pd.DataFrame({"sha256": shas, "cluster_id": cid.to_numpy(), "keep": keep})
+    return files, clusters
+
+
+def _spans(table: pd.DataFrame, key: pd.Series) -> int:
+    merged = table.assign(key=key.reindex(table["sha256"]).to_numpy())
+    merged = merged[merged["key"] != ""]
+    return int((merged.groupby("key")["split"].nunique() > 1).sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(structures())
+def test_no_group_label_or_cluster_spans_two_splits(data):
+    files, clusters = data
+    table = split_table(files, clusters, CFG)
+    assert sorted(table["sha256"]) == sorted(clusters.loc[clusters["keep"], "sha256"])
+    assert (table.groupby("group_id")["split"].nunique() <= 1).all()
+    assert _spans(table, files.set_index("sha256")["group"]) == 0
+    assert _spans(table, clusters.set_index("sha256")["cluster_id"]) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(structures(), st.integers(1, 30), st.booleans())
+def test_additions_that_merge_no_groups_move_nothing(data, n_new, reuse_labels):
+    files, clusters = data
+    before = split_table(files, clusters, CFG).set_index("sha256")
+    new = [_sha(i, "new") for i in range(n_new)]
+    # new files either carry fresh labels or join one existing label (that merges no groups)
+    existing = sorted(set(files["group"]) - {""})
+    labels = [existing[0] if reuse_labels and existing else f"new-{i}" for i in range(n_new)]
+    files2 = pd.concat([files, pd.DataFrame({"sha256": new, "group": labels})])
+    clusters2 = pd.concat([clusters, pd.DataFrame({"sha256": new, "cluster_id": new,
+                                                   "keep": True})])
+    after = split_table(files2, clusters2, CFG).set_index("sha256")
+    common = before.index
+    assert after.loc[common, "split"].tolist() == before["split"].tolist()
+    assert after.loc[common, "group_id"].tolist() == before["group_id"].tolist()
+    assert moved_pieces(before.reset_index(), after.reset_index()) == []
+
+
+def test_a_merging_addition_lists_exactly_the_moved_pieces():
+    shas = [_sha(i) for i in range(400)]
+    files, clusters = _tables(shas, [f"g{i}" for i in range(400)], list(range(400)), [True] * 400)
+    before = split_table(files, clusters, CFG)
+    # a new file that is a near-duplicate of pieces 0..199 merges them into one group
+    new = _sha(0, "bridge")
+    files2 = pd.concat([files, pd.DataFrame({"sha256": [new], "group": ["zz"]})])
+    cid = min([new, *shas[:200]])
+    clusters2 = pd.concat([clusters.assign(cluster_id=[cid if i < 200 else s
+                                                       for i, s in enumerate(shas)]),
+                           pd.DataFrame({"sha256": [new], "cluster_id": [cid], "keep": [True]})])
+    after = split_table(files2, clusters2, CFG)
+    moved = moved_pieces(before, after)
+    both = before.merge(after, on="sha256", suffixes=("_b", "_a"))
+    changed = both[both["split_b"] != both["split_a"]]
+    assert 0 < len(moved) == len(changed) <= 200
+    assert {m.split(":")[0] for m in moved} == set(changed["sha256"])
+    assert after.loc[after["sha256"].isin(shas[:200]), "split"].nunique() == 1
+
+
+def test_ratios_hold_on_average():
+    n = 6000
+    shas = [_sha(i) for i in range(n)]
+    files, clusters = _tables(shas, [f"g{i}" for i in range(n)], list(range(n)), [True] * n)
+    shares = split_table(files, clusters, CFG)["split"].value_counts(normalize=True)
+    assert abs(shares["train"] - 0.8) < 0.02
+    assert abs(shares["val"] - 0.1) < 0.015 and abs(shares["test"] - 0.1) < 0.015
+    other = split_table(files, clusters, parse_section("split", {"seed": 99}, SplitConfig))
+    assert (other["split"] != split_table(files, clusters, CFG)["split"]).any()
+
+
+def test_group_k_fold():
+    n = 900
+    shas = [_sha(i) for i in range(n)]
+    files, clusters = _tables(shas, [f"g{i // 3}" for i in range(n)], list(range(n)), [True] * n)
+    cfg = parse_section("split", {"folds": 5, "test_fold": 2}, SplitConfig)
+    table = split_table(files, clusters, cfg)
+    assert set(table["fold"]) == set(range(5))
+    assert (table.groupby("group_id")["fold"].nunique() == 1).all()
+    assert (table.loc[table["split"] == "test", "fold"] == 2).all()
+    assert (table.loc[table["fold"] == 2, "split"] == "test").all()
+    assert {"train", "val"} <= set(table.loc[table["fold"] != 2, "split"])
+    assert (split_table(files, clusters, CFG)["fold"] == -1).all()
+
+
+def test_split_hash_depends_on_content_only():
+    t = pd.DataFrame({"sha256": ["b", "a", "c"], "split": ["train", "test", "val"]})
+    assert split_hash(t) == split_hash(t.iloc[::-1])
+    assert split_hash(t) != split_hash(t.assign(split=["train", "val", "test"]))
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"train": 0.8, "val": 0.1, "test": 0.2}, "split"),
+    ({"folds": 1}, "split"),
+    ({"folds": 3, "test_fold": 3}, "split"),
+    ({"seed": "042"}, "split.seed"),
+])
+def test_bad_params_fail_fast(raw, key):
+    with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
+        parse_section("split", raw, SplitConfig)
+
+
+def _stage(root, pieces, groups=None, previous=None):
+    manifest, notes, shas = write_corpus(root, pieces, groups=groups)
+    runtime = RuntimeConfig(workers=1, progress=False)
+    run_dedupe(DedupeConfig(), runtime, manifest=manifest, notes=notes, out_dir=root / "dedupe",
+               report=root / "dedupe.json")
+    paths = dict(splits=root / "splits.parquet", report=root / "split.json",
+                 leakage_report=root / "leakage.json", figure=root / "fig" / "leakage.png")
+    run_split(CFG, runtime, manifest=manifest, notes=notes, dedupe_dir=root / "dedupe",
+              previous=previous, **paths)
+    return shas, paths
+
+
+def test_stage_end_to_end_is_deterministic_and_leak_free(tmp_path):
+    pieces, family = planted_corpus(seed=2, families=8, singles=40)
+    outs = []
+    for k in range(2):
+        shas, paths = _stage(tmp_path / str(k), pieces)
+        outs.append({name: p.read_bytes() for name, p in paths.items()})
+    assert outs[0] == outs[1]
+    table = artifacts.read_parquet(paths["splits"])
+    clusters = artifacts.read_parquet(tmp_path / "1" / "dedupe" / "clusters.parquet")
+    assert sorted(table["sha256"]) == sorted(clusters.loc[clusters["keep"], "sha256"])
+    split_of = dict(zip(table["sha256"], table["split"], strict=True))
+    for f in range(8):  # every kept member of a planted family shares one split
+        kept = {split_of[shas[n]] for n in pieces if family[n] == f"f{f}" and shas[n] in split_of}
+        assert len(kept) == 1
+    leak = artifacts.read_json(paths["leakage_report"])
+    assert leak["grouped_crossing_groups"] == leak["grouped_crossing_pairs"] == 0
+    assert leak["grouped_crossing_metadata_groups"] == 0
+    report = artifacts.read_json(paths["report"])
+    assert report["split_hash"] == split_hash(table)
+    assert report["compared_with_previous"] is False
+    assert report["ok_missing_from_dedupe"] == 0
+
+
+def test_stage_lists_moves_against_previous(tmp_path):
+    pieces, _ = planted_corpus(seed=9, families=0, singles=60)
+    _stage(tmp_path / "a", pieces)
+    previous = tmp_path / "a" / "splits.parquet"
+    # relabel every piece into one metadata group: all pieces now share a split
+    groups = dict.fromkeys(pieces, "one hymn")
+    _, paths = _stage(tmp_path / "b", pieces, groups=groups, previous=previous)
+    report = artifacts.read_json(paths["report"])
+    old = artifacts.read_parquet(previous)
+    new = artifacts.read_parquet(paths["splits"])
+    assert new["split"].nunique() == 1
+    assert report["moved_pieces"] == int((old["split"] != new["split"][0]).sum()) > 0
+    assert report["pieces_added"] == report["pieces_removed"] == 0
+
+
+def test_empty_corpus_gives_empty_artifacts(tmp_path):
+    from pipeline.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA
+
+    manifest, notes = tmp_path / "manifest.parquet", tmp_path / "notes.parquet"
+    artifacts.write_parquet(manifest, MANIFEST_SCHEMA.empty_table())
+    artifacts.write_parquet(notes, NOTES_SCHEMA.empty_table())
+    runtime = RuntimeConfig(workers=1, progress=False)
+    run_dedupe(DedupeConfig(), runtime, manifest=manifest, notes=notes, out_dir=tmp_path / "d",
+               report=tmp_path / "dedupe.json")
+    s = run_split(CFG, runtime, manifest=manifest, notes=notes, dedupe_dir=tmp_path / "d",
+                  splits=tmp_path / "s.parquet", report=tmp_path / "s.json",
+                  leakage_report=tmp_path / "l.json", figure=tmp_path / "f.png")
+    assert s.pieces == 0 and len(artifacts.read_parquet(tmp_path / "s.parquet")) == 0
+    assert artifacts.read_json(tmp_path / "l.json")["grouped_crossing_pairs"] == 0

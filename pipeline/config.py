@@ -123,6 +123,16 @@ def load_section(name: str, params: Path | str = DEFAULT_PARAMS, cls: type[T] | 
     return parse_section(name, data.get(name), cls or section_class(name), str(params))  # type: ignore[return-value]
 
 
+def load_runtime(params: Path | str = DEFAULT_PARAMS, workers: str | None = None) -> RuntimeConfig:
+    """The ``runtime`` section, with a command line ``--workers`` override (validated alike)."""
+    runtime = load_section("runtime", params, RuntimeConfig)
+    if workers is None:
+        return runtime
+    value: int | str = int(workers) if workers.isdigit() else workers
+    return parse_section("runtime", {**runtime.model_dump(), "workers": value}, RuntimeConfig,
+                         source="--workers")
+
+
 def check_all(params: Path | str = DEFAULT_PARAMS) -> dict[str, StageConfig]:
     """Validate every section present in ``params``; used by ``symkit check-params``."""
     data = read_params(params)

@@ -42,7 +42,7 @@ from scipy.sparse.csgraph import connected_components
 
 from pipeline import artifacts, melody
 from pipeline import fingerprints as fp
-from pipeline.config import RuntimeConfig, StageConfig, load_section
+from pipeline.config import RuntimeConfig, StageConfig, load_runtime, load_section
 from pipeline.parallel import ordered_map
 
 TIERS = ("note", "transposed", "melody", "near")
@@ -449,10 +449,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("dedupe", args.params)
-    runtime = load_section("runtime", args.params)
-    if args.workers:
-        runtime = runtime.model_copy(
-            update={"workers": "auto" if args.workers == "auto" else int(args.workers)})
+    runtime = load_runtime(args.params, args.workers)
     s = run(cfg, runtime, manifest=args.manifest, notes=args.notes, out_dir=args.out_dir,
             report=args.report)
     print(f"dedupe: {s.pieces} ok pieces -> {s.kept} kept, {s.clusters} clusters, "

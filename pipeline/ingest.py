@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline import artifacts
-from pipeline.config import RuntimeConfig, StageConfig, load_section
+from pipeline.config import RuntimeConfig, StageConfig, load_runtime, load_section
 from pipeline.corpus import list_midi_files
 from pipeline.midi import NOTE_COLUMNS, looks_like_midi, max_gap_beats, note_hash, parse_midi
 from pipeline.parallel import ItemFailure, chunked, isolated_map
@@ -313,11 +313,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("ingest", args.params)
-    runtime = load_section("runtime", args.params)
-    if args.workers:
-        runtime = runtime.model_copy(
-            update={"workers": "auto" if args.workers == "auto" else int(args.workers)}
-        )
+    runtime = load_runtime(args.params, args.workers)
     s = run(
         cfg,
         runtime,

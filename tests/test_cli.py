@@ -41,3 +41,14 @@ def test_unknown_section_is_refused(tmp_path: Path, capsys):
 
 def test_shipped_params_are_valid(capsys):
     assert main(["check-params"]) == 0
+
+
+def test_workers_override_is_validated(tmp_path: Path, capsys):
+    from pipeline.config import load_runtime
+
+    params = tmp_path / "params.yaml"
+    params.write_text("runtime:\n  workers: 1\n")
+    assert load_runtime(params, "3").n_workers() == 3
+    assert load_runtime(params, None).n_workers() == 1
+    assert main(["ingest", "--params", str(params), "--workers", "0"]) == 2
+    assert "--workers: runtime.workers = 0" in capsys.readouterr().err

@@ -1,0 +1,336 @@
+"""A small decoder-only transformer (nanoGPT-shaped, typed) and its scorer.
+
+``GPT(config)`` is a pre-LN decoder: learned token and position embeddings, ``n_layer`` blocks of
+causal self-attention (``F.scaled_dot_product_attention``) and an MLP, a final LayerNorm, and an
+output projection tied to the token embedding. ``forward(idx, targets, loss_mask)`` returns
+``(logits, loss)``; the loss is the mean cross-entropy over *valid* target positions only
+(targets equal to ``IGNORE_INDEX`` or where ``loss_mask`` is false never count), so padding can
+never change it.
+
+``load_scorer(model_dir)`` returns a :class:`TransformerScorer`, which meets the
+``models.base.SequenceModel`` protocol used by evaluation and generation. Weights are read from
+``model.safetensors`` and the architecture from ``model.json`` (both written by the
+``train_transformer`` stage); nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+"""Target value that never contributes to the loss (padding)."""
+
+MODEL_FORMAT = "symkit-transformer-v1"
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Architecture. Parameter count ≈ 12·n_layer·n_embd² + (vocab_size + max_seq_len)·n_embd."""
+
+    vocab_size: int
+    max_seq_len: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    mlp_ratio: int = 4
+    dropout: float = 0.0  # embeddings and residual branches
+    attn_dropout: float = 0.0  # attention probabilities; > 0 forces the slow math kernel on CPU
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
+        for name in ("vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd", "mlp_ratio"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig keys {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.attn_dropout = cfg.attn_dropout
+        self.qkv = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape  # (B, T, C)
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
+        # (B, T, C) -> (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.attn_dropout if self.training else 0.0
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.n_embd, cfg.mlp_ratio * cfg.n_embd, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-LN: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only language model over token ids ``0..vocab_size-1``."""
+
+    def __init__(self, cfg: TransformerConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2 init from an explicit generator (never the global RNG): N(0, 0.02), residual
+        projections scaled by 1/sqrt(2·n_layer), biases zero, LayerNorm weight one."""
+        std = 0.02
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif ".ln_" in name or name.startswith("ln_"):
+                p.fill_(1.0)
+            elif name.endswith("proj.weight"):
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.config.n_layer),
+                                generator=generator)
+            else:
+                nn.init.normal_(p, 0.0, std, generator=generator)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+        reduction: str = "mean",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``idx`` (B, T) ids -> logits (B, T, V) and, given ``targets`` (B, T), the loss.
+
+        ``reduction="mean"`` averages over valid positions; ``"sum"`` returns their sum (used
+        to weight micro-batches by token count); ``"none"`` returns (B, T) with zeros at invalid
+        positions.
+        """
+        T = idx.shape[1]
+        if self.config.max_seq_len < T:
+            raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        x = self.ln_f(x)
+        logits = F.linear(x, self.wte.weight)  # tied output projection: (B, T, V)
+        if targets is None:
+            return logits, None
+        return logits, masked_cross_entropy(logits, targets, loss_mask, reduction)
+
+    def num_params(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+def masked_cross_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Cross-entropy in fp32 over positions with ``targets != IGNORE_INDEX`` (and ``loss_mask``)."""
+    valid = targets != IGNORE_INDEX  # (B, T)
+    if loss_mask is not None:
+        valid = valid & loss_mask.bool()
+    safe_targets = torch.where(valid, targets, torch.zeros_like(targets))
+    nll = F.cross_entropy(logits.float().flatten(0, 1), safe_targets.flatten(), reduction="none")
+    nll = nll.view_as(targets) * valid  # (B, T), zero where invalid
+    if reduction == "none":
+        return nll
+    if reduction == "sum":
+        return nll.sum()
+    return nll.sum() / valid.sum().clamp(min=1)
+
+
+# --------------------------------------------------------------------------------------- weights
+def export_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Contiguous CPU fp32 copies of every tensor in ``model.state_dict()`` (sorted keys)."""
+    sd = model.state_dict()
+    return {k: sd[k].detach().to("cpu").contiguous().clone() for k in sorted(sd)}
+
+
+def save_model(model_dir: Path, model: GPT, meta: dict[str, Any]) -> None:
+    """Write ``model.safetensors`` + ``model.json`` (architecture, vocab ids, hashes, ``meta``)."""
+    from safetensors.torch import save
+
+    from pipeline.artifacts import write_bytes, write_json
+
+    model_dir = Path(model_dir)
+    write_bytes(model_dir / "model.safetensors", save(export_state(model)))
+    write_json(model_dir / "model.json",
+               {"format": MODEL_FORMAT, "config": model.config.to_dict(), **meta})
+
+
+def load_model(model_dir: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:
+    """Read a model written by :func:`save_model`; returns ``(model in eval mode, model.json)``."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    meta_path, weights_path = model_dir / "model.json", model_dir / "model.safetensors"
+    for p in (meta_path, weights_path):
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: missing (run `symkit train-transformer` first)")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if meta.get("format") != MODEL_FORMAT:
+        raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {MODEL_FORMAT!r}")
+    # A private generator for the throw-away init: loading never touches the caller's global RNG.
+    model = GPT(TransformerConfig.from_dict(meta["config"]), torch.Generator().manual_seed(0))
+    model.load_state_dict(load_file(str(weights_path)), strict=True)
+    return model.to(device).eval(), meta
+
+
+# ---------------------------------------------------------------------------------------- scorer
+class TransformerScorer:
+    """``SequenceModel`` over a trained :class:`GPT`.
+
+    Invariants (docs/artifacts.md, scoring protocol): a piece ``x_1..x_n`` gives ``n + 1`` NLLs
+    (targets ``x_1..x_n, EOS``), each scored exactly once, with BOS prepended. PAD and BOS are
+    never targets, so they are removed from the support (their probability is renormalised away).
+    Pieces longer than the context are scored in sliding windows: the first window scores all of
+    its targets; each later window moves by ``stride`` and scores only its last ``stride``
+    targets, so every target after the first window sees at least ``max_seq_len - stride``
+    tokens of left context. ``stride=1`` gives every target the full context (slowest).
+    Computation is fp32 on every device.
+    """
+
+    def __init__(self, model: GPT, *, bos_id: int, eos_id: int, pad_id: int | None,
+                 device: str = "cpu", stride: int | None = None, batch_size: int = 32) -> None:
+        self.model = model.eval().float().to(device)
+        self.device = device
+        self.vocab_size = int(model.config.vocab_size)
+        self.eos_id = int(eos_id)
+        self.bos_id = int(bos_id)
+        self.pad_id = None if pad_id is None else int(pad_id)
+        T = model.config.max_seq_len
+        self.stride = int(stride) if stride else max(1, T // 4)
+        if not 1 <= self.stride <= T:
+            raise ValueError(f"stride={self.stride} must be in 1..max_seq_len={T}")
+        self.batch_size = batch_size
+
+    def _windows(self, full: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, int]]:
+        """Windows over ``full = [BOS, x_1..x_n, EOS]``: (inputs, targets, n_context_skipped)."""
+        T = self.model.config.max_seq_len
+        inputs, targets = full[:-1], full[1:]
+        n = len(targets)
+        if n <= T:
+            return [(inputs, targets, 0)]
+        out = [(inputs[:T], targets[:T], 0)]
+        done = T
+        while done < n:
+            end = min(done + self.stride, n)
+            start = end - T
+            out.append((inputs[start:end], targets[start:end], done - start))
+            done = end
+        return out
+
+    @torch.no_grad()
+    def _logprobs(self, batch: list[np.ndarray]) -> torch.Tensor:
+        """Right-padded batch of inputs -> (B, T, V) log-probabilities with PAD/BOS masked."""
+        T = max(len(b) for b in batch)
+        idx = torch.full((len(batch), T), self.eos_id, dtype=torch.long)
+        for i, b in enumerate(batch):
+            idx[i, : len(b)] = torch.as_tensor(b, dtype=torch.long)
+        logits, _ = self.model(idx.to(self.device))
+        logits = logits.float()
+        for special in {self.bos_id, self.pad_id} - {None, self.eos_id}:
+            logits[..., special] = float("-inf")
+        return torch.log_softmax(logits, dim=-1)  # (B, T, V)
+
+    def token_nll(self, seqs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        jobs = []  # (seq index, inputs, targets, skip)
+        out = []
+        for s, seq in enumerate(seqs):
+            seq = np.asarray(seq, dtype=np.int64)
+            if seq.size and (seq.min() < 0 or seq.max() >= self.vocab_size):
+                raise ValueError(f"sequence {s}: ids outside 0..{self.vocab_size - 1}")
+            full = np.concatenate([[self.bos_id], seq, [self.eos_id]])
+            out.append(np.empty(len(seq) + 1, dtype=np.float64))
+            jobs.extend((s, *w) for w in self._windows(full))
+        # Sort by length so batches pad little; results go back by (seq, offset), order-free.
+        cursor = [0] * len(seqs)
+        order = sorted(range(len(jobs)), key=lambda j: (len(jobs[j][1]), j))
+        results: dict[int, np.ndarray] = {}
+        for b0 in range(0, len(order), self.batch_size):
+            chunk = order[b0 : b0 + self.batch_size]
+            lp = self._logprobs([jobs[j][1] for j in chunk])
+            for row, j in enumerate(chunk):
+                _, _, tgt, skip = jobs[j]
+                t = torch.as_tensor(tgt, dtype=torch.long, device=lp.device)
+                nll = -lp[row, : len(tgt)].gather(1, t[:, None])[:, 0]
+                results[j] = nll[skip:].double().cpu().numpy()
+        for j, (s, _, _, _) in enumerate(jobs):  # jobs of one sequence are in target order
+            r = results[j]
+            out[s][cursor[s] : cursor[s] + len(r)] = r
+            cursor[s] += len(r)
+        return out
+
+    @torch.no_grad()
+    def next_logprobs(self, contexts: Sequence[np.ndarray]) -> np.ndarray:
+        T = self.model.config.max_seq_len
+        rows = []
+        for b0 in range(0, len(contexts), self.batch_size):
+            batch = [np.concatenate([[self.bos_id], np.asarray(c, dtype=np.int64)])[-T:]
+                     for c in contexts[b0 : b0 + self.batch_size]]
+            lp = self._logprobs(batch)
+            last = torch.as_tensor([len(b) - 1 for b in batch], device=lp.device)
+            rows.append(lp[torch.arange(len(batch), device=lp.device), last].double().cpu())
+        if not rows:
+            return np.zeros((0, self.vocab_size))
+        return torch.cat(rows).numpy()
+
+
+def load_scorer(model_dir: Path, device: str = "cpu", stride: int | None = None):
+    """Load ``model_dir/model.{safetensors,json}`` as a ``SequenceModel`` (fp32, eval mode)."""
+    model, meta = load_model(Path(model_dir), device)
+    return TransformerScorer(model, bos_id=meta["bos_id"], eos_id=meta["eos_id"],
+                             pad_id=meta.get("pad_id"), device=device, stride=stride)

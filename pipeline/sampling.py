@@ -1,0 +1,128 @@
+"""Sampling from any :class:`models.base.SequenceModel`: temperature, top-k, top-p, greedy.
+
+Only the protocol is used (``next_logprobs``, ``vocab_size``, ``eos_id``), so an n-gram and a
+transformer are sampled by the same loop. Every sequence has its own seeded
+``numpy.random.Generator``; a batch draws one uniform per live sequence per step, so a sample's
+tokens do not depend on the batch size or on which other sequences are in the batch.
+
+Invariants: ``temperature == 0`` is greedy (argmax, lowest id on ties) and draws no random
+numbers; forbidden ids (PAD, BOS, other specials) are never produced; EOS ends a sequence and is
+not part of the returned ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.base import SequenceModel
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one next token is chosen from a log-probability row."""
+
+    temperature: float = 1.0
+    """0 = greedy; otherwise log-probabilities are divided by it before normalising."""
+    top_k: int = 0
+    """Keep only the k most probable ids (0 = no limit)."""
+    top_p: float = 1.0
+    """Keep the smallest set of most probable ids whose probability reaches p (1.0 = no limit)."""
+
+
+def filtered_probs(logp: np.ndarray, params: SamplingParams,
+                   forbid: Sequence[int] = ()) -> np.ndarray:
+    """Turn one ``(V,)`` log-probability row into the sampling distribution (sums to 1).
+
+    Ties in top-k/top-p are broken by the lower id (stable sort), so the result is a pure function
+    of the row. If filtering would remove every id, the single most probable allowed id is kept.
+    """
+    x = np.asarray(logp, dtype=np.float64).copy()
+    if forbid:
+        x[np.asarray(forbid, dtype=np.int64)] = -np.inf
+    if not np.isfinite(x).any():
+        raise ValueError("every token has zero probability after masking")
+    if params.temperature == 0:
+        out = np.zeros_like(x)
+        out[int(np.argmax(x))] = 1.0
+        return out
+    x = x / params.temperature
+    order = np.argsort(-x, kind="stable")  # most probable first, lower id first on ties
+    keep = np.isfinite(x[order])
+    if params.top_k > 0:
+        keep[params.top_k:] = False
+    p = np.exp(x[order] - x[order[0]])
+    p[~keep] = 0.0
+    p /= p.sum()
+    if params.top_p < 1.0:
+        # keep ids up to and including the one where the cumulative mass first reaches top_p
+        cum = np.cumsum(p)
+        cut = int(np.searchsorted(cum, params.top_p - 1e-12)) + 1
+        p[cut:] = 0.0
+        p /= p.sum()
+    out = np.zeros_like(x)
+    out[order] = p
+    return out
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator | None) -> int:
+    """Inverse-CDF draw with one uniform; ``rng=None`` only for a one-hot (greedy) row."""
+    if rng is None:
+        return int(np.argmax(probs))
+    cum = np.cumsum(probs)
+    u = rng.random() * cum[-1]
+    return int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
+
+
+def eos_id(model: SequenceModel) -> int:
+    """The model's EOS column (``eos_id``; an estimator that inferred it keeps ``eos_id_``)."""
+    eos = getattr(model, "eos_id", None)
+    if eos is None:
+        eos = getattr(model, "eos_id_", None)
+    if eos is None:
+        raise ValueError(f"{type(model).__name__} has no eos_id: generation could never stop")
+    return int(eos)
+
+
+def sample_sequences(
+    model: SequenceModel,
+    prompts: Sequence[np.ndarray],
+    *,
+    max_new_tokens: int,
+    params: SamplingParams,
+    rngs: Sequence[np.random.Generator] | None,
+    forbid: Sequence[int] = (),
+    batch_size: int = 16,
+) -> list[np.ndarray]:
+    """Continue each prompt (may be empty) by up to ``max_new_tokens`` ids; stop at EOS.
+
+    Returns only the new ids (int32), one array per prompt, in prompt order. ``rngs`` has one
+    generator per prompt (ignored and may be ``None`` when ``temperature == 0``).
+    """
+    greedy = params.temperature == 0
+    eos = eos_id(model)
+    if not greedy and (rngs is None or len(rngs) != len(prompts)):
+        raise ValueError("sampling with temperature > 0 needs one generator per prompt")
+    results: list[np.ndarray] = []
+    for start in range(0, len(prompts), max(1, batch_size)):
+        idx = range(start, min(start + batch_size, len(prompts)))
+        ctx = [np.asarray(prompts[i], dtype=np.int64) for i in idx]
+        new: list[list[int]] = [[] for _ in idx]
+        live = [True] * len(new)
+        for _ in range(max_new_tokens):
+            rows = [j for j, alive in enumerate(live) if alive]
+            if not rows:
+                break
+            contexts = [np.concatenate([ctx[j], np.asarray(new[j], dtype=np.int64)]) for j in rows]
+            logp = np.asarray(model.next_logprobs(contexts))
+            for r, j in enumerate(rows):
+                probs = filtered_probs(logp[r], params, forbid)
+                tok = draw(probs, None if greedy else rngs[idx[j]])  # type: ignore[index]
+                if tok == eos:
+                    live[j] = False
+                else:
+                    new[j].append(tok)
+        results.extend(np.asarray(s, dtype=np.int32) for s in new)
+    return results

@@ -1,0 +1,77 @@
+"""Synthetic token tables in the tokenize stage's format, for the doctor, tests and benchmarks.
+
+``write_token_data(dir, ...)`` writes ``tokens.parquet`` (sha256, split, track, ids, n_tokens,
+n_notes, roundtrip_f1), ``augmented.parquet`` and ``info.json`` like ``symkit tokenize`` does.
+Pieces are drawn from a small seeded Markov chain, so there is structure to learn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from pipeline.artifacts import write_json, write_parquet
+
+PAD, BOS, EOS = 0, 1, 2
+N_SPECIAL = 3
+
+TOKENS_SCHEMA = pa.schema([
+    ("sha256", pa.string()), ("split", pa.string()), ("track", pa.int32()),
+    ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32()), ("n_notes", pa.int32()),
+    ("roundtrip_f1", pa.float64()),
+])
+AUG_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
+                        ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32())])
+
+
+def synthetic_pieces(n: int, vocab_size: int, mean_len: int, seed: int) -> list[np.ndarray]:
+    """``n`` id sequences (no specials) from a sparse random Markov chain over the vocabulary."""
+    rng = np.random.default_rng(seed)
+    k = vocab_size - N_SPECIAL
+    succ = rng.integers(0, k, size=(k, 4))  # each token has 4 likely successors
+    pieces = []
+    for _ in range(n):
+        length = max(4, int(rng.normal(mean_len, mean_len / 5)))
+        seq = np.empty(length, dtype=np.int32)
+        seq[0] = rng.integers(0, k)
+        choice = rng.integers(0, 4, size=length)
+        noise = rng.random(length) < 0.05
+        rand = rng.integers(0, k, size=length)
+        for i in range(1, length):
+            seq[i] = rand[i] if noise[i] else succ[seq[i - 1], choice[i]]
+        pieces.append(seq + N_SPECIAL)
+    return pieces
+
+
+def write_token_data(folder: Path, *, n_pieces: int = 40, vocab_size: int = 64,
+                     mean_len: int = 120, seed: int = 0, n_augmented: int = 0,
+                     info_extra: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Write the three token artifacts into ``folder``; returns their paths."""
+    folder = Path(folder)
+    pieces = synthetic_pieces(n_pieces, vocab_size, mean_len, seed)
+    n_val = max(1, n_pieces // 10)
+    rows = []
+    for i, ids in enumerate(pieces):
+        split = "val" if i < n_val else "test" if i < 2 * n_val else "train"
+        rows.append({"sha256": hashlib.sha256(f"piece{i}".encode()).hexdigest(), "split": split,
+                     "track": 0, "ids": ids.tolist(), "n_tokens": len(ids),
+                     "n_notes": len(ids) // 4, "roundtrip_f1": 1.0})
+    df = pd.DataFrame(rows).sort_values("sha256")
+    paths = {"tokens": folder / "tokens.parquet", "info": folder / "info.json",
+             "augmented": folder / "augmented.parquet"}
+    write_parquet(paths["tokens"], pa.Table.from_pandas(df, TOKENS_SCHEMA, preserve_index=False))
+    train = df[df["split"] == "train"]
+    aug = [{"sha256": sha, "transpose": t, "ids": list(ids), "n_tokens": len(ids)}
+           for sha, ids in zip(train["sha256"][:n_augmented], train["ids"][:n_augmented],
+                               strict=True) for t in (-1, 1)]
+    write_parquet(paths["augmented"],
+                  pa.Table.from_pylist(aug, AUG_SCHEMA) if aug else AUG_SCHEMA.empty_table())
+    write_json(paths["info"], {"vocab_size": vocab_size, "pad_id": PAD, "bos_id": BOS,
+                               "eos_id": EOS, "tokenizer_hash": "tok-hash",
+                               "split_hash": "split-hash", **(info_extra or {})})
+    return paths

@@ -1,0 +1,138 @@
+"""Decision criteria: parsing (errors name the key), metrics flattening, verdicts, planted leak."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.model_selection import GroupShuffleSplit
+
+from pipeline import artifacts
+from pipeline.config import ParamsError, load_section, parse_section
+from pipeline.criteria import (
+    CriteriaConfig,
+    Criterion,
+    build_metrics,
+    evaluate,
+    evaluate_all,
+    flatten,
+    overall,
+)
+
+REPO_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+
+RULE = {"name": "r", "metric": "m", "op": ">=", "threshold": 0.02, "rationale": "why"}
+
+
+def rule(**kw) -> Criterion:
+    return Criterion(**{**RULE, **kw})
+
+
+def test_default_criteria_parse():
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    names = [r.name for r in cfg.rules]
+    assert {"transformer_beats_ngram", "no_crossing_groups", "no_crossing_pairs",
+            "memorisation_at_human_level", "overfitting_bounded"} <= set(names)
+
+
+@pytest.mark.parametrize(("rules", "key"), [
+    ([{**RULE, "op": "=>"}], "criteria.rules.0.op"),
+    ([RULE, {**RULE, "name": "s", "threshold": "high"}], "criteria.rules.1.threshold"),
+    ([{k: v for k, v in RULE.items() if k != "metric"}], "criteria.rules.0.metric"),
+    ([{**RULE, "ci": "lower>1"}], "criteria.rules.0.ci"),
+    ([{**RULE, "thresold": 1.0}], "criteria.rules.0.thresold"),
+    ([{**RULE, "rationale": ""}], "criteria.rules.0.rationale"),
+    ([{**RULE, "name": "has space"}], "criteria.rules.0.name"),
+    ([], "criteria.rules"),
+])
+def test_parsing_errors_name_the_bad_key(rules, key):
+    with pytest.raises(ParamsError) as e:
+        parse_section("criteria", {"rules": rules}, CriteriaConfig)
+    assert f"params.yaml: {key} = " in str(e.value)
+
+
+def test_cross_field_errors_say_what_to_do():
+    with pytest.raises(ParamsError, match=r"criteria.*name 'r' is used twice"):
+        parse_section("criteria", {"rules": [RULE, RULE]}, CriteriaConfig)
+    with pytest.raises(ParamsError, match=r"ci_metric.*set ci to"):
+        parse_section("criteria", {"rules": [{**RULE, "ci_metric": "x"}]}, CriteriaConfig)
+    with pytest.raises(ParamsError, match=r"criteria.ruels.*unknown key"):
+        parse_section("criteria", {"ruels": [RULE]}, CriteriaConfig)
+
+
+@pytest.mark.parametrize(("metrics", "kw", "status"), [
+    ({"m": 0.05}, {}, "PASS"),
+    ({"m": 0.01}, {}, "FAIL"),
+    ({}, {}, "INCONCLUSIVE"),
+    ({"m": "text"}, {}, "INCONCLUSIVE"),
+    ({"m": 0.05, "m.ci_low": 0.01, "m.ci_high": 0.09}, {"ci": "lower>0"}, "PASS"),
+    ({"m": 0.05, "m.ci_low": -0.01, "m.ci_high": 0.09}, {"ci": "lower>0"}, "INCONCLUSIVE"),
+    ({"m": 0.05, "m.ci_low": -0.09, "m.ci_high": -0.01}, {"ci": "lower>0"}, "FAIL"),
+    ({"m": 0.05}, {"ci": "lower>0"}, "INCONCLUSIVE"),
+    ({"m": 0.05, "d.ci_low": 0.2, "d.ci_high": 0.3}, {"ci": "excludes_zero", "ci_metric": "d"},
+     "PASS"),
+    ({"m": 0.0}, {"op": "==", "threshold": 0.0}, "PASS"),
+    ({"m": 1}, {"op": "==", "threshold": 0.0}, "FAIL"),
+])
+def test_verdicts(metrics, kw, status):
+    v = evaluate(rule(**kw), metrics)
+    assert v.status == status, v.evidence
+    assert v.name == "r" and v.evidence
+
+
+def test_overall_decision():
+    cfg = CriteriaConfig(rules=[rule(name="a"), rule(name="b", metric="n")])
+    assert overall(evaluate_all(cfg, {"m": 1.0, "n": 1.0})) == "PASS"
+    assert overall(evaluate_all(cfg, {"m": 1.0})) == "INCONCLUSIVE"
+    assert overall(evaluate_all(cfg, {"n": -1.0})) == "FAIL"
+
+
+def test_flatten_and_build_metrics_from_stage_reports():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": [{"x": 1}]}) == {"a.b": 1, "a.c.0": 1,
+                                                                      "a.c.1": 2}
+    eval_json = {"models": {m: {"test": {"nats_per_note": {"value": v, "ci_low": v - 0.1,
+                                                           "ci_high": v + 0.1}}}
+                            for m, v in (("ngram", 2.0), ("transformer", 1.9))},
+                 "paired": {"ngram_minus_transformer": {"test": {"nats_per_note": {
+                     "value": 0.1, "ci_low": 0.04, "ci_high": 0.16}}}}}
+    m = build_metrics({"eval": eval_json, "train": {"best_val_loss": 1.5,
+                                                    "final_train_loss": 1.2}, "ingest": None})
+    assert m["test.nll_per_note.diff"] == 0.1
+    assert m["test.nll_per_note.rel_improvement"] == pytest.approx(0.05)
+    assert m["test.nll_per_note.rel_improvement.ci_low"] == pytest.approx(0.02)
+    assert m["train.overfit_gap"] == pytest.approx(0.3)
+    assert m["eval.models.ngram.test.nats_per_note.value"] == 2.0
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    verdicts = {v.name: v.status for v in evaluate_all(cfg, m)}
+    assert verdicts["transformer_beats_ngram"] == "PASS"
+    assert verdicts["overfitting_bounded"] == "PASS"
+    assert verdicts["no_crossing_groups"] == "INCONCLUSIVE"  # leakage.json missing
+
+
+def crossing(groups: np.ndarray, split: np.ndarray) -> int:
+    """Groups whose pieces lie in more than one split."""
+    return sum(len(set(split[groups == g])) > 1 for g in np.unique(groups))
+
+
+def test_planted_leak_fails_the_leakage_criterion(tmp_path):
+    # 40 tunes with 3 arrangements each; a row-level random split scatters tunes across splits
+    groups = np.repeat(np.arange(40), 3)
+    rng = np.random.default_rng(0)
+    leaky = rng.choice(np.array(["train", "val", "test"]), size=groups.size, p=[0.8, 0.1, 0.1])
+    train_idx, held_idx = next(GroupShuffleSplit(n_splits=1, test_size=0.2, random_state=0)
+                               .split(groups, groups=groups))
+    grouped = np.empty(groups.size, dtype=object)
+    grouped[train_idx], grouped[held_idx] = "train", "test"
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    results = {}
+    for name, split in (("leaky", leaky), ("grouped", grouped)):
+        path = tmp_path / f"{name}_leakage.json"
+        artifacts.write_json(path, {"grouped_crossing_groups": crossing(groups, split),
+                                    "grouped_crossing_pairs": 0})
+        metrics = build_metrics({"leakage": artifacts.read_json(path)})
+        results[name] = {v.name: v for v in evaluate_all(cfg, metrics)}
+    assert results["leaky"]["no_crossing_groups"].status == "FAIL"
+    assert results["leaky"]["no_crossing_groups"].value > 0
+    assert results["grouped"]["no_crossing_groups"].status == "PASS"
+    assert results["grouped"]["no_crossing_pairs"].status == "PASS"

@@ -1,0 +1,59 @@
+"""symkit estimate: exact parameter counts, memory terms, FLOPs, and activations vs measured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.transformer import GPT, TransformerConfig
+from pipeline.cli import main as cli_main
+from pipeline.estimate import count_params, estimate, peak_tflops, saved_activation_bytes
+
+
+@pytest.mark.parametrize(("vocab", "seq", "layers", "embd", "ratio", "bias"), [
+    (64, 32, 2, 32, 4, True), (300, 256, 4, 128, 4, True), (1000, 512, 3, 96, 2, False)],
+    ids=str)
+def test_param_count_is_exact(vocab, seq, layers, embd, ratio, bias):
+    model = GPT(TransformerConfig(vocab_size=vocab, max_seq_len=seq, n_layer=layers, n_head=4,
+                                  n_embd=embd, mlp_ratio=ratio, bias=bias))
+    assert count_params(vocab, seq, layers, embd, ratio, bias)["total"] == model.num_params()
+
+
+def test_memory_terms_and_flops():
+    kw = {"vocab_size": 300, "seq_len": 256, "n_layer": 4, "n_head": 4, "n_embd": 128,
+          "micro_batch": 16}
+    fp32 = estimate(**kw)
+    assert fp32.grads_bytes == 4 * fp32.params and fp32.optimizer_bytes == 8 * fp32.params
+    assert fp32.weights_bytes == 4 * fp32.params
+    bf16 = estimate(**kw, precision="bf16")
+    assert bf16.activations_bytes < fp32.activations_bytes
+    assert bf16.weights_bytes > fp32.weights_bytes  # autocast keeps a half copy
+    assert estimate(**kw, attention="math").activations_bytes > fp32.activations_bytes
+    lora = estimate(**kw, trainable_fraction=0.1)
+    assert lora.optimizer_bytes < fp32.optimizer_bytes / 5
+    assert fp32.flops_per_token_train == 3 * fp32.flops_per_token_forward
+    assert fp32.flops_per_token_forward == 2 * fp32.params_matmul + 2 * 4 * 256 * 128
+    assert fp32.total_bytes == (fp32.weights_bytes + fp32.grads_bytes + fp32.optimizer_bytes
+                                + fp32.activations_bytes)
+    assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("cpu") is None
+
+
+@pytest.mark.parametrize(("dropout", "attn_dropout"), [(0.0, 0.0), (0.1, 0.0), (0.1, 0.1)],
+                         ids=str)
+def test_activation_estimate_is_close_to_what_autograd_saves(dropout, attn_dropout):
+    cfg = TransformerConfig(vocab_size=200, max_seq_len=64, n_layer=2, n_head=4, n_embd=64,
+                            dropout=dropout, attn_dropout=attn_dropout)
+    model = GPT(cfg).train()
+    x = torch.randint(0, 200, (8, 64))
+    measured = saved_activation_bytes(model, x, x)
+    est = estimate(vocab_size=200, seq_len=64, n_layer=2, n_head=4, n_embd=64, micro_batch=8,
+                   dropout=dropout, attn_dropout=attn_dropout, device="cpu")
+    assert 0.8 < est.activations_bytes / measured < 1.25, (est.activations_bytes, measured)
+
+
+def test_cli(tmp_path, monkeypatch, capsys):
+    (tmp_path / "params.yaml").write_text("transformer: {}\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["estimate", "--vocab-size", "300", "--precision", "bf16"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters           864,512" in out and "precision bf16" in out

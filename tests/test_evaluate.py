@@ -1,0 +1,281 @@
+"""Evaluation core: protocol, per-piece table, group bootstrap, paired differences, discovery."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from models.ngram import NGramLM
+from pipeline.artifacts import read_json, read_parquet, write_parquet
+from pipeline.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
+from pipeline.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.evaluate import (
+    EvaluateConfig,
+    ModelSpec,
+    default_specs,
+    load_models,
+    load_ngram,
+    read_token_info,
+    run,
+)
+from tests.test_train_ngram import BOS, EOS, PAD, TOKENS_SCHEMA, VOCAB, write_corpus
+
+
+def _fit_and_save(paths: dict[str, Path], out: Path, order: int, smoothing: str = "kneser_ney",
+                  **meta) -> NGramLM:
+    train = [np.array(r["ids"], dtype=np.int64)
+             for r in pq.read_table(paths["tokens"]).to_pylist() if r["split"] == "train"]
+    model = NGramLM(order=order, smoothing=smoothing, vocab_size=VOCAB, bos_id=BOS,
+                    eos_id=EOS, pad_id=PAD).fit(train)
+    model.save(out, metadata={"tokenizer_hash": "tok-hash", "split_hash": "split-hash", **meta})
+    return model
+
+
+@pytest.fixture
+def setup(tmp_path):
+    paths = write_corpus(tmp_path / "data")
+    _fit_and_save(paths, tmp_path / "data" / "ngram", order=3)
+    _fit_and_save(paths, tmp_path / "data" / "unigram", order=1, smoothing="unigram")
+    return paths, tmp_path
+
+
+def evaluate(paths, root: Path, specs, out: str = "reports", **cfg):
+    cfg = EvaluateConfig(**{"n_boot": 500, **cfg})
+    summary = run(cfg, RuntimeConfig(), tokens=paths["tokens"], info=paths["info"],
+                  manifest=paths["manifest"], splits=paths["splits"], specs=specs,
+                  per_piece=root / out / "eval" / "per_piece.parquet",
+                  report=root / out / "eval.json")
+    return (summary, read_json(root / out / "eval.json"),
+            read_parquet(root / out / "eval" / "per_piece.parquet"))
+
+
+def two_models(root: Path) -> list[ModelSpec]:
+    return [ModelSpec("ngram", root / "data" / "ngram", load_ngram),
+            ModelSpec("unigram", root / "data" / "unigram", load_ngram)]
+
+
+def test_missing_transformer_is_reported_not_fatal(setup):
+    paths, root = setup
+    specs = default_specs(root / "data" / "ngram", root / "data" / "transformer")
+    summary, report, table = evaluate(paths, root, specs)
+    assert set(report["models"]) == {"ngram"}
+    assert report["unavailable"]["transformer"].startswith("missing")
+    assert summary.unavailable == report["unavailable"]
+    assert report["paired"] == {}
+    assert set(table["model"]) == {"ngram"}
+
+
+def test_per_piece_table_follows_the_protocol(setup):
+    paths, root = setup
+    _, report, table = evaluate(paths, root, two_models(root))
+    assert list(table.columns) == ["sha256", "split", "model", "group_id", "nll_nats",
+                                   "n_tokens", "n_notes", "duration_s"]
+    assert set(table["split"]) == {"val", "test"}  # never train
+    assert table.equals(table.sort_values(["model", "split", "sha256"]).reset_index(drop=True))
+    tokens = pq.read_table(paths["tokens"]).to_pandas()
+    manifest = read_parquet(paths["manifest"]).set_index("sha256")
+    model = NGramLM.load(root / "data" / "ngram")
+    ng = table[table["model"] == "ngram"].set_index("sha256")
+    for sha, rows in tokens[tokens["split"].isin(["val", "test"])].groupby("sha256"):
+        seqs = [np.asarray(s, dtype=np.int64) for s in rows["ids"]]
+        assert ng.loc[sha, "nll_nats"] == pytest.approx(model.nll_per_piece(seqs).sum(), abs=1e-9)
+        assert ng.loc[sha, "n_tokens"] == sum(len(s) + 1 for s in seqs)  # EOS per sequence
+        assert ng.loc[sha, "n_notes"] == manifest.loc[sha, "n_notes"]  # manifest, not tokens
+    val = ng[ng["split"] == "val"]
+    m = report["models"]["ngram"]["val"]
+    assert m["nats_per_token"]["value"] == pytest.approx(val["nll_nats"].sum()
+                                                         / val["n_tokens"].sum())
+    assert m["nats_per_note"]["value"] == pytest.approx(val["nll_nats"].sum()
+                                                        / val["n_notes"].sum())
+    assert m["nats_per_second"]["value"] == pytest.approx(val["nll_nats"].sum()
+                                                          / val["duration_s"].sum())
+    assert m["bits_per_token"]["value"] == pytest.approx(m["nats_per_token"]["value"]
+                                                         / math.log(2))
+    assert m["perplexity"]["ci_high"] == pytest.approx(math.exp(m["nats_per_token"]["ci_high"]))
+    assert (m["n_pieces"], m["n_groups"]) == (4, 2)
+    proto = report["protocol"]
+    assert proto["split_hash"] == "split-hash" and proto["tokenizer_hash"] == "tok-hash"
+    assert proto["bootstrap"]["n_boot"] == 500 and proto["splits"] == ["val", "test"]
+
+
+def test_cis_bracket_estimates_and_paired_differences(setup):
+    paths, root = setup
+    _, report, _table = evaluate(paths, root, two_models(root))
+    for name in ("ngram", "unigram"):
+        for split in ("val", "test"):
+            for key in ("nats_per_token", "nats_per_note", "nats_per_second", "perplexity"):
+                m = report["models"][name][split][key]
+                assert m["ci_low"] <= m["value"] <= m["ci_high"], (name, split, key)
+    pair = report["paired"]["ngram_minus_unigram"]["val"]["nats_per_token"]
+    a = report["models"]["ngram"]["val"]["nats_per_token"]["value"]
+    b = report["models"]["unigram"]["val"]["nats_per_token"]["value"]
+    assert pair["value"] == pytest.approx(a - b)
+    assert pair["ci_low"] <= pair["value"] <= pair["ci_high"] < 0  # the trigram is better
+    assert pair["share_a_lower"] == 1.0
+
+
+def test_two_runs_give_identical_bytes(setup):
+    paths, root = setup
+    for out in ("r1", "r2"):
+        evaluate(paths, root, two_models(root), out=out)
+    for rel in ("eval.json", "eval/per_piece.parquet"):
+        assert (root / "r1" / rel).read_bytes() == (root / "r2" / rel).read_bytes(), rel
+
+
+def test_seed_changes_intervals_not_estimates(tmp_path):
+    root = tmp_path
+    paths = write_corpus(root / "data", n_groups=24, n_eval=6)
+    _fit_and_save(paths, root / "data" / "ngram", order=3)
+    _fit_and_save(paths, root / "data" / "unigram", order=1, smoothing="unigram")
+    _, r1, _ = evaluate(paths, root, two_models(root), out="s1", seed=1)
+    _, r2, _ = evaluate(paths, root, two_models(root), out="s2", seed=2)
+    m1, m2 = r1["models"]["ngram"]["test"], r2["models"]["ngram"]["test"]
+    assert m1["nats_per_note"]["value"] == m2["nats_per_note"]["value"]
+    assert m1["nats_per_note"] != m2["nats_per_note"]
+
+
+def test_bad_pieces_are_excluded_for_every_model(setup):
+    paths, root = setup
+    tokens = pq.read_table(paths["tokens"]).to_pylist()
+    val = [r for r in tokens if r["split"] == "val"]
+    val[0]["ids"] = [3, 500]
+    val[1]["ids"] = [3, BOS, 4]  # BOS is removed, never a target
+    write_parquet(paths["tokens"], pa.Table.from_pylist(tokens, schema=TOKENS_SCHEMA))
+    man = read_parquet(paths["manifest"])
+    write_parquet(paths["manifest"], man[man["sha256"] != val[2]["sha256"]])
+    summary, report, table = evaluate(paths, root, two_models(root))
+    reasons = {p["sha256"]: p["reason"] for p in report["excluded"]["pieces"]}
+    assert reasons == {val[0]["sha256"]: "id_out_of_range", val[2]["sha256"]: "not_in_manifest"}
+    assert report["excluded"]["counts"] == {"id_out_of_range": 1, "not_in_manifest": 1}
+    assert report["excluded"]["special_ids_removed"] == 1
+    assert summary.n_excluded == 2
+    assert not table["sha256"].isin(reasons).any()
+    assert table.loc[(table["sha256"] == val[1]["sha256"]), "n_tokens"].tolist() == [3, 3]
+
+
+def test_load_models_reports_failures(setup):
+    paths, root = setup
+    info = read_token_info(paths["info"])
+    stale = root / "data" / "stale"
+    _fit_and_save(paths, stale, order=2, tokenizer_hash="other")
+    empty = root / "data" / "empty"
+    empty.mkdir()
+    wider = root / "data" / "wider"
+    NGramLM(order=2, vocab_size=VOCAB + 1, bos_id=BOS, eos_id=EOS).fit([np.array([3, 4])]).save(
+        wider, metadata={"tokenizer_hash": "tok-hash", "split_hash": "split-hash"})
+
+    def broken(d, device):
+        raise RuntimeError("bad weights")
+
+    specs = [ModelSpec("ngram", root / "data" / "ngram", load_ngram),
+             ModelSpec("stale", stale, load_ngram), ModelSpec("empty", empty, load_ngram),
+             ModelSpec("broken", root / "data" / "unigram", broken),
+             ModelSpec("wider", wider, load_ngram)]
+    models, unavailable = load_models(specs, info=info)
+    assert list(models) == ["ngram"]
+    assert unavailable["stale"].startswith("stale: tokenizer_hash")
+    assert unavailable["empty"].startswith("missing")
+    assert unavailable["broken"] == "load failed: RuntimeError: bad weights"
+    assert unavailable["wider"].startswith("incompatible: vocab_size, eos_id = (13, 2)")
+    models, _ = load_models(specs[1:2])  # without info nothing is compared
+    assert list(models) == ["stale"]
+
+
+def test_evaluate_params_fail_fast():
+    with pytest.raises(ParamsError, match=r"evaluate\.splits"):
+        parse_section("evaluate", {"splits": ["train"]}, EvaluateConfig)
+    with pytest.raises(ParamsError, match="repeat"):
+        parse_section("evaluate", {"splits": ["val", "val"]}, EvaluateConfig)
+    with pytest.raises(ParamsError, match="ci_level"):
+        parse_section("evaluate", {"ci_level": 1.5}, EvaluateConfig)
+    with pytest.raises(ParamsError, match="device"):
+        parse_section("evaluate", {"device": "tpu"}, EvaluateConfig)
+
+
+# -- the bootstrap itself ------------------------------------------------------------------------
+def test_bootstrap_resamples_groups():
+    rng = np.random.default_rng(0)
+    w = bootstrap_weights(5, 1000, rng)
+    assert w.shape == (1000, 5)
+    assert np.all(w.sum(axis=1) == 5)
+    # Two groups with ratios 1 and 3 (equal sizes): replicates can only be 1, 2 or 3, however
+    # many pieces each group holds; a piece-level bootstrap would concentrate near 2.
+    codes = np.repeat([0, 1], 50)
+    num = group_sums(codes, np.where(codes == 0, 1.0, 3.0), 2)
+    den = group_sums(codes, np.ones(100), 2)
+    ci = ratio_ci(num, den, bootstrap_weights(2, 2000, np.random.default_rng(1)), 0.95)
+    assert ci == {"value": 2.0, "ci_low": 1.0, "ci_high": 3.0}
+
+
+def test_paired_difference_cancels_shared_group_effects():
+    """Paired replicates cancel what both models share; unpaired intervals would not."""
+    rng = np.random.default_rng(3)
+    G = 30
+    difficulty = rng.gamma(2.0, 2.0, G)          # big between-group variation, shared
+    den = rng.integers(50, 150, G).astype(float)
+    a, b = difficulty * den, (difficulty + 0.1) * den
+    w = bootstrap_weights(G, 2000, rng)
+    pair = paired_diff_ci(a, den, b, den, w, 0.95)
+    assert pair["value"] == pytest.approx(-0.1)
+    assert pair["ci_low"] == pytest.approx(-0.1) and pair["ci_high"] == pytest.approx(-0.1)
+    single = ratio_ci(a, den, w, 0.95)
+    assert single["ci_high"] - single["ci_low"] > 0.5
+    assert pair["share_a_lower"] == 1.0
+
+
+def test_empty_split_gives_null_metrics():
+    w = bootstrap_weights(0, 10, np.random.default_rng(0))
+    ci = ratio_ci(np.zeros(0), np.zeros(0), w, 0.9)
+    assert all(math.isnan(v) for v in ci.values())
+
+
+def test_per_piece_schema_when_no_model_loads(setup):
+    paths, root = setup
+    specs = [ModelSpec("ngram", root / "nowhere", load_ngram)]
+    _, report, table = evaluate(paths, root, specs)
+    assert report["models"] == {} and "ngram" in report["unavailable"]
+    assert len(table) == 0 and "nll_nats" in table.columns
+    assert isinstance(table, pd.DataFrame)
+
+
+def test_transformer_is_scored_and_paired_when_present(setup):
+    """Integration with models.transformer (a tiny untrained GPT): discovered, scored, paired."""
+    paths, root = setup
+    transformer = pytest.importorskip("models.transformer")
+    import torch
+
+    cfg = transformer.TransformerConfig(vocab_size=VOCAB, max_seq_len=16, n_layer=1, n_head=2,
+                                        n_embd=16)
+    model = transformer.GPT(cfg, generator=torch.Generator().manual_seed(0))
+    transformer.save_model(root / "data" / "transformer", model, {
+        "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "tokenizer_hash": "tok-hash",
+        "split_hash": "split-hash"})
+    specs = default_specs(root / "data" / "ngram", root / "data" / "transformer")
+    _, report, table = evaluate(paths, root, specs)
+    assert report["unavailable"] == {}
+    assert set(report["models"]) == {"ngram", "transformer"}
+    pair = report["paired"]["ngram_minus_transformer"]["test"]["nats_per_note"]
+    assert pair["ci_low"] <= pair["value"] <= pair["ci_high"] < 0  # untrained: the n-gram wins
+    counts = table.groupby("model")["n_tokens"].sum()
+    assert counts["ngram"] == counts["transformer"]  # the same targets for both
+
+
+def test_registration_check_compares_protocol_and_split(tmp_path):
+    from pipeline.artifacts import write_json
+    from pipeline.evaluate import EvaluateConfig, registration_check
+
+    cfg = EvaluateConfig()
+    info = {"split_hash": "abc"}
+    assert registration_check(tmp_path / "none.json", cfg, info)["registered"] is False
+    reg = tmp_path / "preregistration.json"
+    write_json(reg, {"split_hash": "abc", "protocol": {"params": {"n_boot": cfg.n_boot}}})
+    assert registration_check(reg, cfg, info) == {
+        "registered": True, "split_hash_matches": True, "protocol_matches": True}
+    changed = registration_check(reg, EvaluateConfig(n_boot=cfg.n_boot + 1), {"split_hash": "x"})
+    assert changed["split_hash_matches"] is False and changed["protocol_matches"] is False

@@ -1,0 +1,185 @@
+"""``symkit generate`` on a synthetic world: a REMI tokenizer, random melodies tokenised into a
+token table, and a count-based order-k model that meets the SequenceModel protocol.
+
+The world builder and :class:`CountLM` are reused by the audit and report tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline import artifacts
+from pipeline.config import ParamsError, parse_section
+from pipeline.generate import GenerateConfig, run
+
+BOS, EOS = 1, 2
+
+
+class CountLM:
+    """Order-k count model with backoff to the longest seen context and add-alpha smoothing.
+
+    With a high order and tiny alpha, greedy decoding replays training sequences: the planted
+    "copying" model of the memorisation tests.
+    """
+
+    def __init__(self, order: int, vocab_size: int, alpha: float = 1e-3):
+        self.order, self.vocab_size, self.alpha, self.eos_id = order, vocab_size, alpha, EOS
+
+    def fit(self, seqs) -> CountLM:
+        self.counts_: dict[tuple, Counter] = defaultdict(Counter)
+        for s in seqs:
+            x = [BOS, *map(int, s), EOS]
+            for i in range(1, len(x)):
+                for n in range(self.order):
+                    if i - n >= 0:
+                        self.counts_[tuple(x[i - n:i])][x[i]] += 1
+        return self
+
+    def _row(self, context) -> np.ndarray:
+        x = [BOS, *map(int, context)]
+        for n in range(min(self.order - 1, len(x)), -1, -1):
+            c = self.counts_.get(tuple(x[len(x) - n:]))
+            if c:
+                row = np.full(self.vocab_size, self.alpha)
+                for tok, k in c.items():
+                    row[tok] += k
+                return np.log(row / row.sum())
+        return np.full(self.vocab_size, -np.log(self.vocab_size))
+
+    def next_logprobs(self, contexts) -> np.ndarray:
+        return np.stack([self._row(c) for c in contexts])
+
+    def token_nll(self, seqs) -> list[np.ndarray]:
+        out = []
+        for s in seqs:
+            s = [int(v) for v in s]
+            targets = [*s, EOS]
+            out.append(np.array([-self._row(s[:i])[t] for i, t in enumerate(targets)]))
+        return out
+
+
+def random_score(rng: np.random.Generator, n_notes: int = 48):
+    """A random melody: random-walk pitches in C major, durations of 1/2, 1 or 2 beats, random
+    velocities (so that a few notes identify a piece, as in real music)."""
+    import symusic
+
+    scale = np.array([0, 2, 4, 5, 7, 9, 11])
+    score = symusic.Score(480)
+    track = symusic.Track(program=0)
+    t, degree = 0, 14
+    for _ in range(n_notes):
+        degree = int(np.clip(degree + rng.integers(-3, 4), 7, 24))
+        dur = int(rng.choice([240, 480, 960]))
+        pitch = 48 + 12 * (degree // 7) + int(scale[degree % 7])
+        track.notes.append(symusic.Note(t, dur, pitch, int(rng.integers(30, 125))))
+        t += dur
+    score.tracks.append(track)
+    return score
+
+
+def make_world(root: Path, n_train: int = 24, n_val: int = 10, n_test: int = 10,
+               seed: int = 0) -> dict[str, Path]:
+    """Write tokenizer.json, tokens.parquet and info.json under ``root``; return their paths."""
+    import miditok
+
+    tok = miditok.REMI()
+    rng = np.random.default_rng(seed)
+    rows = []
+    for split, n in (("train", n_train), ("val", n_val), ("test", n_test)):
+        for i in range(n):
+            ids = tok.encode(random_score(rng))[0].ids
+            sha = hashlib.sha256(f"{split}-{i}".encode()).hexdigest()
+            rows.append({"sha256": sha, "split": split, "track": 0, "ids": ids,
+                         "n_tokens": len(ids), "n_notes": 48, "roundtrip_f1": 1.0})
+    rows.sort(key=lambda r: r["sha256"])
+    paths = {"tokenizer": root / "tokenizer.json", "tokens": root / "tokens.parquet",
+             "info": root / "info.json"}
+    tok.save(paths["tokenizer"])
+    schema = pa.schema([("sha256", pa.string()), ("split", pa.string()), ("track", pa.int16()),
+                        ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32()),
+                        ("n_notes", pa.int32()), ("roundtrip_f1", pa.float64())])
+    artifacts.write_parquet(paths["tokens"], pa.Table.from_pylist(rows, schema=schema))
+    artifacts.write_json(paths["info"], {"vocab_size": len(tok), "pad_id": 0, "bos_id": BOS,
+                                         "eos_id": EOS, "tokenizer_hash": "t", "split_hash": "s"})
+    return paths
+
+
+def train_seqs(paths: dict[str, Path]) -> list[np.ndarray]:
+    t = artifacts.read_parquet(paths["tokens"])
+    return [np.asarray(x) for x in t[t["split"] == "train"]["ids"]]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    return make_world(tmp_path_factory.mktemp("world"))
+
+
+def _run(world, out: Path, cfg: GenerateConfig, models) -> tuple:
+    summary = run(cfg, models, tokens=world["tokens"], info=world["info"],
+                  tokenizer=world["tokenizer"], samples_out=out / "samples.parquet",
+                  samples_dir=out / "samples")
+    return summary, artifacts.read_parquet(out / "samples.parquet")
+
+
+def test_generate_writes_contract_and_is_deterministic(world, tmp_path):
+    vocab = artifacts.read_json(world["info"])["vocab_size"]
+    models = {"ngram": CountLM(3, vocab).fit(train_seqs(world))}
+    cfg = GenerateConfig(models=["ngram"], n_samples=3, max_new_tokens=40, prompt_tokens=16,
+                         top_p=0.9)
+    s1, df = _run(world, tmp_path / "a", cfg, models)
+    assert list(df.columns) == ["model", "kind", "index", "prompt_sha256", "prompt_len", "ids",
+                                "n_tokens", "decode_ok", "decode_error"]
+    assert s1.n_samples == len(df) == 6 and s1.n_prompts == 3
+    cont = df[df["kind"] == "continuation"]
+    tokens = artifacts.read_parquet(world["tokens"]).set_index("sha256")
+    for _, r in cont.iterrows():
+        assert tokens.loc[r["prompt_sha256"], "split"] == "test"
+        assert list(r["ids"][:16]) == list(tokens.loc[r["prompt_sha256"], "ids"][:16])
+    unc = df[df["kind"] == "unconditional"]
+    assert (unc["prompt_len"] == 0).all() and unc["prompt_sha256"].isna().all()
+    assert (df["n_tokens"] == df["ids"].map(len)).all()
+    assert not any({0, 1, 3} & set(ids) for ids in df["ids"])  # specials never sampled
+    pngs = sorted(p.name for p in (tmp_path / "a" / "samples").glob("*.png"))
+    assert len(pngs) == int(df["decode_ok"].sum()) == 6
+    _run(world, tmp_path / "b", cfg, models)
+    for rel in ["samples.parquet", *[f"samples/{p}" for p in pngs],
+                *[f"samples/{p[:-4]}.mid" for p in pngs]]:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+
+def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
+    import pipeline.generate as gen
+
+    vocab = artifacts.read_json(world["info"])["vocab_size"]
+    models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}
+    real = gen.decode_ids
+    calls = iter(range(100))
+
+    def flaky(tok, ids):
+        return (None, "RuntimeError: broken") if next(calls) % 2 else real(tok, ids)
+
+    monkeypatch.setattr(gen, "decode_ids", flaky)
+    cfg = GenerateConfig(models=["ngram"], n_samples=2, max_new_tokens=10, prompt_tokens=8)
+    s, df = _run(world, tmp_path, cfg, models)
+    assert s.n_decode_failures == 2 and len(df) == 4
+    bad = df[~df["decode_ok"]]
+    assert len(bad) == 2 and (bad["decode_error"] == "RuntimeError: broken").all()
+    assert len(list((tmp_path / "samples").glob("*.mid"))) == 2
+
+
+@pytest.mark.parametrize(("raw", "key"), [
+    ({"models": ["ngram", "ngram"]}, "generate"),
+    ({"top_p": 0.0}, "generate.top_p"),
+    ({"temperature": -1.0}, "generate.temperature"),
+    ({"models": ["lstm"]}, "generate.models.0"),
+    ({"seeds": 1}, "generate.seeds"),
+])
+def test_bad_params_name_the_key(raw, key):
+    with pytest.raises(ParamsError, match=rf"params.yaml: {key.replace('.', '[.]')}\b"):
+        parse_section("generate", raw, GenerateConfig)

@@ -1,0 +1,215 @@
+"""Pre-registration, deviations, and the report as a pure function of its input files."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline import artifacts
+from pipeline.cli import main as cli
+from pipeline.config import load_section
+from pipeline.criteria import CriteriaConfig
+from pipeline.figures import piano_roll_png
+from pipeline.preregister import run as preregister
+from pipeline.report import ReportConfig, ReportPaths, run
+
+RULES = [
+    {"name": "transformer_beats_ngram", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
+     "threshold": 0.02, "ci": "lower>0", "ci_metric": "test.nll_per_note.diff",
+     "rationale": "better by 2%"},
+    {"name": "no_crossing_groups", "metric": "leakage.crossing_groups", "op": "==",
+     "threshold": 0, "rationale": "no leak"},
+    {"name": "memorisation_at_human_level", "metric": "memorisation.flag_rate_excess",
+     "op": "<=", "threshold": 0.05, "rationale": "no copying"},
+]
+EVALUATE = {"n_boot": 200, "ci_level": 0.95, "seed": 7}
+
+
+def write_params(root: Path, rules=RULES, evaluate=EVALUATE) -> Path:
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump({"evaluate": evaluate, "criteria": {"rules": rules},
+                                    "report": {"title": "test report"}}, sort_keys=False))
+    return path
+
+
+def paths_in(root: Path) -> ReportPaths:
+    return ReportPaths(**{f.name: root / f.default for f in fields(ReportPaths)})
+
+
+def make_inputs(root: Path) -> ReportPaths:
+    """A complete, small set of stage outputs in their default layout under ``root``."""
+    p = paths_in(root)
+    rng = np.random.default_rng(0)
+    artifacts.write_json(p.ingest, {"by_status": {"ok": 30, "quarantined": 2, "duplicate": 1}})
+    artifacts.write_json(p.split, {"pieces": 30, "groups": 12, "split_hash": "abc123"})
+    artifacts.write_json(p.leakage, {"grouped_crossing_groups": 0, "grouped_crossing_pairs": 0})
+    artifacts.write_json(p.train, {"best_val_loss": 1.4, "final_train_loss": 1.2,
+                                   "tokens": 123456, "steps": 50, "params": {"total": 1000}})
+    artifacts.write_json(p.train_env, {"device": "cpu", "seconds": 12.5, "environment": {
+        "python": "3.11", "packages": {"numpy": "2.4"}}})
+    artifacts.write_json(p.eval, {
+        "protocol": {"units": "nats", "bootstrap": {"n_boot": 200}},
+        "models": {m: {"test": {"nats_per_note": {"value": v, "ci_low": v - 0.1,
+                                                  "ci_high": v + 0.1}}}
+                   for m, v in (("ngram", 2.0), ("transformer", 1.9))},
+        "paired": {"ngram_minus_transformer": {"test": {"nats_per_note": {
+            "value": 0.1, "ci_low": 0.04, "ci_high": 0.16}}}}})
+    artifacts.write_json(p.audit, {
+        "thresholds": {"lcs_tokens": 20.0}, "flag_rate": {"samples": 0.1, "human_test": 0.1,
+                                                          "excess": 0.0},
+        "human": {"test": {"n": 5, "flag_rate": 0.1}}, "samples": {"ngram": {"all": {"n": 4}}},
+        "music": {"test": {"pitch_range": 12.0}, "ngram": {"pitch_range": 10.0}},
+        "extraction": {"ngram": {"train_exact": 0.5, "test_exact": 0.0}},
+        "membership": {"ngram": {"auc": 0.6, "n_train": 8, "n_test": 8}}})
+    per_piece = pd.DataFrame({"sha256": [f"{i:04d}" for i in range(10)] * 2,
+                              "split": "test", "model": ["ngram"] * 10 + ["transformer"] * 10,
+                              "nll_nats": rng.uniform(50, 100, 20), "n_tokens": 100,
+                              "n_notes": 40, "duration_s": 30.0})
+    artifacts.write_parquet(p.per_piece, per_piece)
+    per_sample = pd.DataFrame({"source": ["human"] * 3 + ["sample"] * 2,
+                               "model": ["human"] * 3 + ["ngram"] * 2,
+                               "kind": ["test"] * 3 + ["unconditional"] * 2,
+                               "lcs_tokens": [5.0, 7.0, 9.0, 30.0, 12.0],
+                               "decode_ok": [True] * 4 + [False]})
+    artifacts.write_parquet(p.per_sample, per_sample)
+    p.train_log.parent.mkdir(parents=True, exist_ok=True)
+    p.train_log.write_text("step\ttrain_loss\tval_loss\n0\t3.0\t3.1\n10\t2.0\t\n20\t1.5\t1.6\n")
+    artifacts.write_bytes(p.samples_dir / "ngram_unconditional_0.png", piano_roll_png(
+        {"onset": np.arange(4.0), "duration": np.ones(4), "pitch": np.array([60, 62, 64, 65])}))
+    artifacts.write_parquet(p.manifest, pd.DataFrame({
+        "sha256": ["a", "b", "c"], "status": ["ok", "quarantined", "duplicate"],
+        "reason": ["", "no_notes", "exact"], "licence": ["CC0", "CC0", "PD"]}))
+    artifacts.write_parquet(p.splits, pd.DataFrame({"sha256": ["a", "b", "c"],
+                                                    "group_id": ["g1", "g1", "g2"],
+                                                    "split": ["train", "train", "test"]}))
+    artifacts.write_parquet(p.pairs, pd.DataFrame({"a": ["a"], "b": ["c"], "tier": ["note"],
+                                                   "similarity": [1.0]}))
+    artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64})
+    return p
+
+
+def report(root: Path, params: Path, p: ReportPaths):
+    return run(load_section("report", params, ReportConfig),
+               load_section("criteria", params, CriteriaConfig),
+               yaml.safe_load(params.read_text())["evaluate"], p)
+
+
+def outputs(p: ReportPaths) -> dict[str, bytes]:
+    return {q.name: q.read_bytes() for q in (p.metrics_out, p.md_out, p.html_out)}
+
+
+def test_preregistered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path):
+    a = tmp_path / "a"
+    p = make_inputs(a)
+    params = write_params(a)
+    rec = preregister(params, split_report=p.split, eval_report=a / "missing.json",
+                      out=p.preregistration)
+    assert rec["split_hash"] == "abc123" and rec["eval_report_sha256"] is None
+    s = report(a, params, p)
+    assert s.decision == "PASS" and s.n_deviations == 0
+    first = outputs(p)
+    report(a, params, p)
+    assert outputs(p) == first
+    shutil.copytree(a, tmp_path / "b")  # same files elsewhere: same bytes (no absolute paths)
+    report(tmp_path / "b", tmp_path / "b" / "params.yaml", paths_in(tmp_path / "b"))
+    assert outputs(paths_in(tmp_path / "b")) == first
+
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["decision.overall"] == "PASS"
+    assert metrics["decision.criteria.no_crossing_groups"] == "PASS"
+    assert metrics["test.nll_per_note.rel_improvement"] == pytest.approx(0.05)
+    html = p.html_out.read_text()
+    assert "data:image/png;base64," in html
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    md = p.md_out.read_text()
+    assert "No deviations" in md and "| transformer_beats_ngram |" in md
+    assert "](samples/ngram_unconditional_0.png)" in md
+    assert "CC0" in md and "deadbeef" in md
+
+
+def test_changed_criterion_protocol_or_split_is_a_deviation(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    preregister(params, split_report=p.split, eval_report=tmp_path / "missing.json",
+                out=p.preregistration)
+    changed = [dict(r) for r in RULES]
+    changed[2]["threshold"] = 0.5  # loosened after the fact
+    params = write_params(tmp_path, rules=changed, evaluate={**EVALUATE, "n_boot": 50})
+    split = artifacts.read_json(p.split)
+    artifacts.write_json(p.split, {**split, "split_hash": "zzz"})
+    s = report(tmp_path, params, p)
+    md, html = p.md_out.read_text(), p.html_out.read_text()
+    assert s.n_deviations == 3
+    eval_json = artifacts.read_json(p.eval)
+    artifacts.write_json(p.eval, {**eval_json, "protocol": {"split_hash": "other"}})
+    assert report(tmp_path, params, p).n_deviations == 4
+    assert "reports/eval.json scored split 'other'" in p.md_out.read_text()
+    artifacts.write_json(p.eval, eval_json)
+    report(tmp_path, params, p)
+    assert "Deviations from the pre-registration" in md
+    assert "criterion 'memorisation_at_human_level'.threshold: pre-registered 0.05, now 0.5" in md
+    assert "protocol (evaluate).n_boot" in md and "the split changed" in md
+    assert md.index("Deviations") < md.index("## Decision")  # prominent: before the decision
+    assert 'class="warn"' in html
+    assert artifacts.read_json(p.metrics_out)["decision.n_deviations"] == 3
+
+
+def test_missing_registration_and_inputs_degrade_to_not_available(tmp_path):
+    params = write_params(tmp_path)
+    p = paths_in(tmp_path)
+    s = report(tmp_path, params, p)
+    assert s.decision == "INCONCLUSIVE" and s.n_deviations == 1
+    md = p.md_out.read_text()
+    assert "no pre-registration found" in md and "not available" in md
+    # a corrupt input is also "not available", not a crash
+    p.eval.parent.mkdir(parents=True, exist_ok=True)
+    p.eval.write_text("{not json")
+    p.per_piece.parent.mkdir(parents=True, exist_ok=True)
+    p.per_piece.write_bytes(b"PAR1garbage")
+    assert report(tmp_path, params, p).decision == "INCONCLUSIVE"
+
+
+def test_preregistration_is_frozen_and_notes_existing_scores(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    rec = preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration)
+    assert rec["eval_report_sha256"] == artifacts.sha256_file(p.eval)
+    assert rec["protocol"]["eval_block"] == {"units": "nats", "bootstrap": {"n_boot": 200}}
+    same = preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration)
+    assert same == rec  # re-running with nothing changed is allowed
+    params = write_params(tmp_path, rules=RULES[:2])
+    with pytest.raises(FileExistsError, match="--force"):
+        preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration)
+    preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration,
+                force=True)
+    assert len(artifacts.read_json(p.preregistration)["criteria"]) == 2
+    report(tmp_path, params, p)
+    assert "test scores may have been seen" in p.md_out.read_text()
+
+
+def test_cli_preregister_and_report(tmp_path, monkeypatch):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)  # CLI defaults are relative to the repository root
+    assert cli(["preregister", "--params", str(params)]) == 0
+    assert cli(["report", "--params", str(params)]) == 0
+    env = artifacts.read_json(p.env)
+    assert "environment" in env and "params_sha256" in env
+    assert artifacts.read_json(p.metrics_out)["decision.overall"] == "PASS"
+
+
+def test_repository_params_sections_parse():
+    from pipeline.audit import AuditConfig
+    from pipeline.generate import GenerateConfig
+
+    repo = Path(__file__).resolve().parents[1] / "params.yaml"
+    gen = load_section("generate", repo, GenerateConfig)
+    audit = load_section("audit", repo, AuditConfig)
+    load_section("report", repo, ReportConfig)
+    assert audit.human_window == gen.max_new_tokens  # humans audited on a sample's span

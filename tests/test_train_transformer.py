@@ -1,0 +1,348 @@
+"""Stage ``train_transformer``: outputs, determinism, stop rules, fine-tuning, set-up decisions."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import models.transformer as mt
+import pipeline.training.loop as loop
+from models.lora import param_counts
+from pipeline.cli import main as cli_main
+from pipeline.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.train_transformer import TransformerStageConfig, run
+from pipeline.training import checkpoint as ckpt
+from pipeline.training.data import (
+    Shard,
+    TokenInfo,
+    WindowStream,
+    load_corpus,
+    make_batch,
+    val_windows,
+)
+from pipeline.training.setup import lr_factor, resolve_device, resolve_precision
+from tests._transformer_data import (
+    BOS,
+    EOS,
+    PAD,
+    TINY_PARAMS,
+    run_ckpt_dir,
+    tiny_config,
+    write_token_data,
+)
+
+RUNTIME = RuntimeConfig(torch_threads=1)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    return write_token_data(tmp_path_factory.mktemp("tokens"), n_pieces=30, mean_len=80,
+                            n_augmented=4)
+
+
+def _run(cfg, data, out: Path, augmented: bool = False) -> dict:
+    return run(cfg, RUNTIME, tokens=data["tokens"], info=data["info"],
+               augmented=data["augmented"] if augmented else None, out_dir=out / "model",
+               summary=out / "train.json", log_tsv=out / "log.tsv", env=out / "env.json")
+
+
+# --------------------------------------------------------------------------------------- outputs
+def test_outputs_are_complete_and_deterministic(data, tmp_path):
+    a = _run(tiny_config(), data, tmp_path / "a")
+    _run(tiny_config(), data, tmp_path / "b")
+    for name in ("model/model.safetensors", "model/model.json", "train.json", "log.tsv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert a["steps"] == 12 and a["stop_reason"] == "max_steps" and a["reproducible"] is True
+    assert a["effective_batch"] == 8 and a["examples"] == 96 and a["tokens"] > 0
+    assert a["epochs"] == pytest.approx(96 / a["n_train_examples"])
+    assert a["best_val_loss"] < math.log(64)  # it learned something
+    rows = (tmp_path / "a" / "log.tsv").read_text().splitlines()
+    assert rows[0].split("\t") == ["step", "train_loss", "val_loss", "lr", "grad_norm"]
+    assert len(rows) == 13
+    assert [r.split("\t")[2] != "" for r in rows[1:]] == [s % 4 == 0 for s in range(1, 13)]
+    meta = json.loads((tmp_path / "a" / "model" / "model.json").read_text())
+    assert meta["bos_id"] == BOS and meta["eos_id"] == EOS and meta["pad_id"] == PAD
+    assert meta["tokenizer_hash"] == "tok-hash" and meta["split_hash"] == "split-hash"
+    assert meta["params"]["total"] == a["params"]["total"]
+    env = json.loads((tmp_path / "a" / "env.json").read_text())
+    assert env["device"] == "cpu" and env["tokens_per_s"] > 0 and "environment" in env
+    assert "seconds" not in json.dumps(a)
+    # the evaluation/generation entry point reads the stage's output folder
+    scorer = mt.load_scorer(tmp_path / "a" / "model")
+    seqs = [np.arange(3, 20), np.arange(3, 100) % 61 + 3]
+    assert [len(x) for x in scorer.token_nll(seqs)] == [18, 98]
+    assert scorer.next_logprobs(seqs).shape == (2, 64) and scorer.eos_id == EOS
+
+
+def test_cli_writes_dvc_paths(data, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(
+        {"runtime": {"torch_threads": 1}, "transformer": {**TINY_PARAMS,
+                                                         "train": {**TINY_PARAMS["train"],
+                                                                   "max_steps": 3}}}))
+    rc = cli_main(["train-transformer", "--tokens", str(data["tokens"]), "--info",
+                   str(data["info"])])
+    assert rc == 0
+    for p in ("data/transformer/model.safetensors", "data/transformer/model.json",
+              "reports/train.json", "reports/plots/train_log.tsv", "reports/train.env.json"):
+        assert (tmp_path / p).exists(), p
+
+
+def test_cli_fresh_discards_checkpoints(data, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    params = {"runtime": {"torch_threads": 1}, "transformer": TINY_PARAMS}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["train-transformer", "--tokens", str(data["tokens"]), "--info", str(data["info"])]
+    assert cli_main(args) == 0
+    params["transformer"] = {**TINY_PARAMS, "seed": 8}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert cli_main(args) == 0  # another run identity: its own checkpoint folder
+    assert len(list((tmp_path / "data/transformer/checkpoints").glob("run-*"))) == 2
+    assert cli_main([*args, "--fresh"]) == 0  # --fresh removes every run's checkpoints
+    state = json.loads((run_ckpt_dir(tmp_path / "data/transformer") / "step-00000012/state.json")
+                       .read_text())
+    assert state["config"]["seed"] == 8
+
+
+def test_augmented_rows_are_used_when_asked(data, tmp_path):
+    out = _run(tiny_config(data={"use_augmented": True}, train={"max_steps": 3}), data,
+               tmp_path, augmented=True)
+    assert out["n_augmented_examples"] == 8
+
+
+def test_bad_rows_are_counted_not_dropped_silently(tmp_path):
+    import pyarrow.parquet as pq
+
+    from pipeline.artifacts import write_parquet
+
+    paths = write_token_data(tmp_path, n_pieces=30, mean_len=40)
+    table = pq.read_table(paths["tokens"]).to_pandas()
+    train_rows = np.flatnonzero(table["split"] == "train")
+    table.at[train_rows[0], "ids"] = np.array([5, 999, 6], dtype=np.int32)
+    table.at[train_rows[1], "ids"] = np.array([5, EOS, 6], dtype=np.int32)
+    write_parquet(paths["tokens"], pq.read_table(paths["tokens"]).from_pandas(
+        table, schema=pq.read_schema(paths["tokens"]), preserve_index=False))
+    corpus = load_corpus(paths["tokens"], TokenInfo.read(paths["info"]))
+    assert corpus.skipped == {"train:id_out_of_range": 1, "train:special_id_inside_piece": 1}
+
+
+# ------------------------------------------------------------------------------------ stop rules
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(data, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = mt.masked_cross_entropy
+
+    def poisoned(logits, targets, loss_mask=None, reduction="mean"):
+        calls["n"] += 1
+        out = real(logits, targets, loss_mask, reduction)
+        # micro-batches 1..8 are steps 1..4 (grad_accum 2); then NaN
+        return out * float("nan") if calls["n"] > 8 + 1 else out  # +1: the eval at step 4
+
+    monkeypatch.setattr(mt, "masked_cross_entropy", poisoned)
+    with pytest.raises(loop.NonFiniteError) as err:
+        _run(tiny_config(), data, tmp_path)
+    msg = str(err.value)
+    assert "non-finite value at step 5" in msg and "step-00000003" in msg
+    cdir = run_ckpt_dir(tmp_path / "model")
+    assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["step-00000003"]
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_nan_gradient_is_caught(data, tmp_path, monkeypatch):
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, max_norm: real_clip(params, max_norm) * float("inf"))
+    with pytest.raises(loop.NonFiniteError, match="grad norm inf"):
+        _run(tiny_config(), data, tmp_path)
+
+
+def test_early_stopping_with_patience(data, tmp_path, monkeypatch):
+    losses = iter([3.0, 2.9, 3.1, 3.2, 3.3, 3.4])
+    monkeypatch.setattr(loop, "evaluate", lambda *a, **k: next(losses))
+    out = _run(tiny_config(train={"patience": 2, "eval_every": 2}), data, tmp_path)
+    assert out["stop_reason"] == "early_stopping" and out["steps"] == 8  # evals at 2, 4, 6, 8
+    assert out["best_step"] == 4 and out["best_val_loss"] == 2.9
+
+
+def test_max_tokens_stops_early(data, tmp_path):
+    out = _run(tiny_config(train={"max_tokens": 600}), data, tmp_path)
+    assert out["stop_reason"] == "max_tokens" and out["tokens"] >= 600 and out["steps"] < 12
+
+
+def test_wall_clock_guard_flags_and_resumes(data, tmp_path):
+    out = _run(tiny_config(train={"max_minutes": 0.000001}), data, tmp_path)
+    assert out["stop_reason"] == "wall_clock" and out["reproducible"] is False and out["steps"] == 1
+    out = _run(tiny_config(), data, tmp_path)  # same result config: resumes, finishes
+    ref = _run(tiny_config(), data, tmp_path / "ref")
+    assert out == ref and out["reproducible"] is True
+    assert (tmp_path / "log.tsv").read_bytes() == (tmp_path / "ref" / "log.tsv").read_bytes()
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == (
+        tmp_path / "ref" / "model" / "model.safetensors").read_bytes()
+
+
+# ----------------------------------------------------------------------------------- fine-tuning
+@pytest.fixture(scope="module")
+def base_model(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("base")
+    _run(tiny_config(), data, out)
+    return out / "model"
+
+
+def test_freeze_counts_and_frozen_weights_unchanged(data, base_model, tmp_path):
+    cfg = tiny_config(finetune={"init_from": str(base_model),
+                                "freeze": ["wte", "wpe", "blocks.0."]})
+    out = _run(cfg, data, tmp_path)
+    base = load_file(base_model / "model.safetensors")
+    new = load_file(tmp_path / "model" / "model.safetensors")
+    C, V, T = 32, 64, 32
+    block = sum(v.numel() for k, v in base.items() if k.startswith("blocks.0."))
+    assert out["params"]["frozen"] == V * C + T * C + block
+    assert out["params"]["trainable"] == out["params"]["total"] - out["params"]["frozen"]
+    assert out["finetune"]["frozen_tensors"] > 0
+    for k in base:
+        same = torch.equal(base[k], new[k])
+        assert same == k.startswith(("wte", "wpe", "blocks.0.")), k
+
+
+def test_lora_trains_adapters_only_and_merges(data, base_model, tmp_path):
+    cfg = tiny_config(finetune={"init_from": str(base_model), "lora_rank": 2,
+                                "lora_targets": ["attn.qkv", "mlp.fc"]})
+    out = _run(cfg, data, tmp_path)
+    C, r, L = 32, 2, 2
+    expect = L * (r * (C + 3 * C) + r * (C + 4 * C))  # A: (r, in), B: (out, r)
+    assert out["params"]["trainable"] == expect and out["finetune"]["lora_layers"] == 4
+    assert out["params"]["frozen"] == param_counts(mt.load_model(base_model)[0])["total"]
+    base = load_file(base_model / "model.safetensors")
+    new = load_file(tmp_path / "model" / "model.safetensors")
+    assert sorted(base) == sorted(new)  # merged: a plain GPT again
+    assert not torch.equal(base["blocks.0.attn.qkv.weight"], new["blocks.0.attn.qkv.weight"])
+    assert torch.equal(base["blocks.0.attn.proj.weight"], new["blocks.0.attn.proj.weight"])
+
+
+def test_init_from_a_checkpoint_folder(data, base_model, tmp_path):
+    cdir = run_ckpt_dir(base_model) / "step-00000012"
+    out = _run(tiny_config(finetune={"init_from": str(cdir), "freeze": ["wte"]}), data, tmp_path)
+    new = load_file(tmp_path / "model" / "model.safetensors")
+    assert torch.equal(new["wte.weight"], load_file(cdir / "model.safetensors")["wte.weight"])
+    assert out["params"]["frozen"] == 64 * 32
+
+
+def test_init_from_with_other_architecture_is_refused(data, base_model, tmp_path):
+    cfg = tiny_config(model={"n_embd": 64}, finetune={"init_from": str(base_model)})
+    with pytest.raises(ParamsError, match="n_embd: 32 there, 64 here"):
+        _run(cfg, data, tmp_path)
+
+
+# ------------------------------------------------------------------------------------- params
+@pytest.mark.parametrize("raw", [
+    {"finetune": {"freeze": ["wte"]}},
+    {"finetune": {"lora_rank": 4}},
+    {"optim": {"warmup_steps": 500}},
+    {"model": {"n_embd": 30, "n_head": 4}},
+    {"optim": {"lr": 0.001, "min_lr": 0.01}},
+    {"precision": "fp8"},
+    {"seed": "042"},
+], ids=lambda r: json.dumps(r))
+def test_bad_params_fail_fast(raw):
+    with pytest.raises(ParamsError, match="transformer"):
+        parse_section("transformer", raw, TransformerStageConfig)
+
+
+def test_params_yaml_section_is_valid():
+    from pipeline.config import load_section
+
+    cfg = load_section("transformer", Path(__file__).parents[1] / "params.yaml")
+    assert cfg.model.max_seq_len >= 128
+
+
+# ------------------------------------------------------------------- device / precision / schedule
+def test_device_resolution():
+    assert resolve_device("auto", cuda=True, mps=True, local_rank=1) == "cuda:1"
+    assert resolve_device("auto", cuda=False, mps=True) == "mps"
+    assert resolve_device("auto", cuda=False, mps=False) == "cpu"
+    with pytest.raises(ParamsError, match="no CUDA"):
+        resolve_device("cuda", cuda=False, mps=False)
+
+
+def test_precision_resolution():
+    assert resolve_precision("auto", "cuda", True) == (torch.bfloat16, False, "bf16")
+    assert resolve_precision("auto", "cuda", False) == (torch.float16, True, "fp16")
+    assert resolve_precision("auto", "cpu", False) == (None, False, "fp32")
+    assert resolve_precision("auto", "mps", False) == (None, False, "fp32")
+    assert resolve_precision("fp16", "cuda", True) == (torch.float16, True, "fp16")
+    assert resolve_precision("bf16", "cpu", False) == (torch.bfloat16, False, "bf16")
+    with pytest.raises(ParamsError, match="fp16"):
+        resolve_precision("fp16", "cpu", False)
+    with pytest.raises(ParamsError, match="bf16"):
+        resolve_precision("bf16", "cuda", False)
+
+
+def test_lr_schedule():
+    kw = {"warmup": 10, "max_steps": 100, "min_ratio": 0.1}
+    cos = [lr_factor(s, schedule="cosine", **kw) for s in range(100)]
+    assert cos[0] == pytest.approx(0.1) and cos[9] == 1.0
+    assert all(a >= b for a, b in itertools.pairwise(cos[9:]))
+    assert lr_factor(100, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_factor(55, schedule="linear", **kw) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_factor(80, schedule="constant", **kw) == 1.0
+
+
+# ------------------------------------------------------------------------------------------ data
+def _examples(n: int = 7) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [np.concatenate([[BOS], rng.integers(3, 50, rng.integers(3, 60)), [EOS]])
+            for _ in range(n)]
+
+
+def test_windows_keep_token_order_and_epochs_are_permutations():
+    ex = _examples()
+    s = WindowStream(ex, 16, seed=3)
+    for epoch in range(3):
+        assert sorted(s.position(epoch * 7 + j)[0] for j in range(7)) == list(range(7))
+    for k in range(40):
+        i, off = s.position(k)
+        w = s.window(k)
+        assert np.array_equal(w, ex[i][off : off + len(w)]) and len(w) <= 17
+    again = WindowStream(ex, 16, seed=3)
+    assert [again.position(k) for k in range(40)] == [s.position(k) for k in range(40)]
+    assert [WindowStream(ex, 16, 4).position(k) for k in range(40)] != [s.position(k)
+                                                                       for k in range(40)]
+
+
+def test_shards_tile_each_step():
+    one = Shard(0, 1, micro_batch=2, grad_accum=4)
+    two = [Shard(r, 2, micro_batch=2, grad_accum=2) for r in range(2)]
+    for step in range(3):
+        a = sorted(k for m in range(4) for k in one.micro_positions(step, m))
+        b = sorted(k for s in two for m in range(2) for k in s.micro_positions(step, m))
+        assert a == b == list(one.step_positions(step))
+
+
+def test_batches_pad_and_mask():
+    b = make_batch([np.array([1, 5, 6, 2]), np.array([1, 7])], 5, PAD)
+    assert b.x.tolist() == [[1, 5, 6, PAD, PAD], [1, PAD, PAD, PAD, PAD]]
+    assert b.y.tolist() == [[5, 6, 2, -100, -100], [7, -100, -100, -100, -100]]
+    assert b.n_valid == 4
+
+
+def test_val_windows_cover_every_target_once():
+    ex = _examples()
+    wins = val_windows(ex, 8)
+    assert sum(len(w) - 1 for w in wins) == sum(len(e) - 1 for e in ex)
+    assert len(val_windows(ex, 8, max_windows=5)) == 5
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_training(data, tmp_path):
+    out = _run(tiny_config(device="cuda", precision="auto"), data, tmp_path)
+    assert out["precision"] in {"bf16", "fp16"} and out["steps"] == 12

@@ -1,0 +1,216 @@
+"""models.transformer (GPT, masked loss, scorer) and models.lora."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.base import SequenceModel
+from models.lora import LoRALinear, apply_lora, freeze, merge_lora, param_counts
+from models.transformer import (
+    GPT,
+    IGNORE_INDEX,
+    TransformerConfig,
+    TransformerScorer,
+    load_model,
+    load_scorer,
+    save_model,
+)
+
+V, T = 40, 16
+BOS, EOS, PAD = 1, 2, 0
+
+
+def _model(seed: int = 0, **kw) -> GPT:
+    cfg = TransformerConfig(vocab_size=V, max_seq_len=T, n_layer=2, n_head=2, n_embd=16, **kw)
+    return GPT(cfg, torch.Generator().manual_seed(seed)).eval()
+
+
+def _trained(seed: int = 0) -> GPT:
+    """A model with non-trivial weights (a few random steps), so tests can tell positions apart."""
+    m = _model(seed).train()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(seed)
+    with torch.enable_grad():  # also when called from a no_grad test
+        for _ in range(5):
+            x = torch.randint(3, V, (4, T), generator=g)
+            _, loss = m(x[:, :-1], x[:, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return m.eval()
+
+
+def test_shapes_and_init_loss():
+    m = _model()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, V, (2, 3, T), generator=g)
+    logits, loss = m(x, y)
+    assert logits.shape == (3, T, V)
+    assert abs(float(loss.detach()) - math.log(V)) < 0.1
+    assert m(x)[1] is None
+    with pytest.raises(ValueError, match="max_seq_len"):
+        m(torch.zeros(1, T + 1, dtype=torch.long))
+
+
+def test_same_seed_same_weights_and_tied_embeddings():
+    a, b = _model(3), _model(3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not torch.equal(_model(4).wte.weight, a.wte.weight)
+    assert not any(n.startswith("lm_head") for n, _ in a.named_parameters())
+
+
+@torch.no_grad()
+def test_loss_ignores_padding_and_masked_positions():
+    m = _trained()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(3, V, (2, T), generator=g)
+    y = torch.randint(3, V, (2, T), generator=g)
+    y[1, 10:] = IGNORE_INDEX
+    logits, loss = m(x, y)
+    valid = y != IGNORE_INDEX
+    manual = F.cross_entropy(logits[valid], y[valid])
+    assert float(loss) == pytest.approx(float(manual), abs=1e-6)
+    # padding values after the end, and targets hidden by the mask, do not matter
+    x2 = x.clone()
+    x2[1, 10:] = torch.randint(0, V, (T - 10,), generator=g)
+    assert float(m(x2, y)[1]) == pytest.approx(float(loss), abs=1e-6)
+    mask = torch.ones_like(y, dtype=torch.bool)
+    mask[0, :5] = False
+    y3 = y.clone()
+    y3[0, :5] = 7
+    a = m(x, y3, loss_mask=mask)[1]
+    b = m(x, torch.where(mask, y, torch.full_like(y, 9)), loss_mask=mask)[1]
+    assert float(a) == pytest.approx(float(b), abs=1e-6)
+    # sum == mean * count
+    assert float(m(x, y, reduction="sum")[1]) == pytest.approx(float(loss) * int(valid.sum()),
+                                                               rel=1e-5)
+
+
+@torch.no_grad()
+def test_attention_is_causal():
+    m = _trained()
+    x = torch.randint(3, V, (1, T))
+    x2 = x.clone()
+    x2[0, 10] = (x[0, 10] + 1 - 3) % (V - 3) + 3
+    a, b = m(x)[0], m(x2)[0]
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+# ------------------------------------------------------------------------------------------ scorer
+def _scorer(stride=None, batch_size=32) -> TransformerScorer:
+    return TransformerScorer(_trained(), bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=stride,
+                             batch_size=batch_size)
+
+
+def _brute_nll(sc: TransformerScorer, seq: np.ndarray) -> np.ndarray:
+    """Every target with the longest possible left context, one forward per target."""
+    full = np.concatenate([[BOS], seq, [EOS]])
+    return np.array([-_lp(sc, full[max(0, i - T) : i])[full[i]] for i in range(1, len(full))])
+
+
+def _lp(sc: TransformerScorer, window: np.ndarray) -> np.ndarray:
+    return sc._logprobs([window])[0, len(window) - 1].double().numpy()
+
+
+def test_token_nll_counts_and_short_sequences():
+    sc = _scorer()
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(3, V, n) for n in (0, 1, 5, T - 1)]
+    out = sc.token_nll(seqs)
+    assert [len(o) for o in out] == [1, 2, 6, T]
+    for s, o in zip(seqs, out, strict=True):
+        assert np.allclose(o, _brute_nll(sc, s), atol=1e-5)
+    assert all(np.all(o > 0) for o in out)
+
+
+@pytest.mark.parametrize("stride", [1, 4, T], ids=lambda s: f"stride{s}")
+def test_sliding_windows_score_each_target_once(stride):
+    sc = _scorer(stride=stride, batch_size=3)
+    seq = np.random.default_rng(1).integers(3, V, 3 * T + 5)
+    nll = sc.token_nll([seq])[0]
+    assert nll.shape == (len(seq) + 1,)
+    brute = _brute_nll(sc, seq)
+    # the first window is exact; with stride 1 every target has the full context
+    assert np.allclose(nll[:T], brute[:T], atol=1e-5)
+    if stride == 1:
+        assert np.allclose(nll, brute, atol=1e-5)
+    else:
+        assert not np.allclose(nll, brute, atol=1e-5)  # shorter contexts do change values
+
+
+def test_batching_does_not_change_scores():
+    rng = np.random.default_rng(2)
+    seqs = [rng.integers(3, V, n) for n in (3, 40, 17, 0, 90)]
+    a = _scorer(batch_size=1).token_nll(seqs)
+    b = _scorer(batch_size=64).token_nll(seqs)
+    assert all(np.allclose(x, y, atol=1e-6) for x, y in zip(a, b, strict=True))
+
+
+def test_next_logprobs_is_a_distribution_consistent_with_token_nll():
+    sc = _scorer()
+    seq = np.random.default_rng(3).integers(3, V, 10)
+    lp = sc.next_logprobs([seq[:k] for k in range(6)])
+    assert lp.shape == (6, V)
+    assert np.allclose(np.exp(lp).sum(axis=1), 1.0)
+    assert np.all(np.isneginf(lp[:, BOS])) and np.all(np.isneginf(lp[:, PAD]))
+    nll = sc.token_nll([seq])[0]
+    assert np.allclose(-lp[np.arange(6), seq[:6]], nll[:6], atol=1e-5)
+    # contexts longer than max_seq_len keep their last tokens
+    long = np.random.default_rng(4).integers(3, V, 3 * T)
+    assert np.allclose(sc.next_logprobs([long])[0], _lp(sc, long[-T:]), atol=1e-6)
+
+
+def test_save_load_and_protocol(tmp_path):
+    m = _trained()
+    save_model(tmp_path, m, {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "vocab_size": V})
+    loaded, _ = load_model(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(),
+                                                 loaded.state_dict().values(), strict=True))
+    sc = load_scorer(tmp_path)
+    assert isinstance(sc, SequenceModel) and sc.vocab_size == V and sc.eos_id == EOS
+    with pytest.raises(FileNotFoundError, match="train-transformer"):
+        load_scorer(tmp_path / "missing")
+
+
+# -------------------------------------------------------------------------------------------- LoRA
+def test_lora_starts_as_identity_counts_params_and_merges():
+    m = _trained()
+    x = torch.randint(3, V, (2, T))
+    before = m(x)[0]
+    total = param_counts(m)["total"]
+    names = apply_lora(m, rank=2, alpha=4.0, targets=["attn.qkv", "mlp.proj"],
+                       generator=torch.Generator().manual_seed(0))
+    assert names == ["blocks.0.attn.qkv", "blocks.0.mlp.proj", "blocks.1.attn.qkv",
+                     "blocks.1.mlp.proj"]
+    c = param_counts(m)
+    assert c["frozen"] == total
+    assert c["trainable"] == 2 * (2 * (16 + 48) + 2 * (64 + 16))
+    assert torch.allclose(m(x)[0], before, atol=1e-6)  # B = 0
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, LoRALinear):
+                mod.lora_B.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
+    adapted = m(x)[0]
+    assert not torch.allclose(adapted, before, atol=1e-4)
+    merge_lora(m)
+    assert not any(isinstance(mod, LoRALinear) for mod in m.modules())
+    assert torch.allclose(m(x)[0], adapted, atol=1e-5)
+    assert sorted(m.state_dict()) == sorted(_model().state_dict())
+
+
+def test_freeze_by_prefix():
+    m = _model()
+    frozen = freeze(m, ["wte", "blocks.1."])
+    assert "wte.weight" in frozen and all(n.startswith(("wte", "blocks.1.")) for n in frozen)
+    c = param_counts(m)
+    assert c["frozen"] == V * 16 + sum(p.numel() for p in m.blocks[1].parameters())
+    with pytest.raises(ValueError, match="match no parameter"):
+        freeze(m, ["blocks.9."])
+    with pytest.raises(ValueError, match="unknown LoRA targets"):
+        apply_lora(_model(), 2, 4.0, targets=["attn.q"])

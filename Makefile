@@ -9,12 +9,13 @@ export MKL_NUM_THREADS ?= 2
 export DVC_NO_ANALYTICS := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: repro test test-slow lint bench clean-venv help
+.PHONY: repro test test-slow test-gpu lint bench clean-venv help
 
 help:
 	@echo "make repro      - create .venv, install pinned deps, run the DVC pipeline"
 	@echo "make test       - create .venv, install pinned deps, run the default test suite"
 	@echo "make test-slow  - also run tests marked slow"
+	@echo "make test-gpu   - run the CUDA tests (needs a GPU)"
 	@echo "make lint       - ruff check"
 	@echo "make bench      - run benchmarks/ (prints ratios against in-run baselines)"
 
@@ -33,7 +34,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(BIN)/python -m pytest -q -m "not gpu"
+
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -66,10 +66,6 @@ class AuditConfig(StageConfig):
     """Token n-gram lengths for novelty."""
     interval_ngram_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16], min_length=1)
     """Pitch-interval n-gram lengths for transposition-invariant novelty."""
-    shingle_k: int = Field(5, ge=1, le=64)
-    """Shingle length (notes) for nearest-neighbour similarity; as dedupe's near tier."""
-    ioi_resolution: int = Field(4, ge=1, le=64)
-    """Inter-onset-ratio classes per octave in shingles; as dedupe's near tier."""
     human_window: int = Field(256, ge=8)
     """Ids of each human piece audited (its first ones)."""
     flag_metrics: list[FlagMetric] = Field(
@@ -135,6 +131,21 @@ class TrainingIndex:
     tokens: SuffixIndex
     intervals: SuffixIndex
     shingles: ShingleIndex
+    shingling: Shingling
+
+
+@dataclass(frozen=True)
+class Shingling:
+    """How notes become shingles. Read from dedupe's ``data/dedupe/fingerprint.json`` so that the
+    nearest-neighbour similarity is measured exactly as the dedupe stage measured it."""
+
+    k: int = 4
+    ioi_resolution: int = 4
+
+    @classmethod
+    def read(cls, path: Path) -> Shingling:
+        d = artifacts.read_json(path)
+        return cls(k=int(d["shingle_k"]), ioi_resolution=int(d["ioi_resolution"]))
 
 
 Notes = dict[str, np.ndarray]
@@ -176,21 +187,22 @@ def _intervals(notes: Notes | None) -> np.ndarray:
     return intervals(notes["pitch"]) if notes is not None else np.zeros(0, dtype=np.int64)
 
 
-def build_training_index(tok: Any, train: pd.DataFrame, cfg: AuditConfig) -> TrainingIndex:
+def build_training_index(tok: Any, train: pd.DataFrame, shingling: Shingling) -> TrainingIndex:
     ids = [np.asarray(x, dtype=np.int64) for x in train["ids"]]
     notes = decode_all(tok, ids)
     keys = list(zip(train["sha256"].astype(str), train["track"].astype(int), strict=True))
     return TrainingIndex(keys, SuffixIndex().fit(ids),
                          SuffixIndex().fit([_intervals(n) for n in notes]),
-                         ShingleIndex().fit(shingle_sets(notes, cfg.shingle_k,
-                                                         cfg.ioi_resolution)))
+                         ShingleIndex().fit(shingle_sets(notes, shingling.k,
+                                                         shingling.ioi_resolution)),
+                         shingling)
 
 
 def measure_all(seqs: Sequence[np.ndarray], index: TrainingIndex, tok: Any, cfg: AuditConfig,
                 bars: np.ndarray | None) -> list[dict[str, Any]]:
     """All memorisation measures and music statistics of each id sequence."""
     notes = decode_all(tok, seqs)
-    sets = shingle_sets(notes, cfg.shingle_k, cfg.ioi_resolution)
+    sets = shingle_sets(notes, index.shingling.k, index.shingling.ioi_resolution)
     return [measure(np.asarray(ids, dtype=np.int64), n, sh, index, cfg, bars)
             for ids, n, sh in zip(seqs, notes, sets, strict=True)]
 
@@ -302,13 +314,14 @@ def model_checks(models: Mapping[str, SequenceModel], train: pd.DataFrame, test:
 
 
 def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
-        info: Path, tokenizer: Path, per_sample: Path, report: Path) -> AuditSummary:
+        info: Path, tokenizer: Path, per_sample: Path, report: Path,
+        shingling: Shingling | None = None) -> AuditSummary:
     """Audit every sample and every val/test human window; write the table and audit.json."""
     tok = load_tokenizer(tokenizer)
     table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens"])
     table = table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True)
     split = {s: table[table["split"] == s].reset_index(drop=True) for s in ("train", "val", "test")}
-    index = build_training_index(tok, split["train"], cfg)
+    index = build_training_index(tok, split["train"], shingling or Shingling())
     bars = bar_tokens_per_id(tok)
 
     heads: list[dict[str, Any]] = []
@@ -392,6 +405,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transformer-dir", type=Path, default=Path("data/transformer"))
     parser.add_argument("--per-sample", type=Path, default=Path("reports/audit/per_sample.parquet"))
     parser.add_argument("--report", type=Path, default=Path("reports/audit.json"))
+    parser.add_argument("--fingerprint", type=Path, default=Path("data/dedupe/fingerprint.json"),
+                        help="dedupe's shingle settings, reused for nearest-neighbour similarity")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -406,7 +421,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"symkit audit: cannot load a model listed in audit.models: {e}", file=sys.stderr)
         return 1
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
-            tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report)
+            tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
+            shingling=Shingling.read(args.fingerprint))
     print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
           f"human test {s.human_flag_rate} -> {args.report}")
     return 0

@@ -226,18 +226,15 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
 
 def load_models(names: Sequence[str], *, ngram_dir: Path, transformer_dir: Path,
                 device: str) -> dict[str, SequenceModel]:
-    """Load the named models from their stage outputs (torch only if the transformer is named)."""
-    out: dict[str, SequenceModel] = {}
-    for name in names:
-        if name == "ngram":
-            from models.ngram import NGramLM
+    """Load the named models from their stage outputs (torch only if the transformer is named).
 
-            out[name] = NGramLM.load(ngram_dir)
-        elif name == "transformer":
-            from models.transformer import load_scorer
+    The loaders are the evaluation stage's (:func:`pipeline.evaluate.default_specs`); unlike
+    evaluation, a model named in params that cannot be loaded is an error here.
+    """
+    from pipeline.evaluate import default_specs
 
-            out[name] = load_scorer(transformer_dir, device)
-    return out
+    specs = {s.name: s for s in default_specs(ngram_dir, transformer_dir)}
+    return {name: specs[name].loader(specs[name].model_dir, device) for name in names}
 
 
 def set_torch_threads(params: Path, names: Sequence[str]) -> None:

@@ -29,10 +29,10 @@ import pyarrow as pa
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import artifacts  # noqa: E402
-from pipeline import fingerprints as fp  # noqa: E402
-from pipeline.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
-from pipeline.midi import note_hash  # noqa: E402
+from pipeline.core import artifacts  # noqa: E402
+from pipeline.music import fingerprints as fp  # noqa: E402
+from pipeline.music.midi import note_hash  # noqa: E402
+from pipeline.stages.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
 
 KINDS = ("transposed", "edited", "prefix", "resaved")
 

@@ -20,8 +20,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.config import RuntimeConfig
-from pipeline.ingest import IngestConfig, inspect_file, run
+from pipeline.core.config import RuntimeConfig
+from pipeline.stages.ingest import IngestConfig, inspect_file, run
 from tests.midi_utils import make_midi, random_piece
 
 

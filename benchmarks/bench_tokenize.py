@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.artifacts import read_json, sha256_bytes, write_parquet
-from pipeline.config import RuntimeConfig
-from pipeline.tokenization import TokenizeConfig, make_tokenizer, run
+from pipeline.core.artifacts import read_json, sha256_bytes, write_parquet
+from pipeline.core.config import RuntimeConfig
+from pipeline.stages.tokenize import TokenizeConfig, make_tokenizer, run
 
 
 def make_file(seed: int) -> bytes:

@@ -11,7 +11,7 @@ Printed (ratios against baselines measured in the same run):
   one final checkpoint and evaluation; set-up time included); ratio = loop / bare tokens per
   second (1.0 = no overhead; the bare baseline is the better of a run before and after);
 - peak memory: CUDA ``max_memory_allocated``; on CPU the process RSS increase over the run
-  (sampled every 5 ms), next to ``pipeline.estimate`` (ratio = estimate / measured);
+  (sampled every 5 ms), next to ``pipeline.tools.estimate`` (ratio = estimate / measured);
 - on CUDA also bf16 vs fp32 tokens/s and model FLOPs utilisation (MFU).
 """
 
@@ -27,9 +27,10 @@ import psutil
 import torch
 
 from models.transformer import GPT, TransformerConfig
-from pipeline.estimate import estimate, peak_tflops, saved_activation_bytes
-from pipeline.train_transformer import TransformerStageConfig
-from pipeline.training.data import TokenInfo, load_corpus
+from pipeline.tokens.contract import TokenInfo
+from pipeline.tools.estimate import estimate, peak_tflops, saved_activation_bytes
+from pipeline.training.config import TransformerStageConfig
+from pipeline.training.data import load_corpus
 from pipeline.training.loop import train
 from pipeline.training.synthetic import write_token_data
 

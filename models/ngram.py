@@ -58,7 +58,7 @@ from models.ngram_counts import (
     level_ids,
     resolve_id_space,
 )
-from pipeline.artifacts import atomic_path, read_json, write_json
+from pipeline.core.artifacts import atomic_path, read_json, write_json
 
 Smoothing = Literal["kneser_ney", "add_k", "unigram", "uniform"]
 SMOOTHINGS: tuple[str, ...] = ("kneser_ney", "add_k", "unigram", "uniform")

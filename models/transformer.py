@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-IGNORE_INDEX = -100
-"""Target value that never contributes to the loss (padding)."""
+from pipeline.core.artifacts import write_bytes, write_json
+from pipeline.tokens.contract import IGNORE_INDEX
 
 MODEL_FORMAT = "symkit-transformer-v1"
 
@@ -202,8 +202,6 @@ def export_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def save_model(model_dir: Path, model: GPT, meta: dict[str, Any]) -> None:
     """Write ``model.safetensors`` + ``model.json`` (architecture, vocab ids, hashes, ``meta``)."""
     from safetensors.torch import save
-
-    from pipeline.artifacts import write_bytes, write_json
 
     model_dir = Path(model_dir)
     write_bytes(model_dir / "model.safetensors", save(export_state(model)))

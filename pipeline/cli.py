@@ -12,25 +12,31 @@ import importlib
 import sys
 from pathlib import Path
 
-from pipeline.config import ParamsError
+from pipeline.core.artifacts import ArtifactError
+from pipeline.core.config import ParamsError
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "corpus": ("pipeline.corpus", "materialise the MIDI sources into data/raw/"),
-    "ingest": ("pipeline.ingest", "hash, parse and quarantine sources -> data/manifest.parquet"),
-    "dedupe": ("pipeline.dedupe", "exact, transposed, melody and near-duplicate clusters"),
-    "split": ("pipeline.split", "grouped train/val/test split and leakage audit"),
-    "tokenize": ("pipeline.tokenization", "miditok tokenizer (BPE on train only) and token tables"),
-    "train-ngram": ("pipeline.train_ngram", "fit n-gram baselines, choose the order on val"),
-    "train-transformer": ("pipeline.train_transformer", "train the transformer (resumable)"),
-    "evaluate": ("pipeline.evaluate", "score every model on val/test with one protocol"),
-    "generate": ("pipeline.generate", "sample music from trained models"),
-    "audit": ("pipeline.audit", "memorisation audit and music statistics"),
-    "report": ("pipeline.report", "decision report against pre-registered criteria"),
-    "preregister": ("pipeline.preregister", "freeze the decision criteria before scoring test"),
-    "estimate": ("pipeline.estimate", "memory and compute estimate for a transformer config"),
-    "doctor": ("pipeline.doctor", "fast checks that tell a data bug from a model bug"),
-    "check-params": ("pipeline.check_params", "validate every section of params.yaml"),
+    "corpus": ("pipeline.stages.corpus", "materialise the MIDI sources into data/raw/"),
+    "ingest": ("pipeline.stages.ingest",
+               "hash, parse and quarantine sources -> data/manifest.parquet"),
+    "dedupe": ("pipeline.stages.dedupe", "exact, transposed, melody and near-duplicate clusters"),
+    "split": ("pipeline.stages.split", "grouped train/val/test split and leakage audit"),
+    "tokenize": ("pipeline.stages.tokenize",
+                 "miditok tokenizer (BPE on train only) and token tables"),
+    "train-ngram": ("pipeline.stages.train_ngram", "fit n-gram baselines, choose the order on val"),
+    "train-transformer": ("pipeline.stages.train_transformer", "train the transformer (resumable)"),
+    "evaluate": ("pipeline.stages.evaluate", "score every model on val/test with one protocol"),
+    "generate": ("pipeline.stages.generate", "sample music from trained models"),
+    "audit": ("pipeline.stages.audit", "memorisation audit and music statistics"),
+    "report": ("pipeline.stages.report", "decision report against pre-registered criteria"),
+    "preregister": ("pipeline.tools.preregister",
+                    "freeze the decision criteria before scoring test"),
+    "estimate": ("pipeline.tools.estimate", "memory and compute estimate for a transformer config"),
+    "doctor": ("pipeline.tools.doctor", "fast checks that tell a data bug from a model bug"),
+    "check-params": ("pipeline.tools.check_params", "validate every section of params.yaml"),
+    "check-deps": ("pipeline.tools.deps",
+                   "check that dvc.yaml lists exactly the code each stage runs"),
 }
 
 
@@ -73,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParamsError as e:
         print(f"symkit {args.command}: invalid parameters\n{e}", file=sys.stderr)
         return 2
+    except ArtifactError as e:  # a missing or unreadable input: one line naming its stage
+        print(f"symkit {args.command}: {e}", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 

@@ -22,7 +22,7 @@ TINY_PARAMS: dict[str, Any] = {
 
 def tiny_config(**overrides: Any):
     """``TransformerStageConfig`` from :data:`TINY_PARAMS`, with nested ``overrides`` merged."""
-    from pipeline.train_transformer import TransformerStageConfig
+    from pipeline.training.config import TransformerStageConfig
 
     def merge(a: dict, b: dict) -> dict:
         out = dict(a)
@@ -34,7 +34,8 @@ def tiny_config(**overrides: Any):
 
 
 def run_ckpt_dir(model_dir: Path) -> Path:
-    """The one run folder under ``model_dir/checkpoints`` (``training.stage.checkpoint_dir``)."""
+    """The one run folder under ``model_dir/checkpoints``
+    (``pipeline.training.resume.checkpoint_dir``)."""
     runs = sorted((Path(model_dir) / "checkpoints").glob("run-*"))
     assert len(runs) == 1, runs
     return runs[0]

@@ -23,7 +23,7 @@ def bach_dir(tmp_path_factory) -> Path:
     Two of them (BWV 269 and its transposed harmonisation under another title would be ideal) are
     chosen so that the set holds real multitrack files; conversion takes ~0.2 s per chorale.
     """
-    from pipeline.corpus import chorale_filename, chorale_list, chorale_midi, write_metadata
+    from pipeline.stages.corpus import chorale_filename, chorale_list, chorale_midi, write_metadata
 
     root = tmp_path_factory.mktemp("bach")
     entries = chorale_list()[:6]

@@ -9,12 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pipeline.config import RuntimeConfig
-from pipeline.train_transformer import run
+from pipeline.core.config import RuntimeConfig
+from pipeline.stages.train_transformer import run
+from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
-from pipeline.training.data import TokenInfo, load_corpus
+from pipeline.training.data import load_corpus
 from pipeline.training.loop import train
-from pipeline.training.stage import checkpoint_dir
+from pipeline.training.resume import checkpoint_dir
 from tests._transformer_data import run_ckpt_dir, tiny_config, write_token_data
 
 RUNTIME = RuntimeConfig(torch_threads=1)
@@ -86,6 +87,71 @@ def test_resume_after_kill_gives_identical_weights(data, tmp_path):
         assert a.read_bytes() == b.read_bytes(), name
     env = json.loads((tmp_path / "resumed" / "env.json").read_text())
     assert env["resumed_from"] == "step-00000006" and env["steps_this_run"] == 6
+
+
+DAMAGE = {  # what can be left of a checkpoint folder: file -> its damaged bytes (None: gone)
+    "truncated model.safetensors": ("model.safetensors", lambda b: b[: len(b) // 2]),
+    "truncated state.json": ("state.json", lambda b: b[: len(b) // 2]),
+    "missing optimizer.safetensors": ("optimizer.safetensors", None),
+}
+
+
+def _damage(folder: Path, how: str) -> str:
+    name, cut = DAMAGE[how]
+    f = folder / name
+    if cut is None:
+        f.unlink()
+    else:
+        f.write_bytes(cut(f.read_bytes()))
+    return name
+
+
+def _assert_same_run(straight: Path, resumed: Path) -> None:
+    _assert_same_weights(straight / "model/model.safetensors", resumed / "model/model.safetensors")
+    for name in ("step-00000012/model.safetensors", "step-00000012/optimizer.safetensors"):
+        _assert_same_weights(run_ckpt_dir(straight / "model") / name,
+                             run_ckpt_dir(resumed / "model") / name)
+    for name in ("train.json", "log.tsv", "model/model.json"):
+        assert (straight / name).read_bytes() == (resumed / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGE))
+def test_damaged_newest_checkpoint_falls_back_to_the_one_before(data, tmp_path, capsys, how):
+    cfg = tiny_config()  # a checkpoint every 3 steps, the newest 2 kept
+    _run(cfg, data, tmp_path / "straight")
+    # Killed after step 10 (say, while the disk filled up): checkpoints 6 and 9, 9 damaged.
+    _train_until_killed(cfg, data, tmp_path / "resumed", 10)
+    cdir = run_ckpt_dir(tmp_path / "resumed" / "model")
+    name = _damage(cdir / "step-00000009", how)
+    with pytest.raises(ckpt.CheckpointUnreadable, match=name):
+        ckpt.load_checkpoint(cdir / "step-00000009")
+    capsys.readouterr()
+    _run(cfg, data, tmp_path / "resumed")
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint {cdir / 'step-00000009'} is unreadable" in err
+    assert name in err  # says why
+    env = json.loads((tmp_path / "resumed" / "env.json").read_text())
+    assert env["resumed_from"] == "step-00000006" and env["steps_this_run"] == 6
+    _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
+    # The damaged folder stays for inspection, out of the way of keep_last.
+    assert (cdir / "unreadable-step-00000009" / "best.safetensors").exists()
+    assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["step-00000009", "step-00000012"]
+
+
+def test_no_readable_checkpoint_starts_fresh(data, tmp_path, capsys):
+    cfg = tiny_config()
+    _run(cfg, data, tmp_path / "straight")
+    _train_until_killed(cfg, data, tmp_path / "resumed", 4)  # only checkpoint 3 on disk
+    cdir = run_ckpt_dir(tmp_path / "resumed" / "model")
+    _damage(cdir / "step-00000003", "truncated model.safetensors")
+    capsys.readouterr()
+    _run(cfg, data, tmp_path / "resumed")
+    err = capsys.readouterr().err
+    assert f"checkpoint {cdir / 'step-00000003'} is unreadable" in err
+    assert f"no readable checkpoint in {cdir}; starting fresh" in err
+    env = json.loads((tmp_path / "resumed" / "env.json").read_text())
+    assert env["resumed_from"] is None and env["steps_this_run"] == 12
+    _assert_same_run(tmp_path / "straight", tmp_path / "resumed")
 
 
 def test_rerun_of_finished_run_changes_nothing(data, tmp_path):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ParamsError, RuntimeConfig
-from pipeline.corpus import CorpusConfig, chorale_list, chorale_midi, list_midi_files, run
-from pipeline.parallel import ordered_map
+from pipeline.core.config import ParamsError, RuntimeConfig
+from pipeline.core.parallel import ordered_map
+from pipeline.stages.corpus import CorpusConfig, chorale_list, chorale_midi, list_midi_files, run
 from tests.midi_utils import make_midi
 
 RT = RuntimeConfig(workers=1, progress=False)

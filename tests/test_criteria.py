@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from sklearn.model_selection import GroupShuffleSplit
 
-from pipeline import artifacts
-from pipeline.config import ParamsError, load_section, parse_section
-from pipeline.criteria import (
+from pipeline.core import artifacts
+from pipeline.core.config import ParamsError, load_section, parse_section
+from pipeline.report.criteria import (
     CriteriaConfig,
     Criterion,
     build_metrics,

@@ -12,10 +12,11 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
-from pipeline.training.data import TokenInfo, load_corpus
+from pipeline.training.data import load_corpus
+from pipeline.training.device import DistInfo
 from pipeline.training.loop import train
-from pipeline.training.setup import DistInfo
 from tests._transformer_data import tiny_config, write_token_data
 
 # Dropout off: each rank draws its own dropout masks, which one process cannot reproduce.

@@ -14,12 +14,13 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipeline import artifacts, melody
-from pipeline import fingerprints as fp
-from pipeline.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.dedupe import DedupeConfig, run
-from pipeline.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA
-from pipeline.midi import note_hash
+from pipeline.core import artifacts
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.music import fingerprints as fp
+from pipeline.music import melody
+from pipeline.music.midi import note_hash
+from pipeline.stages.dedupe import DedupeConfig, run
+from pipeline.stages.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA
 
 Notes = dict[str, np.ndarray]
 VARIANTS = ("resaved", "tempo", "scaled", "transposed", "edited", "prefix")
@@ -250,7 +251,7 @@ def test_signatures_match_datasketch():
 def test_lsh_candidates_equal_datasketch_minhashlsh():
     from datasketch import LeanMinHash, MinHashLSH
 
-    from pipeline.dedupe import LSH_WEIGHTS, lsh_candidates
+    from pipeline.stages.dedupe import LSH_WEIGHTS, lsh_candidates
 
     rng = np.random.default_rng(0)
     sets = []

@@ -6,15 +6,15 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 import models.transformer as mt
-from pipeline import doctor
-from pipeline.artifacts import write_json, write_parquet
 from pipeline.cli import main as cli_main
-from pipeline.training.data import TokenInfo, make_batch
-from pipeline.training.synthetic import TOKENS_SCHEMA, write_token_data
+from pipeline.core.artifacts import write_json, write_parquet
+from pipeline.tokens.contract import TokenInfo, tokens_table
+from pipeline.tools import doctor
+from pipeline.training.data import make_batch
+from pipeline.training.synthetic import write_token_data
 from tests._transformer_data import tiny_config
 
 CFG = tiny_config()
@@ -128,7 +128,7 @@ def _tokenizer_files(tmp_path: Path, random_ids: bool):
             ids = np.random.default_rng(i).integers(3, len(tok), len(ids)).tolist()
         rows.append({"sha256": f"{i:064d}", "split": "train", "track": 0, "ids": ids,
                      "n_tokens": len(ids), "n_notes": 6 + i, "roundtrip_f1": 1.0})
-    write_parquet(tmp_path / "tokens.parquet", pa.Table.from_pylist(rows, TOKENS_SCHEMA))
+    write_parquet(tmp_path / "tokens.parquet", tokens_table(rows))
     write_json(tmp_path / "info.json", {"vocab_size": len(tok), "pad_id": tok.pad_token_id,
                                         "bos_id": tok.vocab["BOS_None"],
                                         "eos_id": tok.vocab["EOS_None"], "tokenizer_hash": "h",

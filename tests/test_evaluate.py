@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from models.ngram import NGramLM
-from pipeline.artifacts import read_json, read_parquet, write_parquet
-from pipeline.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
-from pipeline.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.evaluate import (
-    EvaluateConfig,
-    ModelSpec,
-    default_specs,
-    load_models,
-    load_ngram,
-    read_token_info,
-    run,
-)
-from tests.test_train_ngram import BOS, EOS, PAD, TOKENS_SCHEMA, VOCAB, write_corpus
+from pipeline.core.artifacts import read_json, read_parquet, write_parquet
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.scoring.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
+from pipeline.scoring.loading import ModelSpec, default_specs, load_models, load_ngram
+from pipeline.stages.evaluate import EvaluateConfig, run
+from pipeline.tokens.contract import TokenInfo, tokens_table
+from tests.test_train_ngram import BOS, EOS, PAD, VOCAB, write_corpus
 
 
 def _fit_and_save(paths: dict[str, Path], out: Path, order: int, smoothing: str = "kneser_ney",
@@ -146,7 +140,7 @@ def test_bad_pieces_are_excluded_for_every_model(setup):
     val = [r for r in tokens if r["split"] == "val"]
     val[0]["ids"] = [3, 500]
     val[1]["ids"] = [3, BOS, 4]  # BOS is removed, never a target
-    write_parquet(paths["tokens"], pa.Table.from_pylist(tokens, schema=TOKENS_SCHEMA))
+    write_parquet(paths["tokens"], tokens_table(tokens))
     man = read_parquet(paths["manifest"])
     write_parquet(paths["manifest"], man[man["sha256"] != val[2]["sha256"]])
     summary, report, table = evaluate(paths, root, two_models(root))
@@ -161,7 +155,7 @@ def test_bad_pieces_are_excluded_for_every_model(setup):
 
 def test_load_models_reports_failures(setup):
     paths, root = setup
-    info = read_token_info(paths["info"])
+    info = TokenInfo.read(paths["info"])
     stale = root / "data" / "stale"
     _fit_and_save(paths, stale, order=2, tokenizer_hash="other")
     empty = root / "data" / "empty"
@@ -267,15 +261,17 @@ def test_transformer_is_scored_and_paired_when_present(setup):
 
 
 def test_registration_check_compares_protocol_and_split(tmp_path):
-    from pipeline.artifacts import write_json
-    from pipeline.evaluate import EvaluateConfig, registration_check
+    from pipeline.core.artifacts import write_json
+    from pipeline.stages.evaluate import EvaluateConfig, registration_check
 
     cfg = EvaluateConfig()
-    info = {"split_hash": "abc"}
+    info = TokenInfo(vocab_size=8, pad_id=0, bos_id=1, eos_id=2, tokenizer_hash="t",
+                     split_hash="abc")
     assert registration_check(tmp_path / "none.json", cfg, info)["registered"] is False
     reg = tmp_path / "preregistration.json"
     write_json(reg, {"split_hash": "abc", "protocol": {"params": {"n_boot": cfg.n_boot}}})
     assert registration_check(reg, cfg, info) == {
         "registered": True, "split_hash_matches": True, "protocol_matches": True}
-    changed = registration_check(reg, EvaluateConfig(n_boot=cfg.n_boot + 1), {"split_hash": "x"})
+    changed = registration_check(reg, EvaluateConfig(n_boot=cfg.n_boot + 1),
+                                 replace(info, split_hash="x"))
     assert changed["split_hash_matches"] is False and changed["protocol_matches"] is False

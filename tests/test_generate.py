@@ -11,12 +11,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
-from pipeline import artifacts
-from pipeline.config import ParamsError, parse_section
-from pipeline.generate import GenerateConfig, run
+from pipeline.core import artifacts
+from pipeline.core.config import ParamsError, parse_section
+from pipeline.stages.generate import GenerateConfig, run
+from pipeline.tokens.contract import tokens_table
 
 BOS, EOS = 1, 2
 
@@ -101,10 +101,7 @@ def make_world(root: Path, n_train: int = 24, n_val: int = 10, n_test: int = 10,
     paths = {"tokenizer": root / "tokenizer.json", "tokens": root / "tokens.parquet",
              "info": root / "info.json"}
     tok.save(paths["tokenizer"])
-    schema = pa.schema([("sha256", pa.string()), ("split", pa.string()), ("track", pa.int16()),
-                        ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32()),
-                        ("n_notes", pa.int32()), ("roundtrip_f1", pa.float64())])
-    artifacts.write_parquet(paths["tokens"], pa.Table.from_pylist(rows, schema=schema))
+    artifacts.write_parquet(paths["tokens"], tokens_table(rows))
     artifacts.write_json(paths["info"], {"vocab_size": len(tok), "pad_id": 0, "bos_id": BOS,
                                          "eos_id": EOS, "tokenizer_hash": "t", "split_hash": "s"})
     return paths
@@ -154,7 +151,7 @@ def test_generate_writes_contract_and_is_deterministic(world, tmp_path):
 
 
 def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
-    import pipeline.generate as gen
+    import pipeline.stages.generate as gen
 
     vocab = artifacts.read_json(world["info"])["vocab_size"]
     models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}

@@ -8,15 +8,15 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipeline import artifacts
-from pipeline import fingerprints as fp
-from pipeline.config import RuntimeConfig
-from pipeline.dedupe import DedupeConfig
-from pipeline.dedupe import run as run_dedupe
-from pipeline.ingest import NOTES_SCHEMA
-from pipeline.leakage import ShingleMatrix, audit, crossing_counts, nearest, random_split
-from pipeline.split import SplitConfig
-from pipeline.split import run as run_split
+from pipeline.core import artifacts
+from pipeline.core.config import RuntimeConfig
+from pipeline.music import fingerprints as fp
+from pipeline.music.leakage import ShingleMatrix, audit, crossing_counts, nearest, random_split
+from pipeline.stages.dedupe import DedupeConfig
+from pipeline.stages.dedupe import run as run_dedupe
+from pipeline.stages.ingest import NOTES_SCHEMA
+from pipeline.stages.split import SplitConfig
+from pipeline.stages.split import run as run_split
 from tests.test_dedupe import planted_corpus, write_corpus
 
 
@@ -101,8 +101,8 @@ BACH_BWV = ("258", "114.7", "47.5", "421", "9.7", "155.5", "269", "347")
 
 @pytest.fixture(scope="module")
 def bach_tables(tmp_path_factory):
-    from pipeline.corpus import chorale_list, chorale_midi
-    from pipeline.midi import note_hash, parse_midi
+    from pipeline.music.midi import note_hash, parse_midi
+    from pipeline.stages.corpus import chorale_list, chorale_midi
 
     entries = [e for e in chorale_list() if e["bwv"] in BACH_BWV]
     entries = list({e["bwv"]: e for e in entries}.values())

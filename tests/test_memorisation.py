@@ -8,14 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import artifacts
-from pipeline.audit import AuditConfig
-from pipeline.audit import run as run_audit
-from pipeline.config import ParamsError, parse_section
-from pipeline.fingerprints import jaccard_containment
-from pipeline.generate import GenerateConfig
-from pipeline.generate import run as run_generate
-from pipeline.memorisation import (
+from pipeline.core import artifacts
+from pipeline.core.config import ParamsError, parse_section
+from pipeline.music.fingerprints import jaccard_containment
+from pipeline.scoring.memorisation import (
     ShingleIndex,
     SuffixIndex,
     extraction_test,
@@ -23,6 +19,10 @@ from pipeline.memorisation import (
     novelty,
     suffix_array,
 )
+from pipeline.stages.audit import AuditConfig
+from pipeline.stages.audit import run as run_audit
+from pipeline.stages.generate import GenerateConfig
+from pipeline.stages.generate import run as run_generate
 from tests.test_generate import CountLM, make_world, train_seqs
 
 small_seqs = st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=25), min_size=1,

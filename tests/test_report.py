@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline import artifacts
 from pipeline.cli import main as cli
-from pipeline.config import load_section
-from pipeline.criteria import CriteriaConfig
-from pipeline.figures import piano_roll_png
-from pipeline.preregister import run as preregister
-from pipeline.report import ReportConfig, ReportPaths, run
+from pipeline.core import artifacts
+from pipeline.core.config import load_section
+from pipeline.report.criteria import CriteriaConfig
+from pipeline.report.figures import piano_roll_png
+from pipeline.stages.report import ReportConfig, ReportPaths, run
+from pipeline.tools.preregister import run as preregister
 
 RULES = [
     {"name": "transformer_beats_ngram", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
@@ -205,8 +205,8 @@ def test_cli_preregister_and_report(tmp_path, monkeypatch):
 
 
 def test_repository_params_sections_parse():
-    from pipeline.audit import AuditConfig
-    from pipeline.generate import GenerateConfig
+    from pipeline.stages.audit import AuditConfig
+    from pipeline.stages.generate import GenerateConfig
 
     repo = Path(__file__).resolve().parents[1] / "params.yaml"
     gen = load_section("generate", repo, GenerateConfig)

@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import artifacts
-from pipeline.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.dedupe import DedupeConfig
-from pipeline.dedupe import run as run_dedupe
-from pipeline.split import SplitConfig, moved_pieces, split_hash, split_table
-from pipeline.split import run as run_split
+from pipeline.core import artifacts
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.core.splits import split_hash
+from pipeline.stages.dedupe import DedupeConfig
+from pipeline.stages.dedupe import run as run_dedupe
+from pipeline.stages.split import SplitConfig, moved_pieces, split_table
+from pipeline.stages.split import run as run_split
 from tests.test_dedupe import planted_corpus, write_corpus
 
 CFG = SplitConfig()
@@ -125,8 +126,8 @@ def test_group_k_fold():
 
 def test_split_hash_depends_on_content_only():
     t = pd.DataFrame({"sha256": ["b", "a", "c"], "split": ["train", "test", "val"]})
-    assert split_hash(t) == split_hash(t.iloc[::-1])
-    assert split_hash(t) != split_hash(t.assign(split=["train", "val", "test"]))
+    assert split_hash(t["sha256"], t["split"]) == split_hash(t["sha256"][::-1], t["split"][::-1])
+    assert split_hash(t["sha256"], t["split"]) != split_hash(t["sha256"], ["train", "val", "test"])
 
 
 @pytest.mark.parametrize("raw, key", [
@@ -170,7 +171,7 @@ def test_stage_end_to_end_is_deterministic_and_leak_free(tmp_path):
     assert leak["grouped_crossing_groups"] == leak["grouped_crossing_pairs"] == 0
     assert leak["grouped_crossing_metadata_groups"] == 0
     report = artifacts.read_json(paths["report"])
-    assert report["split_hash"] == split_hash(table)
+    assert report["split_hash"] == split_hash(table["sha256"], table["split"])
     assert report["compared_with_previous"] is False
     assert report["ok_missing_from_dedupe"] == 0
 
@@ -191,7 +192,7 @@ def test_stage_lists_moves_against_previous(tmp_path):
 
 
 def test_empty_corpus_gives_empty_artifacts(tmp_path):
-    from pipeline.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA
+    from pipeline.stages.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA
 
     manifest, notes = tmp_path / "manifest.parquet", tmp_path / "notes.parquet"
     artifacts.write_parquet(manifest, MANIFEST_SCHEMA.empty_table())

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from symusic import Note, Score, Track
 
-from pipeline.token_cache import (
+from pipeline.tokens.cache import (
     Encoding,
     SeqEncoding,
     SourceError,
@@ -139,7 +139,7 @@ def test_encode_file_verifies_content(tmp_path):
     tok = miditok.REMI(miditok.TokenizerConfig(use_programs=True))
     path = tmp_path / "a.mid"
     score_with(480, [(0, 480, 60), (480, 480, 64)]).dump_midi(path)
-    from pipeline.artifacts import sha256_file
+    from pipeline.core.artifacts import sha256_file
 
     encs = encode_file(tok, path, sha256_file(path), (0, 5))
     assert encs[0].seqs[0].roundtrip_f1 == 1.0 and encs[0].n_notes_input == 2

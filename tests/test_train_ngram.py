@@ -1,4 +1,4 @@
-"""Stage train_ngram on a small synthetic token table (written through pipeline.artifacts)."""
+"""Stage train_ngram on a small synthetic token table (written through pipeline.core.artifacts)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from models.ngram import NGramLM
-from pipeline.artifacts import read_json, sha256_bytes, write_json, write_parquet
 from pipeline.cli import main as cli_main
-from pipeline.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.train_ngram import NGramConfig, run
+from pipeline.core.artifacts import read_json, sha256_bytes, write_json, write_parquet
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.stages.train_ngram import NGramConfig, run
+from pipeline.tokens.contract import tokens_table
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 12
-TOKENS_SCHEMA = pa.schema([("sha256", pa.string()), ("split", pa.string()),
-                           ("track", pa.int16()), ("ids", pa.list_(pa.int32())),
-                           ("n_tokens", pa.int32()), ("n_notes", pa.int32())])
 
 
 def _piece_ids(rng: np.random.Generator, length: int) -> list[int]:
@@ -62,7 +60,7 @@ def write_corpus(root: Path, n_groups: int = 16, seed: int = 0, n_eval: int = 2
              "augmented": root / "tokens" / "augmented.parquet",
              "info": root / "tokens" / "info.json", "manifest": root / "manifest.parquet",
              "splits": root / "splits.parquet"}
-    write_parquet(paths["tokens"], pa.Table.from_pylist(tokens, schema=TOKENS_SCHEMA))
+    write_parquet(paths["tokens"], tokens_table(tokens))
     write_parquet(paths["augmented"], pa.Table.from_pylist(aug))
     write_json(paths["info"], {"vocab_size": VOCAB, "pad_id": PAD, "bos_id": BOS, "eos_id": EOS,
                                "tokenizer_hash": "tok-hash", "split_hash": "split-hash"})
@@ -126,7 +124,7 @@ def test_test_split_is_never_scored(corpus, tmp_path):
     for r in table:
         if r["split"] == "test":
             r["ids"] = [999]
-    write_parquet(corpus["tokens"], pa.Table.from_pylist(table, schema=TOKENS_SCHEMA))
+    write_parquet(corpus["tokens"], tokens_table(table))
     _, report = run_stage(corpus, tmp_path / "out", orders=[2])
     assert report["excluded"]["pieces"] == []
 
@@ -137,7 +135,7 @@ def test_bad_rows_are_excluded_and_counted(corpus, tmp_path):
     train[1]["ids"] = [3, 4, 99]          # out of the vocabulary: the piece is excluded
     train[2]["ids"] = [3, PAD, 4, EOS]    # specials are removed, the rest is kept
     train[3].update(track=-1, ids=[])     # not encoded
-    write_parquet(corpus["tokens"], pa.Table.from_pylist(table, schema=TOKENS_SCHEMA))
+    write_parquet(corpus["tokens"], tokens_table(table))
     _, report = run_stage(corpus, tmp_path / "out", orders=[2])
     reasons = {p["sha256"]: p["reason"] for p in report["excluded"]["pieces"]}
     assert reasons == {train[1]["sha256"]: "id_out_of_range", train[3]["sha256"]: "not_encoded"}
@@ -184,6 +182,6 @@ def test_cli_runs_the_stage(corpus, tmp_path, capsys):
 
 def test_no_val_is_a_clear_error(corpus, tmp_path):
     table = [r for r in pq.read_table(corpus["tokens"]).to_pylist() if r["split"] != "val"]
-    write_parquet(corpus["tokens"], pa.Table.from_pylist(table, schema=TOKENS_SCHEMA))
+    write_parquet(corpus["tokens"], tokens_table(table))
     with pytest.raises(ValueError, match="0 val sequences"):
         run_stage(corpus, tmp_path / "out", orders=[2])

@@ -16,9 +16,10 @@ import models.transformer as mt
 import pipeline.training.loop as loop
 from models.lora import param_counts
 from pipeline.cli import main as cli_main
-from pipeline.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.train_transformer import TransformerStageConfig, run
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.stages.train_transformer import run
 from pipeline.training import checkpoint as ckpt
+from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import (
     Shard,
     TokenInfo,
@@ -27,7 +28,8 @@ from pipeline.training.data import (
     make_batch,
     val_windows,
 )
-from pipeline.training.setup import lr_factor, resolve_device, resolve_precision
+from pipeline.training.device import DistInfo, make_device, resolve_device, resolve_precision
+from pipeline.training.setup import lr_factor, make_optimizer, make_scheduler
 from tests._transformer_data import (
     BOS,
     EOS,
@@ -124,7 +126,7 @@ def test_augmented_rows_are_used_when_asked(data, tmp_path):
 def test_bad_rows_are_counted_not_dropped_silently(tmp_path):
     import pyarrow.parquet as pq
 
-    from pipeline.artifacts import write_parquet
+    from pipeline.core.artifacts import write_parquet
 
     paths = write_token_data(tmp_path, n_pieces=30, mean_len=40)
     table = pq.read_table(paths["tokens"]).to_pandas()
@@ -259,9 +261,10 @@ def test_bad_params_fail_fast(raw):
 
 
 def test_params_yaml_section_is_valid():
-    from pipeline.config import load_section
+    from pipeline.core.config import load_section
 
-    cfg = load_section("transformer", Path(__file__).parents[1] / "params.yaml")
+    cfg = load_section("transformer", Path(__file__).parents[1] / "params.yaml",
+                       TransformerStageConfig)
     assert cfg.model.max_seq_len >= 128
 
 
@@ -295,6 +298,35 @@ def test_lr_schedule():
     assert lr_factor(100, schedule="cosine", **kw) == pytest.approx(0.1)
     assert lr_factor(55, schedule="linear", **kw) == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr_factor(80, schedule="constant", **kw) == 1.0
+
+
+def test_device_is_decided_once():
+    dev = make_device("cpu", "auto", DistInfo(rank=1, world_size=2, local_rank=1))
+    assert (dev.device, dev.device_type, dev.amp, dev.use_scaler, dev.precision) == (
+        "cpu", "cpu", None, False, "fp32")
+    assert dev.comm_device == "cpu" and dev.rng_devices == [] and dev.dist.rank == 1
+    with dev.autocast():  # fp32: no autocast
+        assert not torch.is_autocast_enabled("cpu")
+    with make_device("cpu", "bf16", DistInfo()).autocast():
+        assert torch.is_autocast_enabled("cpu")
+
+
+def test_scheduler_follows_lr_factor_and_saves_plain_state():
+    cfg = tiny_config(optim={"schedule": "linear"})
+    o = cfg.optim
+    opt = make_optimizer(torch.nn.Linear(3, 2), o, "cpu")
+    sched = make_scheduler(opt, o, cfg.train.max_steps)
+    lrs = []
+    for _ in range(cfg.train.max_steps):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    kw = {"warmup": o.warmup_steps, "max_steps": cfg.train.max_steps, "schedule": "linear",
+          "min_ratio": o.min_lr / o.lr}
+    assert lrs == [o.lr * lr_factor(s, **kw) for s in range(cfg.train.max_steps)]
+    assert [g["weight_decay"] for g in opt.param_groups] == [o.weight_decay, 0.0]
+    # Checkpoints store this state as JSON: the factor must not add attributes to it.
+    assert sched.state_dict()["lr_lambdas"] == [None, None]
 
 
 # ------------------------------------------------------------------------------------------ data

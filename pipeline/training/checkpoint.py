@@ -10,9 +10,12 @@ A checkpoint is a folder ``<dir>/step-00000123/`` holding
   scheduler and grad-scaler state, the run's config, ``config_hash``, ``tokenizer_hash``,
   ``split_hash``.
 
-It is written into a temporary sibling folder (each file through ``pipeline.artifacts``) and
+It is written into a temporary sibling folder (each file through ``pipeline.core.artifacts``) and
 renamed into place, so a kill at any moment leaves whole checkpoints only; the newest ``keep_last``
-are kept. :func:`check_compatible` refuses to resume a checkpoint made by a different run.
+are kept. :func:`load_checkpoint` raises :class:`CheckpointUnreadable` for a damaged folder (a
+truncated file, say) and :class:`CheckpointMismatch` for another format; :func:`check_compatible`
+refuses to resume a checkpoint made by a different run. Choosing which checkpoint to resume is
+``pipeline.training.resume``.
 """
 
 from __future__ import annotations
@@ -21,21 +24,29 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from pipeline.artifacts import dumps_json, write_bytes, write_text
+from pipeline.core.artifacts import dumps_json, write_bytes, write_text
 
 CHECKPOINT_FORMAT = "symkit-checkpoint-v1"
 PREFIX = "step-"
+REQUIRED_STATE = ("optimizer_param_groups", "train_state", "scheduler")
+"""``state.json`` keys a resume reads (besides the hashes :func:`check_compatible` compares)."""
 
 
 class CheckpointMismatch(RuntimeError):
     """The latest checkpoint belongs to a different run (config, tokenizer or split differ)."""
+
+
+class CheckpointUnreadable(RuntimeError):
+    """A checkpoint folder is damaged: a file is missing, truncated or not what it should be."""
 
 
 @dataclass
@@ -122,22 +133,50 @@ def remove_stale(ckpt_dir: Path) -> None:
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
+    """Read a whole checkpoint folder. Raises :class:`CheckpointUnreadable` naming the damaged
+    file, or :class:`CheckpointMismatch` for a checkpoint of another format."""
     path = Path(path)
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    state = _read(path / "state.json", lambda b: json.loads(b.decode("utf-8")))
+    if not isinstance(state, dict):
+        raise CheckpointUnreadable(f"{path / 'state.json'}: not a JSON object")
     if state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointMismatch(f"{path}: format {state.get('format')!r}, expected "
                                  f"{CHECKPOINT_FORMAT!r}")
-    tensors = load((path / "optimizer.safetensors").read_bytes())
+    missing = [k for k in REQUIRED_STATE if k not in state]
+    if missing:
+        raise CheckpointUnreadable(f"{path / 'state.json'}: no {', '.join(missing)}")
+    tensors = _read(path / "optimizer.safetensors", load)
     rng = {k[4:]: v for k, v in tensors.items() if k.startswith("rng.")}
     opt = {k: v for k, v in tensors.items() if k.startswith("state.")}
     return Checkpoint(
         path=path,
-        model=load((path / "model.safetensors").read_bytes()),
-        best=load((path / "best.safetensors").read_bytes()),
+        model=_read(path / "model.safetensors", load),
+        best=_read(path / "best.safetensors", load),
         optimizer=unflatten_optimizer(opt, state["optimizer_param_groups"]),
         rng=rng,
         state=state,
     )
+
+
+def _read(file: Path, parse: Callable[[bytes], Any]) -> Any:
+    """``parse(bytes of file)``; any failure becomes :class:`CheckpointUnreadable` naming it."""
+    try:
+        return parse(file.read_bytes())
+    except FileNotFoundError:
+        raise CheckpointUnreadable(f"{file}: missing") from None
+    except (OSError, ValueError, SafetensorError) as e:  # JSON and UTF-8 errors are ValueErrors
+        raise CheckpointUnreadable(f"{file}: {e}") from None
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint folder to ``unreadable-step-XXXXXXXX`` beside it: it is no
+    longer a checkpoint (so it never counts against ``keep_last``), but stays for inspection."""
+    path = Path(path)
+    target = path.with_name(f"unreadable-{path.name}")
+    if target.exists():
+        target = path.with_name(f"unreadable-{path.name}-{uuid.uuid4().hex[:8]}")
+    os.replace(path, target)
+    return target
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -18,40 +18,14 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 
-from models.transformer import IGNORE_INDEX
-
-
-@dataclass(frozen=True)
-class TokenInfo:
-    """``data/tokens/info.json``."""
-
-    vocab_size: int
-    pad_id: int
-    bos_id: int
-    eos_id: int
-    tokenizer_hash: str
-    split_hash: str
-
-    @classmethod
-    def read(cls, path: Path) -> TokenInfo:
-        path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: missing (run `symkit tokenize` first)")
-        raw = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in ("vocab_size", "pad_id", "bos_id", "eos_id") if k not in raw]
-        if missing:
-            raise ValueError(f"{path}: missing keys {missing}")
-        return cls(int(raw["vocab_size"]), int(raw["pad_id"]), int(raw["bos_id"]),
-                   int(raw["eos_id"]), str(raw.get("tokenizer_hash", "")),
-                   str(raw.get("split_hash", "")))
+from pipeline.core.artifacts import read_parquet
+from pipeline.tokens.contract import IGNORE_INDEX, TokenInfo, read_tokens
 
 
 @dataclass
@@ -71,7 +45,7 @@ def _check_ids(ids: np.ndarray, info: TokenInfo) -> str | None:
         return None
     if ids.min() < 0 or ids.max() >= info.vocab_size:
         return "id_out_of_range"
-    if np.isin(ids, [info.bos_id, info.eos_id, info.pad_id]).any():
+    if np.isin(ids, info.special_ids()).any():
         return "special_id_inside_piece"
     return None
 
@@ -82,7 +56,7 @@ def _wrap(ids: np.ndarray, info: TokenInfo) -> np.ndarray:
 
 def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None) -> Corpus:
     """Read train/val examples (plus train augmentations when ``augmented`` exists)."""
-    table = pq.read_table(tokens, columns=["sha256", "split", "track", "ids"]).to_pandas()
+    table = read_tokens(tokens, ["sha256", "split", "track", "ids"])
     table = table.sort_values(["split", "sha256", "track"], kind="stable")
     corpus = Corpus(train=[], val=[])
     for split, ids in zip(table["split"], table["ids"], strict=True):
@@ -95,7 +69,7 @@ def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None) ->
             continue
         (corpus.train if split == "train" else corpus.val).append(_wrap(arr, info))
     if augmented is not None and Path(augmented).exists():
-        aug = pq.read_table(augmented, columns=["sha256", "transpose", "ids"]).to_pandas()
+        aug = read_parquet(augmented, columns=["sha256", "transpose", "ids"])
         for ids in aug.sort_values(["sha256", "transpose"], kind="stable")["ids"]:
             arr = np.asarray(ids, dtype=np.int64)
             why = _check_ids(arr, info)

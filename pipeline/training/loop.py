@@ -1,54 +1,55 @@
-"""The training loop: one honest step, validation, early stopping, checkpoints, resume.
+"""The training loop, nanoGPT-shaped: :func:`train` sets up, then steps until a stop rule fires.
 
-One optimiser step (``_train_step``):
-load the step's micro-batches -> forward under autocast -> masked cross-entropy summed over valid
-targets and divided by the step's *global* count of valid targets (so micro-batches and ranks are
-weighted by tokens, and DDP's gradient averaging is undone by the factor ``world_size``) ->
-backward (``no_sync`` on all but the last micro-batch) -> unscale (fp16) -> clip the gradient
-norm (always measured, logged every step) -> stop on a non-finite loss or gradient -> optimiser
-and scheduler step -> clear gradients.
+One optimiser step (:func:`_train_step`), in order:
 
-Resuming: the checkpoint holds everything the next step depends on (weights, optimiser,
-scheduler, grad scaler, RNG states of every rank, counters, the log); the data order is a pure
-function of the step (see ``pipeline.training.data``). On CPU an interrupted run resumed from its
-last checkpoint ends with exactly the same weights as an uninterrupted one.
+1. the step's learning rate, which the schedule set when the previous step ended;
+2. forward each micro-batch under autocast; its masked cross-entropy is *summed* over valid
+   targets and divided by the step's *global* count of valid targets, so micro-batches and ranks
+   are weighted by tokens (the factor ``world_size`` undoes DDP's gradient averaging); backward,
+   with DDP's all-reduce only on the last micro-batch (``no_sync`` before);
+3. unscale (fp16), clip the gradient norm (always measured: it is logged every step);
+4. stop on a non-finite loss or gradient norm, before the optimiser can spread it to the weights;
+5. optimiser step, ``zero_grad(set_to_none=True)``, schedule step.
+
+Around it (:func:`_train`): counters and stop rules, validation every ``train.eval_every`` steps
+(best weights kept, early stopping), a log line, a checkpoint every ``checkpoint.every`` steps.
+
+Set-up lives beside this module: where the process runs (``device``), the model, optimiser and
+schedule (``setup``), which checkpoint to continue from (``resume``). A checkpoint holds everything
+the next step depends on (weights, optimiser, schedule, grad scaler, RNG states of every rank,
+counters, the log) and the data order is a pure function of the step (``data``), so on CPU an
+interrupted run resumed from any of its checkpoints ends with exactly the same weights as an
+uninterrupted one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as tdist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from models.lora import param_counts
 from models.transformer import export_state
-from pipeline.artifacts import sha256_file, sha256_json
+from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
-from pipeline.training.data import Corpus, Shard, TokenInfo, WindowStream, make_batch, val_windows
-from pipeline.training.setup import (
-    DistInfo,
-    build_model,
-    lr_factor,
-    make_optimizer,
-    resolve_device,
-    resolve_precision,
-)
+from pipeline.training.config import CheckpointSection, TrainSection, TransformerStageConfig
+from pipeline.training.data import Batch, Corpus, Shard, WindowStream, make_batch, val_windows
+from pipeline.training.device import DistInfo, TrainDevice, make_device
+from pipeline.training.resume import fingerprint, gather_rng, open_resume, restore_rng
+from pipeline.training.setup import build_model, make_optimizer, make_scheduler
 
-if TYPE_CHECKING:
-    from pipeline.train_transformer import TransformerStageConfig
-
-FRESH_HINT = ("rerun with `symkit train-transformer --fresh` (deletes the old checkpoints), "
-              "delete data/transformer/checkpoints/, or set transformer.checkpoint.on_mismatch: "
-              "restart")
+Weights = dict[str, torch.Tensor]
+Echo = Callable[[str], None]
 
 
 class NonFiniteError(RuntimeError):
@@ -71,9 +72,11 @@ class TrainState:
 
 @dataclass
 class TrainResult:
+    """What :func:`train` hands to the stage's outputs (``pipeline.training.outputs``)."""
+
     state: TrainState
     model: nn.Module
-    best: dict[str, torch.Tensor]
+    best: Weights
     params: dict[str, int]
     finetune: dict[str, Any]
     fingerprint: dict[str, Any]
@@ -88,73 +91,51 @@ class TrainResult:
     n_val_windows: int
 
 
-def fingerprint(cfg: TransformerStageConfig, info: TokenInfo, threads: int,
-                world_size: int) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: result-affecting config and data hashes."""
-    from pipeline.train_transformer import result_config
+@dataclass(frozen=True)
+class Batches:
+    """Where each step's examples come from."""
 
-    conf = result_config(cfg, threads, world_size)
-    init = cfg.finetune.init_from
-    if init:
-        conf["init_sha256"] = sha256_file(Path(init) / "model.safetensors")
-    conf["vocab_size"] = info.vocab_size
-    return {"config": conf, "config_hash": sha256_json(conf),
-            "tokenizer_hash": info.tokenizer_hash, "split_hash": info.split_hash}
+    stream: WindowStream  # the seeded, endless stream of training windows
+    shard: Shard  # this rank's slice of each optimiser step
+    val: list[np.ndarray]  # validation windows, fixed
+    seq_len: int  # T
+    pad_id: int
 
-
-def _gather_rng(device: str, dist: DistInfo) -> dict[str, torch.Tensor]:
-    """RNG states of every rank (dropout draws from the default generators), gathered."""
-    mine = {"torch_cpu": torch.get_rng_state()}
-    if device.startswith("cuda"):
-        mine["cuda"] = torch.cuda.get_rng_state(device)
-    if dist.world_size == 1:
-        return {f"{k}.rank0": v for k, v in mine.items()}
-    out = {}
-    comm = device if device.startswith("cuda") else "cpu"
-    for k, v in sorted(mine.items()):
-        parts = [torch.empty_like(v, device=comm) for _ in range(dist.world_size)]
-        tdist.all_gather(parts, v.to(comm))
-        out.update({f"{k}.rank{r}": p.cpu() for r, p in enumerate(parts)})
-    return out
+    def micro_batch(self, step: int, micro: int) -> Batch:
+        """This rank's micro-batch ``micro`` of optimiser step ``step``: x, y, mask (B, T)."""
+        windows = [self.stream.window(k) for k in self.shard.micro_positions(step, micro)]
+        return make_batch(windows, self.seq_len, self.pad_id)
 
 
-def _restore_rng(rng: dict[str, torch.Tensor], device: str, rank: int) -> None:
-    if f"torch_cpu.rank{rank}" in rng:
-        torch.set_rng_state(rng[f"torch_cpu.rank{rank}"])
-    if device.startswith("cuda") and f"cuda.rank{rank}" in rng:
-        torch.cuda.set_rng_state(rng[f"cuda.rank{rank}"], device)
+@dataclass(frozen=True)
+class Parts:
+    """The model and what steps with it."""
+
+    model: nn.Module  # unwrapped (LoRA layers included): evaluated and saved
+    fwd: nn.Module  # what a training step calls: the model, DDP-wrapped and/or compiled
+    ddp: DistributedDataParallel | None
+    opt: torch.optim.AdamW
+    sched: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+
+    @property
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
 
-@torch.no_grad()
-def evaluate(model: nn.Module, windows: list, seq_len: int, pad_id: int, device: str,
-             amp: torch.dtype | None, batch_size: int) -> float | None:
-    """Token-weighted mean NLL (nats) over ``windows``; None when there are none."""
-    if not windows:
-        return None
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    for b0 in range(0, len(windows), batch_size):
-        batch = make_batch(windows[b0 : b0 + batch_size], seq_len, pad_id)
-        with _autocast(device, amp):
-            _, nll = model(batch.x.to(device), batch.y.to(device), batch.mask.to(device),
-                           reduction="sum")
-        total += float(nll)
-        count += batch.n_valid
-    model.train(was_training)
-    return total / max(count, 1)
-
-
-def _autocast(device: str, amp: torch.dtype | None):
-    if amp is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.split(":")[0], dtype=amp)
+@dataclass(frozen=True)
+class StepStats:
+    loss: float  # mean NLL per valid target over the whole step (all micro-batches, all ranks)
+    grad_norm: float  # before clipping
+    lr: float
+    n_tokens: int  # valid targets in the step, all ranks
+    skipped: bool  # fp16: the grad scaler skipped the update (inf/NaN gradients)
 
 
 def train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir: Path, *,
           threads: int, dist: DistInfo | None = None,
           on_step: Callable[[TrainState], None] | None = None,
-          echo: Callable[[str], None] = print) -> TrainResult:
+          echo: Echo = print) -> TrainResult:
     """Train (or resume) according to ``cfg``; checkpoints in ``ckpt_dir`` (rank 0 writes).
 
     ``on_step`` is called after every completed step (after its checkpoint, if any); an
@@ -163,190 +144,247 @@ def train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir
     """
     dist = dist or DistInfo()
     torch.set_num_threads(threads)
-    device = resolve_device(cfg.device, local_rank=dist.local_rank)
-    dtype = device.split(":")[0]
-    amp, use_scaler, precision = resolve_precision(cfg.precision, dtype)
+    dev = make_device(cfg.device, cfg.precision, dist)
     fp = fingerprint(cfg, info, threads, dist.world_size)
-    devices = [torch.device(device)] if dtype == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        return _train(cfg, info, corpus, Path(ckpt_dir), dist, device, amp, use_scaler,
-                      precision, fp, on_step, echo if dist.is_main else (lambda _: None))
+    with torch.random.fork_rng(devices=dev.rng_devices):
+        return _train(cfg, info, corpus, Path(ckpt_dir), dev, fp, on_step or _ignore,
+                      echo if dist.is_main else _ignore)
 
 
-def _train(cfg, info, corpus, ckpt_dir, dist, device, amp, use_scaler, precision, fp, on_step,
-           echo) -> TrainResult:
+def _ignore(_: object) -> None:
+    pass
+
+
+def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir: Path,
+           dev: TrainDevice, fp: dict[str, Any], on_step: Callable[[TrainState], None],
+           echo: Echo) -> TrainResult:
+    """:func:`train` inside the forked RNG: set up, resume, loop until a stop rule fires."""
     t0 = time.perf_counter()
-    dtype = device.split(":")[0]
-    # Dropout draws from the default generators: seed them per rank, checkpoint their states.
-    torch.manual_seed(cfg.seed + dist.rank)
-    model, ft_report = build_model(cfg, info.vocab_size, torch.Generator().manual_seed(cfg.seed))
-    model.to(device)
-    opt = make_optimizer(model, cfg, dtype)
-    o, tr = cfg.optim, cfg.train
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
-        s, warmup=o.warmup_steps, max_steps=tr.max_steps, schedule=o.schedule,
-        min_ratio=o.min_lr / o.lr))
-    scaler = torch.amp.GradScaler(dtype, enabled=use_scaler)
-    state = TrainState()
-    best = export_state(model)
-    resumed_from = None
+    tr = cfg.train
+    data = _batches(cfg, info, corpus, dev.dist)
 
-    if dist.is_main:
-        ckpt.remove_stale(ckpt_dir)
-    if dist.world_size > 1:
-        tdist.barrier()
-    last = ckpt.latest_checkpoint(ckpt_dir)
-    discard = False
-    if last is not None:
-        loaded = ckpt.load_checkpoint(last)
-        try:
-            ckpt.check_compatible(last, loaded.state, fp, FRESH_HINT)
-        except ckpt.CheckpointMismatch:
-            if cfg.checkpoint.on_mismatch == "refuse":
-                raise
-            echo(f"checkpoint {last} is from a different run; discarding its checkpoints "
-                 "(checkpoint.on_mismatch: restart)")
-            discard, loaded = True, None
-        if loaded is not None:
-            model.load_state_dict(loaded.model)
-            opt.load_state_dict(loaded.optimizer)
-            sched.load_state_dict(loaded.state["scheduler"])
-            if use_scaler and loaded.state.get("scaler"):
-                scaler.load_state_dict(loaded.state["scaler"])
-            state = TrainState(**loaded.state["train_state"])
-            best = loaded.best
-            _restore_rng(loaded.rng, device, dist.rank)
-            resumed_from = last.name
-            echo(f"resumed from {last} (step {state.step})")
-    if dist.world_size > 1:
-        tdist.barrier()  # every rank has read the checkpoint before rank 0 deletes anything
-    if discard and dist.is_main:
-        for old in ckpt.list_checkpoints(ckpt_dir):
-            shutil.rmtree(old)
+    # Set-up. Dropout draws from the default generators: seed them per rank (checkpoints keep their
+    # states). The initial weights come from their own generator, the same on every rank.
+    torch.manual_seed(cfg.seed + dev.dist.rank)
+    model, ft_report = build_model(cfg.model, cfg.finetune, info.vocab_size,
+                                   torch.Generator().manual_seed(cfg.seed))
+    model.to(dev.device)
+    opt = make_optimizer(model, cfg.optim, dev.device_type)
+    sched = make_scheduler(opt, cfg.optim, tr.max_steps)
+    scaler = torch.amp.GradScaler(dev.device_type, enabled=dev.use_scaler)
+
+    # Resume: the newest readable checkpoint of this run, if any, replaces the fresh state.
+    resume = open_resume(ckpt_dir, fp, cfg.checkpoint, dev.dist, echo)
+    state, best = TrainState(), export_state(model)
+    if resume.checkpoint is not None:
+        state, best = _restore(resume.checkpoint, model, opt, sched, scaler, dev)
+        echo(f"resumed from {resume.checkpoint.path} (step {state.step})")
     if state.stop_reason == "wall_clock":
         state.stop_reason = None  # a guard stop is a pause: continue the same run
+    m = _wrap(model, opt, sched, scaler, dev, cfg.compile)
 
-    raw, ddp = model, None
-    if dist.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        model = ddp = DDP(model, device_ids=[dist.local_rank] if dtype == "cuda" else None)
-    fwd = torch.compile(model) if cfg.compile else model
-
-    T = cfg.model.max_seq_len
-    stream = WindowStream(corpus.train, T, cfg.seed)
-    shard = Shard(dist.rank, dist.world_size, tr.micro_batch, tr.grad_accum)
-    vwin = val_windows(corpus.val, T, cfg.data.val_max_windows)
-    trainable = [p for p in raw.parameters() if p.requires_grad]
+    # The loop: one optimiser step, then the bookkeeping around it.
+    last_ckpt = None if resume.checkpoint is None else resume.checkpoint.path
     start_step, start_tokens, guard_fired = state.step, state.tokens, False
     t_train = time.perf_counter()
-    last_ckpt = last if resumed_from else None
-    model.train()
-
-    def save(step: int) -> None:
-        nonlocal last_ckpt
-        rng = _gather_rng(device, dist)
-        if dist.is_main:
-            last_ckpt = ckpt.save_checkpoint(
-                ckpt_dir, step, model=export_state(raw), best=best, optimizer=opt.state_dict(),
-                rng=rng, keep_last=cfg.checkpoint.keep_last,
-                state={**fp, "train_state": asdict(state), "scheduler": sched.state_dict(),
-                       "data_position": step * shard.effective_batch,  # next stream position
-                       "scaler": scaler.state_dict() if use_scaler else {},
-                       "model_config": raw.config.to_dict()})
-
     while state.stop_reason is None:
-        if state.step >= tr.max_steps:
+        if state.step >= tr.max_steps:  # a finished run, resumed: nothing left to do
             state.stop_reason = "max_steps"
             break
-        lr = opt.param_groups[0]["lr"]
-        loss, gnorm, n_tok, skipped = _train_step(fwd, ddp, opt, scaler, trainable, stream, shard,
-                                                  state.step, T, info.pad_id, device, amp,
-                                                  o.grad_clip, last_ckpt)
-        sched.step()
+        s = _train_step(m, data, state.step, dev, cfg.optim.grad_clip, last_ckpt)
         state.step += 1
-        state.tokens += n_tok
-        state.skipped_steps += int(skipped)
-        row = {"step": state.step, "train_loss": loss, "val_loss": None, "lr": lr,
-               "grad_norm": gnorm}
-        if tr.max_tokens and state.tokens >= tr.max_tokens:
-            state.stop_reason = "max_tokens"
-        elif state.step >= tr.max_steps:
-            state.stop_reason = "max_steps"
-        if tr.max_minutes is not None and state.stop_reason is None:
-            over = torch.tensor(float(time.perf_counter() - t0 > 60 * tr.max_minutes))
-            if dist.world_size > 1:  # every rank must stop at the same step
-                tdist.all_reduce(over, op=tdist.ReduceOp.MAX)
-            if over.item():
-                state.stop_reason, guard_fired = "wall_clock", True
+        state.tokens += s.n_tokens
+        state.skipped_steps += int(s.skipped)
+        row = {"step": state.step, "train_loss": s.loss, "val_loss": None, "lr": s.lr,
+               "grad_norm": s.grad_norm}
+        state.stop_reason = _length_rule(state, tr)
+        if state.stop_reason is None and _out_of_time(t0, tr.max_minutes, dev):
+            state.stop_reason, guard_fired = "wall_clock", True
         # No extra evaluation at a wall-clock pause: the resumed run must match an unpaused one.
         if state.step % tr.eval_every == 0 or state.stop_reason in ("max_steps", "max_tokens"):
-            val = evaluate(raw, vwin, T, info.pad_id, device, amp, 2 * tr.micro_batch)
-            row["val_loss"] = val
-            if val is not None and (state.best_val is None or val < state.best_val):
-                state.best_val, state.best_step, state.evals_since_best = val, state.step, 0
-                best = export_state(raw)
-            elif val is not None:
-                state.evals_since_best += 1
-                if tr.patience and state.evals_since_best >= tr.patience and not state.stop_reason:
-                    state.stop_reason = "early_stopping"
+            row["val_loss"] = evaluate(m.model, data.val, data.seq_len, data.pad_id, dev,
+                                       2 * tr.micro_batch)
+            if _track_best(state, row["val_loss"], tr.patience):
+                best = export_state(m.model)
         state.log.append(row)
         if state.step % tr.log_every == 0 or state.stop_reason or state.step == 1:
-            elapsed = max(time.perf_counter() - t_train, 1e-9)
-            val_txt = "" if row["val_loss"] is None else (
-                f" | val {row['val_loss']:.4f} (ppl {math.exp(min(row['val_loss'], 50)):.2f})")
-            examples = state.step * shard.effective_batch
-            echo(f"step {state.step}/{tr.max_steps} | examples {examples} | epoch "
-                 f"{examples / len(stream):.2f} | tokens {state.tokens}"
-                 f" | loss {loss:.4f} (ppl {math.exp(min(loss, 50)):.2f}){val_txt} | lr {lr:.2e}"
-                 f" | grad_norm {gnorm:.3f} | {(state.tokens - start_tokens) / elapsed:.0f} tok/s")
+            tok_s = (state.tokens - start_tokens) / max(time.perf_counter() - t_train, 1e-9)
+            echo(_log_line(state, row, tr.max_steps, data, tok_s))
         if state.step % cfg.checkpoint.every == 0 or state.stop_reason:
-            save(state.step)
-        if on_step is not None:
-            on_step(state)
+            last_ckpt = _save(ckpt_dir, state, m, best, fp, dev, data.shard,
+                              cfg.checkpoint) or last_ckpt
+        on_step(state)
 
     if state.best_val is None:
-        best, state.best_step = export_state(raw), state.step  # no validation data: last weights
+        best, state.best_step = export_state(m.model), state.step  # no validation: last weights
     return TrainResult(
-        state=state, model=raw, best=best, params=param_counts(raw), finetune=ft_report,
-        fingerprint=fp, device=device, precision=precision, reproducible=not guard_fired,
-        resumed_from=resumed_from, seconds=time.perf_counter() - t0,
-        steps_this_run=state.step - start_step, tokens_this_run=state.tokens - start_tokens,
-        n_train_examples=len(stream), n_val_windows=len(vwin))
+        state=state, model=m.model, best=best, params=param_counts(m.model), finetune=ft_report,
+        fingerprint=fp, device=dev.device, precision=dev.precision,
+        reproducible=not guard_fired, resumed_from=resume.resumed_from,
+        seconds=time.perf_counter() - t0, steps_this_run=state.step - start_step,
+        tokens_this_run=state.tokens - start_tokens, n_train_examples=len(data.stream),
+        n_val_windows=len(data.val))
 
 
-def _train_step(fwd, ddp, opt, scaler, trainable, stream: WindowStream, shard: Shard, step: int,
-                T: int, pad_id: int, device: str, amp, clip: float,
-                last_ckpt: Path | None) -> tuple[float, float, int, bool]:
-    """One optimiser step -> (train loss, grad norm, valid targets, skipped by the scaler)."""
-    n_global = sum(stream.n_valid(k) for k in shard.step_positions(step))
-    nll_local = torch.zeros((), device=device)
-    for micro in range(shard.grad_accum):
-        batch = make_batch([stream.window(k) for k in shard.micro_positions(step, micro)], T,
-                           pad_id)
-        last = micro == shard.grad_accum - 1
-        sync = contextlib.nullcontext() if last or ddp is None else ddp.no_sync()
-        with sync:
-            with _autocast(device, amp):
-                _, nll = fwd(batch.x.to(device), batch.y.to(device), batch.mask.to(device),
-                             reduction="sum")
-            scaler.scale(nll * (shard.world_size / n_global)).backward()
-        nll_local += nll.detach().float()
-    if ddp is not None:
-        tdist.all_reduce(nll_local)
-    loss = float(nll_local) / n_global
-    if scaler.is_enabled():
-        scaler.unscale_(opt)
-    gnorm = float(torch.nn.utils.clip_grad_norm_(trainable, clip if clip > 0 else math.inf))
-    where = f"last good checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint written yet"
-    if not math.isfinite(loss) or (not math.isfinite(gnorm) and not scaler.is_enabled()):
+def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: float,
+                last_ckpt: Path | None) -> StepStats:
+    """Optimiser step ``step`` (0-based), in the order of the module docstring."""
+    # 1. The learning rate: the schedule set it when the previous step ended.
+    lr = m.sched.get_last_lr()[0]
+    # 2. Forward and backward, micro-batch by micro-batch; the loss is divided by the step's
+    # global count of valid targets (not by grad_accum: micro-batches hold different counts).
+    n_global = sum(data.stream.n_valid(k) for k in data.shard.step_positions(step))
+    nll_sum = torch.zeros((), device=dev.device)  # this rank's summed NLL, for the log
+    for micro in range(data.shard.grad_accum):
+        b = data.micro_batch(step, micro)  # x, y, mask: (B, T)
+        last = micro == data.shard.grad_accum - 1
+        with _no_sync(m.ddp, not last):
+            with dev.autocast():
+                _, nll = m.fwd(b.x.to(dev.device), b.y.to(dev.device), b.mask.to(dev.device),
+                               reduction="sum")
+            m.scaler.scale(nll * (data.shard.world_size / n_global)).backward()
+        nll_sum += nll.detach().float()
+    if m.ddp is not None:
+        tdist.all_reduce(nll_sum)
+    loss = float(nll_sum) / n_global
+    # 3. Unscale and clip.
+    if m.scaler.is_enabled():
+        m.scaler.unscale_(m.opt)  # clip the true gradients, not the scaled ones
+    gnorm = float(torch.nn.utils.clip_grad_norm_(m.trainable, clip if clip > 0 else math.inf))
+    # 4. Stop on NaN/inf. fp16 overflow is the grad scaler's to handle (it skips the update
+    # and lowers the scale), so only the loss counts there.
+    if not math.isfinite(loss) or (not math.isfinite(gnorm) and not m.scaler.is_enabled()):
+        where = f"last good checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint written yet"
         raise NonFiniteError(
             f"non-finite value at step {step + 1}: train loss {loss}, grad norm {gnorm}; stopped "
             f"without saving ({where}). Usual causes: learning rate too high, fp16 overflow "
             "(try precision: bf16 or fp32), or bad token ids (run `symkit doctor`).")
-    scale_before = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(opt)
-    scaler.update()
-    skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
-    opt.zero_grad(set_to_none=True)
-    return loss, gnorm, n_global, skipped
+    # 5. Update, clear the gradients, move the schedule on.
+    scale_before = m.scaler.get_scale() if m.scaler.is_enabled() else None
+    m.scaler.step(m.opt)
+    m.scaler.update()
+    skipped = m.scaler.is_enabled() and m.scaler.get_scale() < scale_before
+    m.opt.zero_grad(set_to_none=True)
+    m.sched.step()  # sets the next step's lr
+    return StepStats(loss, gnorm, lr, n_global, skipped)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, windows: list[np.ndarray], seq_len: int, pad_id: int,
+             dev: TrainDevice, batch_size: int) -> float | None:
+    """Token-weighted mean NLL (nats) over ``windows``; None when there are none."""
+    if not windows:
+        return None
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for b0 in range(0, len(windows), batch_size):
+        batch = make_batch(windows[b0 : b0 + batch_size], seq_len, pad_id)
+        with dev.autocast():
+            _, nll = model(batch.x.to(dev.device), batch.y.to(dev.device),
+                           batch.mask.to(dev.device), reduction="sum")
+        total += float(nll)
+        count += batch.n_valid
+    model.train(was_training)
+    return total / max(count, 1)
+
+
+# ------------------------------------------------------------------------------ set-up helpers
+def _batches(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus,
+             dist: DistInfo) -> Batches:
+    T = cfg.model.max_seq_len
+    return Batches(stream=WindowStream(corpus.train, T, cfg.seed),
+                   shard=Shard(dist.rank, dist.world_size, cfg.train.micro_batch,
+                               cfg.train.grad_accum),
+                   val=val_windows(corpus.val, T, cfg.data.val_max_windows),
+                   seq_len=T, pad_id=info.pad_id)
+
+
+def _restore(c: ckpt.Checkpoint, model: nn.Module, opt: torch.optim.Optimizer,
+             sched: torch.optim.lr_scheduler.LambdaLR, scaler: torch.amp.GradScaler,
+             dev: TrainDevice) -> tuple[TrainState, Weights]:
+    """Load checkpoint ``c`` into the fresh pieces -> (counters and log, best weights so far)."""
+    model.load_state_dict(c.model)
+    opt.load_state_dict(c.optimizer)
+    sched.load_state_dict(c.state["scheduler"])
+    if dev.use_scaler and c.state.get("scaler"):
+        scaler.load_state_dict(c.state["scaler"])
+    restore_rng(c.rng, dev)
+    return TrainState(**c.state["train_state"]), c.best
+
+
+def _wrap(model: nn.Module, opt: torch.optim.AdamW, sched: torch.optim.lr_scheduler.LambdaLR,
+          scaler: torch.amp.GradScaler, dev: TrainDevice, compile_: bool) -> Parts:
+    """DDP-wrap (several processes) and compile (``transformer.compile``) the restored model."""
+    ddp = None
+    if dev.dist.world_size > 1:
+        ids = [dev.dist.local_rank] if dev.device_type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids)
+    wrapped = ddp or model
+    wrapped.train()
+    return Parts(model, torch.compile(wrapped) if compile_ else wrapped, ddp, opt, sched, scaler)
+
+
+# ---------------------------------------------------------------------------- loop helpers
+def _no_sync(ddp: DistributedDataParallel | None,
+             skip: bool) -> contextlib.AbstractContextManager[object]:
+    """DDP all-reduces gradients in every backward; ``skip`` defers that to a later micro-batch."""
+    return ddp.no_sync() if skip and ddp is not None else contextlib.nullcontext()
+
+
+def _length_rule(state: TrainState, tr: TrainSection) -> str | None:
+    if tr.max_tokens and state.tokens >= tr.max_tokens:
+        return "max_tokens"
+    return "max_steps" if state.step >= tr.max_steps else None
+
+
+def _out_of_time(t0: float, max_minutes: float | None, dev: TrainDevice) -> bool:
+    """The wall-clock guard; ranks agree, so they all stop at the same step."""
+    if max_minutes is None:
+        return False
+    over = torch.tensor(float(time.perf_counter() - t0 > 60 * max_minutes),
+                        device=dev.comm_device)
+    if dev.dist.world_size > 1:
+        tdist.all_reduce(over, op=tdist.ReduceOp.MAX)
+    return bool(over.item())
+
+
+def _track_best(state: TrainState, val: float | None, patience: int) -> bool:
+    """Record a validation loss; True when it is the best so far (the caller keeps the weights).
+    Sets ``early_stopping`` after ``patience`` evaluations without improvement."""
+    if val is None:
+        return False
+    if state.best_val is None or val < state.best_val:
+        state.best_val, state.best_step, state.evals_since_best = val, state.step, 0
+        return True
+    state.evals_since_best += 1
+    if patience and state.evals_since_best >= patience and not state.stop_reason:
+        state.stop_reason = "early_stopping"
+    return False
+
+
+def _log_line(state: TrainState, row: dict[str, Any], max_steps: int, data: Batches,
+              tok_s: float) -> str:
+    loss, val = row["train_loss"], row["val_loss"]
+    val_txt = "" if val is None else f" | val {val:.4f} (ppl {math.exp(min(val, 50)):.2f})"
+    examples = state.step * data.shard.effective_batch
+    return (f"step {state.step}/{max_steps} | examples {examples} | epoch "
+            f"{examples / len(data.stream):.2f} | tokens {state.tokens}"
+            f" | loss {loss:.4f} (ppl {math.exp(min(loss, 50)):.2f}){val_txt} | lr {row['lr']:.2e}"
+            f" | grad_norm {row['grad_norm']:.3f} | {tok_s:.0f} tok/s")
+
+
+def _save(ckpt_dir: Path, state: TrainState, m: Parts, best: Weights, fp: dict[str, Any],
+          dev: TrainDevice, shard: Shard, policy: CheckpointSection) -> Path | None:
+    """Checkpoint after step ``state.step``: every rank gives its RNG state, rank 0 writes.
+    Returns the folder on rank 0, None on the others."""
+    rng = gather_rng(dev)
+    if not dev.dist.is_main:
+        return None
+    return ckpt.save_checkpoint(
+        ckpt_dir, state.step, model=export_state(m.model), best=best,
+        optimizer=m.opt.state_dict(), rng=rng, keep_last=policy.keep_last,
+        state={**fp, "train_state": asdict(state), "scheduler": m.sched.state_dict(),
+               "data_position": state.step * shard.effective_batch,  # next stream position
+               "scaler": m.scaler.state_dict() if dev.use_scaler else {},
+               "model_config": m.model.config.to_dict()})

@@ -1,91 +1,23 @@
-"""Pure set-up decisions for training: device, precision, learning-rate schedule, model
-construction (fresh, continued, partially frozen or LoRA) and the optimiser.
+"""What is trained and how: model construction (fresh, continued, partially frozen or LoRA), the
+optimiser and the learning-rate schedule.
 
-Each is a small function of its arguments so it can be tested without the hardware it is about
-(the CUDA/bf16 decisions take the availability flags as parameters).
+Each function takes only its own config section (``transformer.model``, ``.finetune``, ``.optim``)
+and is a small function of its arguments. Where the model runs is ``pipeline.training.device``.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from models.lora import apply_lora, freeze
 from models.transformer import GPT, TransformerConfig, load_model
-from pipeline.config import ParamsError
-
-if TYPE_CHECKING:
-    from pipeline.train_transformer import TransformerStageConfig
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    """Process-group coordinates; ``world_size == 1`` means no DDP."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def from_env(cls) -> DistInfo:
-        """Read ``torchrun``'s ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (defaults: one process)."""
-        env = os.environ
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
-                   int(env.get("LOCAL_RANK", 0)))
-
-
-def resolve_device(pref: str, *, cuda: bool | None = None, mps: bool | None = None,
-                   local_rank: int = 0) -> str:
-    """``auto`` -> CUDA, else MPS, else CPU. An unavailable explicit choice is a ParamsError."""
-    cuda = torch.cuda.is_available() if cuda is None else cuda
-    if mps is None:
-        mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-    if pref == "auto":
-        pref = "cuda" if cuda else "mps" if mps else "cpu"
-    if pref == "cuda":
-        if not cuda:
-            raise ParamsError("transformer.device = 'cuda': no CUDA device is available "
-                              "(use 'auto' or 'cpu')")
-        return f"cuda:{local_rank}"
-    if pref == "mps" and not mps:
-        raise ParamsError("transformer.device = 'mps': MPS is not available (use 'auto' or 'cpu')")
-    return pref
-
-
-def resolve_precision(precision: str, device_type: str,
-                      bf16_supported: bool | None = None) -> tuple[torch.dtype | None, bool, str]:
-    """-> (autocast dtype or None for fp32, use a GradScaler, resolved name).
-
-    ``auto``: bf16 on CUDA when supported, else fp16 with a GradScaler on CUDA; fp32 on CPU and
-    MPS. bf16 needs no scaler (same exponent range as fp32); fp16 does (gradients underflow).
-    """
-    if bf16_supported is None:
-        bf16_supported = device_type == "cuda" and torch.cuda.is_bf16_supported()
-    if precision == "auto":
-        if device_type != "cuda":
-            return None, False, "fp32"
-        precision = "bf16" if bf16_supported else "fp16"
-    if precision == "fp32":
-        return None, False, "fp32"
-    if precision == "bf16":
-        if device_type == "mps" or (device_type == "cuda" and not bf16_supported):
-            raise ParamsError(f"transformer.precision = 'bf16': not supported on this "
-                              f"{device_type} device (use 'auto', 'fp16' or 'fp32')")
-        return torch.bfloat16, False, "bf16"
-    if device_type != "cuda":
-        raise ParamsError(f"transformer.precision = 'fp16': only on CUDA, not {device_type} "
-                          "(use 'auto' or 'fp32')")
-    return torch.float16, True, "fp16"
+from pipeline.core.config import ParamsError
+from pipeline.training.config import FinetuneSection, ModelSection, OptimSection
 
 
 def lr_factor(step: int, *, warmup: int, max_steps: int, schedule: str, min_ratio: float) -> float:
@@ -101,15 +33,29 @@ def lr_factor(step: int, *, warmup: int, max_steps: int, schedule: str, min_rati
     return min_ratio + (1.0 - min_ratio) * decay
 
 
-def build_model(cfg: TransformerStageConfig, vocab_size: int,
+def make_scheduler(opt: torch.optim.Optimizer, o: OptimSection,
+                   max_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The lr schedule: step ``s`` trains at ``o.lr * lr_factor(s, ...)``.
+
+    Creating it sets step 0's lr; each ``step()`` sets the next step's. It is a LambdaLR rather
+    than a bare function because its state is part of every checkpoint. The factor must be a
+    plain function (not a ``partial``): LambdaLR saves the attributes of any other callable.
+    """
+    def factor(step: int) -> float:
+        return lr_factor(step, warmup=o.warmup_steps, max_steps=max_steps, schedule=o.schedule,
+                         min_ratio=o.min_lr / o.lr)
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
                 generator: torch.Generator) -> tuple[GPT, dict[str, Any]]:
-    """Fresh model from ``cfg.model``, or the ``finetune.init_from`` model with frozen layers or
-    LoRA adapters. Returns the model and a report (``init_from``, frozen names, LoRA layers)."""
-    m = cfg.model
+    """Fresh model from ``transformer.model``, or the ``finetune.init_from`` model with frozen
+    layers or LoRA adapters. Returns the model and a report (``init_from``, frozen names, LoRA
+    layers). Initial weights come from ``generator``."""
     arch = TransformerConfig(vocab_size=vocab_size, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
                              n_head=m.n_head, n_embd=m.n_embd, mlp_ratio=m.mlp_ratio,
                              dropout=m.dropout, attn_dropout=m.attn_dropout, bias=m.bias)
-    ft = cfg.finetune
     report: dict[str, Any] = {"init_from": ft.init_from, "frozen": [], "lora_layers": []}
     if not ft.init_from:
         return GPT(arch, generator), report
@@ -158,14 +104,12 @@ def load_init(path: Path) -> tuple[GPT, dict[str, Any]]:
     return model, {"tokenizer_hash": state.get("tokenizer_hash")}
 
 
-def make_optimizer(model: nn.Module, cfg: TransformerStageConfig,
-                   device_type: str) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, o: OptimSection, device_type: str) -> torch.optim.AdamW:
     """AdamW over trainable parameters; weight decay on 2-D weights only (matrices and
-    embeddings), none on biases and LayerNorm gains."""
+    embeddings), none on biases and LayerNorm gains. Its lr is the peak; the schedule scales it."""
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not params:
         raise ParamsError("transformer.finetune: every parameter is frozen; nothing to train")
-    o = cfg.optim
     groups = [
         {"params": [p for _, p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
         {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0},

@@ -8,6 +8,7 @@ Pieces are drawn from a small seeded Markov chain, so there is structure to lear
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +16,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from pipeline.artifacts import write_json, write_parquet
+from pipeline.core.artifacts import write_parquet
+from pipeline.tokens.contract import AUGMENTED_SCHEMA, TokenInfo, tokens_table
 
 PAD, BOS, EOS = 0, 1, 2
 N_SPECIAL = 3
 
-TOKENS_SCHEMA = pa.schema([
-    ("sha256", pa.string()), ("split", pa.string()), ("track", pa.int32()),
-    ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32()), ("n_notes", pa.int32()),
-    ("roundtrip_f1", pa.float64()),
-])
-AUG_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
-                        ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32())])
 
 
 def synthetic_pieces(n: int, vocab_size: int, mean_len: int, seed: int) -> list[np.ndarray]:
@@ -59,19 +54,19 @@ def write_token_data(folder: Path, *, n_pieces: int = 40, vocab_size: int = 64,
     for i, ids in enumerate(pieces):
         split = "val" if i < n_val else "test" if i < 2 * n_val else "train"
         rows.append({"sha256": hashlib.sha256(f"piece{i}".encode()).hexdigest(), "split": split,
-                     "track": 0, "ids": ids.tolist(), "n_tokens": len(ids),
-                     "n_notes": len(ids) // 4, "roundtrip_f1": 1.0})
+                     "track": 0, "ids": ids.tolist(), "n_notes": len(ids) // 4})
     df = pd.DataFrame(rows).sort_values("sha256")
     paths = {"tokens": folder / "tokens.parquet", "info": folder / "info.json",
              "augmented": folder / "augmented.parquet"}
-    write_parquet(paths["tokens"], pa.Table.from_pandas(df, TOKENS_SCHEMA, preserve_index=False))
+    write_parquet(paths["tokens"], tokens_table(df.to_dict("records")))
     train = df[df["split"] == "train"]
-    aug = [{"sha256": sha, "transpose": t, "ids": list(ids), "n_tokens": len(ids)}
+    aug = [{"sha256": sha, "transpose": t, "track": 0, "ids": list(ids), "n_tokens": len(ids)}
            for sha, ids in zip(train["sha256"][:n_augmented], train["ids"][:n_augmented],
                                strict=True) for t in (-1, 1)]
     write_parquet(paths["augmented"],
-                  pa.Table.from_pylist(aug, AUG_SCHEMA) if aug else AUG_SCHEMA.empty_table())
-    write_json(paths["info"], {"vocab_size": vocab_size, "pad_id": PAD, "bos_id": BOS,
-                               "eos_id": EOS, "tokenizer_hash": "tok-hash",
-                               "split_hash": "split-hash", **(info_extra or {})})
+                  pa.Table.from_pylist(aug, AUGMENTED_SCHEMA) if aug
+                  else AUGMENTED_SCHEMA.empty_table())
+    info = TokenInfo(vocab_size=vocab_size, pad_id=PAD, bos_id=BOS, eos_id=EOS,
+                     tokenizer_hash="tok-hash", split_hash="split-hash")
+    replace(info, **(info_extra or {})).write(paths["info"])
     return paths

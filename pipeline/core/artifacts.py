@@ -1,0 +1,264 @@
+"""Atomic, deterministic artifact writes, and readers that say which stage makes a file.
+
+Every artifact is written to a temporary file in its destination folder and renamed over the
+target, so a stage killed at any moment leaves either the old file or the new one, never half of
+one. Parquet files carry no pandas metadata and JSON has sorted keys and no NaN, so the same data
+gives the same bytes on every run.
+
+:func:`read_parquet` and :func:`read_json` turn a missing or unreadable input into an
+:class:`ArtifactError` of one line naming the file and the ``dvc.yaml`` stage that writes it
+(e.g. "data/manifest.parquet is not a readable Parquet file: re-run `dvc repro ingest`").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+PARQUET_OPTIONS = dict(
+    compression="zstd", compression_level=3, use_dictionary=True, write_statistics=True
+)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temp path beside ``path``; on success fsync and rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes(path: Path | str, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: Path | str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def _clean(obj: Any) -> Any:
+    """Make ``obj`` JSON-safe: NaN/inf -> None, numpy scalars -> Python, tuples -> lists."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 1) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return obj.as_posix()
+    return obj
+
+
+def dumps_json(obj: Any) -> str:
+    return (
+        json.dumps(_clean(obj), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+        + "\n"
+    )
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    """Pretty, sorted, NaN-free JSON (NaN and inf become null)."""
+    write_text(path, dumps_json(obj))
+
+
+class ArtifactError(ValueError):
+    """An input artifact is missing or unreadable. The message is one line naming the file and
+    the stage that makes it; the CLI prints it without a traceback."""
+
+    @classmethod
+    def for_path(cls, path: Path | str, problem: str) -> ArtifactError:
+        return cls(f"{Path(path).as_posix()} {problem}: {rerun_hint(path)}")
+
+
+@functools.cache
+def _stage_outputs(dvc_yaml: Path) -> tuple[tuple[str, str], ...]:
+    """(output path, stage) for every output, metric and plot declared in ``dvc_yaml``."""
+    try:
+        stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {})
+    except (OSError, yaml.YAMLError, AttributeError):
+        return ()
+    found = []
+    for stage, spec in stages.items():
+        for kind in ("outs", "metrics", "plots"):
+            for out in (spec or {}).get(kind, []) or []:
+                name = next(iter(out)) if isinstance(out, dict) else out
+                found.append((str(name).rstrip("/"), str(stage)))
+    return tuple(found)
+
+
+def producing_stage(path: Path | str) -> str | None:
+    """The ``dvc.yaml`` stage whose output is ``path`` or a folder holding it, if any. The
+    ``dvc.yaml`` is the nearest one in the folders above ``path``."""
+    p = Path(path).absolute()
+    for root in p.parents:
+        if (root / "dvc.yaml").is_file():
+            rel = p.relative_to(root).as_posix()
+            for out, stage in _stage_outputs(root / "dvc.yaml"):
+                if rel == out or rel.startswith(out + "/"):
+                    return stage
+            return None
+    return None
+
+
+def rerun_hint(path: Path | str) -> str:
+    stage = producing_stage(path)
+    return f"re-run `dvc repro {stage}`" if stage else "re-create it"
+
+
+def read_json(path: Path | str) -> Any:
+    """A JSON artifact; missing or not JSON -> :class:`ArtifactError` naming its stage."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArtifactError.for_path(path, "does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArtifactError.for_path(path, f"cannot be read ({type(e).__name__})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise ArtifactError.for_path(path, "is not a readable JSON file") from None
+
+
+def to_table(df: Any, schema: pa.Schema | None = None) -> pa.Table:
+    """pandas DataFrame (or pyarrow Table) -> Table without pandas metadata."""
+    if isinstance(df, pa.Table):
+        table = df
+    else:
+        table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+    return table.replace_schema_metadata(None)
+
+
+def write_parquet(path: Path | str, df: Any, schema: pa.Schema | None = None) -> None:
+    """Write a DataFrame/Table atomically as one deterministic Parquet file."""
+    table = to_table(df, schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, **PARQUET_OPTIONS)
+
+
+def read_parquet(path: Path | str, columns: list[str] | None = None):
+    """Read a Parquet table into pandas (lists come back as numpy arrays).
+
+    A missing file, one that is not Parquet (e.g. truncated by a kill outside symkit) or one
+    without a requested column raises :class:`ArtifactError` naming the file and its stage.
+    """
+    if not Path(path).exists():
+        raise ArtifactError.for_path(path, "does not exist")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError):
+        raise ArtifactError.for_path(path, "is not a readable Parquet file") from None
+    missing = [c for c in columns or [] if c not in schema.names]
+    if missing:
+        raise ArtifactError.for_path(path, f"has no column {', '.join(map(repr, missing))}")
+    try:
+        return pq.read_table(path, columns=columns).to_pandas()
+    except (pa.ArrowException, OSError):
+        raise ArtifactError.for_path(path, "is not a readable Parquet file") from None
+
+
+def read_json_or_none(path: Path) -> Any:
+    """An optional JSON input: None when it is missing or unreadable."""
+    try:
+        return read_json(path) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def read_table_or_none(path: Path, **kw: Any) -> Any:
+    """An optional Parquet or TSV input as a DataFrame: None when it is missing or unreadable."""
+    try:
+        if not path.is_file():
+            return None
+        if path.suffix == ".tsv":
+            import pandas as pd
+
+            return pd.read_csv(path, sep="\t", **kw)
+        return read_parquet(path)
+    except Exception:  # a corrupt optional input becomes "not available"
+        return None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hash of a JSON-able object's canonical form (sorted keys, compact)."""
+    text = json.dumps(_clean(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def stable_int(text: str) -> int:
+    """A seed component from a name that does not depend on Python's hash seed."""
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16)
+
+
+def environment_facts() -> dict[str, Any]:
+    """Facts about this machine and library versions, for sidecars only (never for artifacts)."""
+    from importlib import metadata
+
+    versions = {}
+    for pkg in (
+        "symkit",
+        "miditok",
+        "symusic",
+        "music21",
+        "numpy",
+        "pandas",
+        "pyarrow",
+        "torch",
+        "scikit-learn",
+        "datasketch",
+        "dvc",
+    ):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "packages": versions,
+    }
+
+
+def write_sidecar(path: Path | str, facts: dict[str, Any]) -> None:
+    """Timings and environment facts: kept out of results so results stay byte-identical."""
+    write_json(path, {**facts, "environment": environment_facts()})

@@ -1,0 +1,242 @@
+"""Decision criteria: parsed from params.yaml, checked against ``reports/metrics.json``.
+
+A criterion names a metric by its dotted key in ``reports/metrics.json``, a comparison and a
+threshold, optionally a confidence-interval requirement, and why it is there::
+
+    - name: transformer_beats_ngram
+      metric: test.nll_per_note.rel_improvement
+      op: ">="
+      threshold: 0.02
+      ci: lower>0                       # the CI of ci_metric must lie above 0
+      ci_metric: test.nll_per_note.diff # reads <ci_metric>.ci_low / <ci_metric>.ci_high
+      rationale: ...
+
+Verdicts: PASS (point estimate meets the threshold and the CI requirement holds), FAIL (point
+estimate misses the threshold, or the CI lies entirely on the wrong side of 0), INCONCLUSIVE (the
+metric or its CI is missing, or the CI straddles 0). Overall: FAIL if any criterion fails, PASS if
+all pass, otherwise INCONCLUSIVE.
+
+``METRIC_ALIASES`` maps the canonical keys that criteria use to the keys each stage report may
+write; :func:`build_metrics` flattens all stage reports and fills the canonical keys from the
+first alias present. It is the one place to align names when a report's layout changes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from pipeline.core.config import StageConfig
+
+Op = Literal["<", "<=", ">", ">=", "=="]
+CiRule = Literal["lower>0", "upper<0", "excludes_zero"]
+
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+        "==": operator.eq}
+
+
+class Criterion(StageConfig):
+    """One pre-registered decision rule (its keys are documented in params.yaml's ``criteria``
+    comment)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    metric: str = Field(min_length=1)
+    op: Op
+    threshold: float
+    ci: CiRule | None = None
+    ci_metric: str | None = None
+    rationale: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ci_metric_needs_ci(self) -> Criterion:
+        if self.ci_metric is not None and self.ci is None:
+            raise ValueError(f"ci_metric: {self.ci_metric!r} is set but ci is not; "
+                             "set ci to lower>0, upper<0 or excludes_zero, or drop ci_metric")
+        return self
+
+
+class CriteriaConfig(StageConfig):
+    """``criteria`` section of params.yaml: the decision rules (documented there). Every rule
+    must PASS for an overall PASS."""
+
+    rules: list[Criterion] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> CriteriaConfig:
+        names = [r.name for r in self.rules]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"rules: name {dupes[0]!r} is used twice; names must be unique")
+        return self
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+METRIC_ALIASES: dict[str, tuple[str, ...]] = {
+    # canonical key used by criteria: first present of these flattened report keys
+    "data.pieces_ok": ("ingest.by_status.ok",),
+    "data.pieces_quarantined": ("ingest.by_status.quarantined",),
+    "data.pieces_duplicate": ("ingest.by_status.duplicate",),
+    "data.pieces_split": ("split.pieces",),
+    "data.groups": ("split.groups",),
+    "leakage.crossing_groups": ("leakage.grouped_crossing_groups", "leakage.crossing_groups"),
+    "leakage.crossing_metadata_groups": ("leakage.grouped_crossing_metadata_groups",
+                                         "leakage.crossing_metadata_groups"),
+    "leakage.crossing_pairs": ("leakage.grouped_crossing_pairs", "leakage.crossing_pairs"),
+    "split.hash": ("split.split_hash",),
+    "test.nll_per_note.transformer": ("eval.models.transformer.test.nats_per_note.value",),
+    "test.nll_per_note.transformer.ci_low": ("eval.models.transformer.test.nats_per_note.ci_low",),
+    "test.nll_per_note.transformer.ci_high": (
+        "eval.models.transformer.test.nats_per_note.ci_high",),
+    "test.nll_per_note.ngram": ("eval.models.ngram.test.nats_per_note.value",),
+    "test.nll_per_note.ngram.ci_low": ("eval.models.ngram.test.nats_per_note.ci_low",),
+    "test.nll_per_note.ngram.ci_high": ("eval.models.ngram.test.nats_per_note.ci_high",),
+    # paired difference n-gram minus transformer on the same pieces and bootstrap replicates
+    # (positive: the transformer is better)
+    "test.nll_per_note.diff": ("eval.paired.ngram_minus_transformer.test.nats_per_note.value",),
+    "test.nll_per_note.diff.ci_low": (
+        "eval.paired.ngram_minus_transformer.test.nats_per_note.ci_low",),
+    "test.nll_per_note.diff.ci_high": (
+        "eval.paired.ngram_minus_transformer.test.nats_per_note.ci_high",),
+    "train.overfit_gap": ("train.overfit_gap",),
+    "train.best_val_loss": ("train.best_val_loss",),
+    "train.final_train_loss": ("train.final_train_loss",),
+    "memorisation.flag_rate_samples": ("audit.flag_rate.samples",),
+    "memorisation.flag_rate_human": ("audit.flag_rate.human_test",),
+    "memorisation.flag_rate_excess": ("audit.flag_rate.excess",),
+}
+"""Canonical metric -> candidate keys in the flattened stage reports (``<report stem>.<path>``)."""
+
+
+def flatten(obj: Any, prefix: str = "", max_list: int = 50) -> dict[str, Any]:
+    """Nested dicts -> ``{"a.b.c": leaf}``; short lists of scalars get index keys, long lists and
+    lists of containers are left out (they belong in tables, not metrics)."""
+    out: dict[str, Any] = {}
+    if isinstance(obj, Mapping):
+        for k in sorted(obj, key=str):
+            out.update(flatten(obj[k], f"{prefix}.{k}" if prefix else str(k), max_list))
+    elif isinstance(obj, list | tuple):
+        if len(obj) <= max_list and all(not isinstance(v, Mapping | list | tuple) for v in obj):
+            for i, v in enumerate(obj):
+                out[f"{prefix}.{i}"] = v
+    elif obj is None or isinstance(obj, bool | int | float | str):
+        out[prefix] = obj
+    return out
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat metrics from stage reports (``{"eval": {...}, "audit": {...}, ...}``, missing = None).
+
+    Canonical keys come from :data:`METRIC_ALIASES`; derived keys:
+    ``test.nll_per_note.diff`` (from the two model means when eval has no paired difference, then
+    without a CI), ``test.nll_per_note.rel_improvement`` (= diff / n-gram NLL, CI scaled the
+    same way) and ``train.overfit_gap`` (= best val loss − final train loss).
+    """
+    flat: dict[str, Any] = {}
+    for stem in sorted(reports):
+        if reports[stem] is not None:
+            flat.update(flatten(reports[stem], stem))
+    for key, candidates in METRIC_ALIASES.items():
+        for c in candidates:
+            if c in flat and flat[c] is not None:
+                flat[key] = flat[c]
+                break
+    tr, ng = _number(flat.get("test.nll_per_note.transformer")), \
+        _number(flat.get("test.nll_per_note.ngram"))
+    if _number(flat.get("test.nll_per_note.diff")) is None and tr is not None and ng is not None:
+        flat["test.nll_per_note.diff"] = ng - tr
+    diff = _number(flat.get("test.nll_per_note.diff"))
+    if diff is not None and ng:
+        flat["test.nll_per_note.rel_improvement"] = diff / ng
+        for end in ("ci_low", "ci_high"):
+            v = _number(flat.get(f"test.nll_per_note.diff.{end}"))
+            if v is not None:
+                flat[f"test.nll_per_note.rel_improvement.{end}"] = v / ng
+    val, trn = _number(flat.get("train.best_val_loss")), _number(flat.get("train.final_train_loss"))
+    if _number(flat.get("train.overfit_gap")) is None and val is not None and trn is not None:
+        flat["train.overfit_gap"] = val - trn
+    return dict(sorted(flat.items()))
+
+
+# --- verdicts ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    status: Literal["PASS", "FAIL", "INCONCLUSIVE"]
+    metric: str
+    value: float | None
+    op: str
+    threshold: float
+    ci_metric: str
+    """Whose 95% CI ``ci_low``/``ci_high`` are (the rule's ``ci_metric`` or ``metric``)."""
+    ci_low: float | None
+    ci_high: float | None
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.6g}"
+
+
+def evaluate(rule: Criterion, metrics: Mapping[str, Any]) -> Verdict:
+    """Judge one rule against flat metrics (never raises on missing or non-numeric values)."""
+    value = _number(metrics.get(rule.metric))
+    ci_key = rule.ci_metric or rule.metric
+    lo, hi = _number(metrics.get(f"{ci_key}.ci_low")), _number(metrics.get(f"{ci_key}.ci_high"))
+
+    def verdict(status: Any, evidence: str) -> Verdict:
+        return Verdict(rule.name, status, rule.metric, value, rule.op, rule.threshold, ci_key,
+                       lo, hi, evidence)
+
+    if value is None:
+        raw = metrics.get(rule.metric)
+        why = "not available" if raw is None else f"not a number ({raw!r})"
+        return verdict("INCONCLUSIVE", f"{rule.metric} {why}")
+    point = f"{rule.metric} = {_fmt(value)} {rule.op} {_fmt(rule.threshold)}"
+    if not _OPS[rule.op](value, rule.threshold):
+        return verdict("FAIL", f"{point} is false")
+    if rule.ci is None:
+        return verdict("PASS", f"{point} holds")
+    if lo is None or hi is None:
+        return verdict("INCONCLUSIVE", f"{point} holds, but the CI of {ci_key} is not available")
+    ci = f"95% CI of {ci_key} [{_fmt(lo)}, {_fmt(hi)}]"
+    above, below = lo > 0, hi < 0
+    wanted = {"lower>0": above, "upper<0": below, "excludes_zero": above or below}[rule.ci]
+    if wanted:
+        return verdict("PASS", f"{point} holds; {ci} satisfies {rule.ci}")
+    if (rule.ci == "lower>0" and below) or (rule.ci == "upper<0" and above):
+        return verdict("FAIL", f"{point} holds, but {ci} lies on the wrong side of 0")
+    return verdict("INCONCLUSIVE", f"{point} holds, but {ci} includes 0")
+
+
+def evaluate_all(cfg: CriteriaConfig, metrics: Mapping[str, Any]) -> list[Verdict]:
+    return [evaluate(r, metrics) for r in cfg.rules]
+
+
+def overall(verdicts: list[Verdict]) -> str:
+    """FAIL if any rule fails, PASS if all pass, otherwise INCONCLUSIVE."""
+    statuses = {v.status for v in verdicts}
+    if "FAIL" in statuses:
+        return "FAIL"
+    return "PASS" if statuses == {"PASS"} else "INCONCLUSIVE"
+
+
+def rules_as_dicts(cfg: CriteriaConfig) -> list[dict[str, Any]]:
+    """Plain, JSON-able form of the rules (what pre-registration freezes)."""
+    return [r.model_dump(mode="json") for r in cfg.rules]

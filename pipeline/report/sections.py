@@ -1,0 +1,281 @@
+"""The descriptive sections of the report: data card, models, metrics, memorisation, music,
+samples, environment. Each function reads only what it is given and degrades to "not available"
+when an input is missing; none raises on a missing key or column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import Field
+
+from pipeline.core.artifacts import read_json_or_none, read_table_or_none
+from pipeline.core.config import StageConfig
+from pipeline.music.stats import STATS
+from pipeline.report.criteria import flatten
+from pipeline.report.document import NA, Document, Figure, Heading, Para, Table, fmt
+from pipeline.report.figures import grouped_bars_png, histograms_png, line_plot_png
+
+
+class ReportConfig(StageConfig):
+    """``report`` section of params.yaml; each key is documented there, beside its value."""
+
+    title: str = Field("symkit experiment report", min_length=1)
+    max_samples_shown: int = Field(8, ge=0, le=1000)
+    nll_unit: Literal["note", "token", "second"] = "note"
+    nll_split: Literal["val", "test"] = "test"
+    digits: int = Field(4, ge=1, le=12)
+
+
+def kv_rows(obj: Any, prefix: str, digits: int, limit: int = 200) -> list[list[str]]:
+    flat = flatten(obj, prefix) if obj is not None else {}
+    return [[k, fmt(v, digits)] for k, v in list(flat.items())[:limit]]
+
+
+def _na(doc: Document, what: str) -> None:
+    doc.add(Para(f"{what}: {NA}.", "note"))
+
+
+def kv_block(obj: Any, stem: str, digits: int) -> Table | Para:
+    """A stage report as a key/value table, or a "not available" note."""
+    rows = kv_rows(obj, stem, digits)
+    return Table([f"{stem}.json", "value"], rows) if rows else \
+        Para(f"reports/{stem}.json: {NA}.", "note")
+
+
+def _counts(df: pd.DataFrame | None, col: str) -> list[list[str]]:
+    if df is None or col not in df.columns:
+        return []
+    vc = df[col].fillna("").astype(str).value_counts()
+    return [[k or "(none)", str(int(vc[k]))] for k in sorted(vc.index)]
+
+
+def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
+              inputs: Mapping[str, Path]) -> None:
+    d = cfg.digits
+    doc.add(Heading("Data card"))
+    manifest = read_table_or_none(inputs["manifest"])
+    if manifest is None:
+        _na(doc, "data/manifest.parquet")
+    else:
+        doc.add(Para(f"{len(manifest)} files found."),
+                Table(["status", "files"], _counts(manifest, "status")),
+                Table(["quarantine reason", "files"],
+                      _counts(manifest[manifest["status"] == "quarantined"]
+                              if "status" in manifest.columns else None, "reason")))
+        lic = next((c for c in ("licence", "license", "licence_name") if c in manifest.columns),
+                   None)
+        if lic:
+            doc.add(Table(["licence", "files"], _counts(manifest, lic)))
+        else:
+            doc.add(Para("Licences: not given in the metadata.", "note"))
+    pairs = read_table_or_none(inputs["pairs"])
+    doc.add(Heading("Deduplication", 3),
+            Table(["tier", "duplicate pairs"], _counts(pairs, "tier")) if pairs is not None
+            else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"),
+            kv_block(reports.get("dedupe"), "dedupe", d))
+    splits = read_table_or_none(inputs["splits"])
+    doc.add(Heading("Split", 3))
+    if splits is not None and {"split", "sha256"} <= set(splits.columns):
+        rows = []
+        for s in sorted(splits["split"].astype(str).unique()):
+            part = splits[splits["split"].astype(str) == s]
+            groups = part["group_id"].nunique() if "group_id" in part.columns else NA
+            rows.append([s, str(len(part)), fmt(groups)])
+        doc.add(Table(["split", "pieces", "groups"], rows))
+    else:
+        _na(doc, "data/splits.parquet")
+    doc.add(kv_block(reports.get("split"), "split", d),
+            Heading("Leakage audit", 3),
+            kv_block(reports.get("leakage"), "leakage", d),
+            Heading("Tokenisation", 3),
+            kv_block(reports.get("tokenize"), "tokenize", d))
+
+
+def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
+           train_env: Any) -> None:
+    d = cfg.digits
+    doc.add(Heading("Models"))
+    train = reports.get("train") or {}
+    env = train_env if isinstance(train_env, dict) else {}
+    rows = [["transformer parameters", fmt(train.get("params"), d) if not isinstance(
+        train.get("params"), dict) else ", ".join(f"{k}={fmt(v, d)}" for k, v in
+                                                  sorted(train["params"].items()))],
+            ["tokens seen", fmt(train.get("tokens"), d)], ["steps", fmt(train.get("steps"), d)],
+            ["best val loss", fmt(train.get("best_val_loss"), d)],
+            ["final train loss", fmt(train.get("final_train_loss"), d)],
+            ["compute time (s, this run)", fmt(env.get("seconds"), d)],
+            ["device", fmt(env.get("cuda_device") or env.get("device"), d)],
+            ["tokens / s", fmt(env.get("tokens_per_s"), d)]]
+    doc.add(Table(["transformer", "value"], rows),
+            kv_block(reports.get("ngram"), "ngram", d))
+
+
+def metrics_section(doc: Document, cfg: ReportConfig, metrics: Mapping[str, Any],
+                    inputs: Mapping[str, Path]) -> None:
+    d = cfg.digits
+    doc.add(Heading("Metrics"))
+    rows = []
+    for name in ("test.nll_per_note.ngram", "test.nll_per_note.transformer",
+                 "test.nll_per_note.diff", "test.nll_per_note.rel_improvement",
+                 "train.overfit_gap"):
+        rows.append([name, fmt(metrics.get(name), d), fmt(metrics.get(f"{name}.ci_low"), d),
+                     fmt(metrics.get(f"{name}.ci_high"), d)])
+    doc.add(Table(["metric", "value", "95% CI low", "95% CI high"], rows),
+            Table(["eval.json", "value"],
+                  [[k, fmt(v, d)] for k, v in metrics.items() if k.startswith("eval.")]))
+    log = read_table_or_none(inputs["train_log"])
+    doc.add(Heading("Loss curves", 3))
+    if log is not None and "step" in log.columns:
+        series = {c: pd.to_numeric(log[c], errors="coerce").to_numpy()
+                  for c in ("train_loss", "val_loss") if c in log.columns}
+        doc.add(Figure("training and validation loss (nats per token)",
+                       line_plot_png(log["step"].to_numpy(), series, "step", "loss")))
+    else:
+        _na(doc, "reports/plots/train_log.tsv")
+    per_piece = read_table_or_none(inputs["per_piece"])
+    doc.add(Heading("NLL distributions", 3))
+    den = {"note": "n_notes", "token": "n_tokens", "second": "duration_s"}[cfg.nll_unit]
+    need = {"model", "nll_nats", den}
+    if per_piece is not None and need <= set(per_piece.columns):
+        part = per_piece[per_piece["split"] == cfg.nll_split] if "split" in per_piece.columns \
+            else per_piece
+        groups = {}
+        for m in sorted(part["model"].astype(str).unique()):
+            sel = part[part["model"].astype(str) == m]
+            d_ = sel[den].to_numpy(dtype=float)
+            groups[m] = np.where(d_ > 0, sel["nll_nats"].to_numpy(dtype=float) /
+                                 np.where(d_ > 0, d_, 1.0), np.nan)
+        doc.add(Figure(f"per-piece NLL per {cfg.nll_unit} (nats) on {cfg.nll_split}",
+                       histograms_png(groups, f"nats per {cfg.nll_unit}")))
+    else:
+        _na(doc, f"reports/eval/per_piece.parquet with columns {', '.join(sorted(need))}")
+
+
+def memorisation(doc: Document, cfg: ReportConfig, audit: Any,
+                 inputs: Mapping[str, Path]) -> None:
+    d = cfg.digits
+    doc.add(Heading("Memorisation audit"))
+    if not isinstance(audit, dict):
+        _na(doc, "reports/audit.json")
+        return
+    doc.add(Para("Every measure is computed for generated samples and for held-out human pieces "
+                 "against the training set; thresholds are calibrated on the val human pieces."))
+    doc.add(Table(["flag threshold", "value"],
+                  [[k, fmt(v, d)] for k, v in sorted((audit.get("thresholds") or {}).items())]))
+    groups = {"human val": (audit.get("human") or {}).get("val") or {},
+              "human test": (audit.get("human") or {}).get("test") or {}}
+    for name, block in sorted((audit.get("samples") or {}).items()):
+        if name != "all" and isinstance(block, dict):
+            groups[f"samples {name}"] = block.get("all") or {}
+    cols = ["n", "flag_rate", "lcs_tokens_median", "lcs_tokens_max", "lcs_bars_max",
+            "novelty_tok_8_mean", "novelty_tok_16_mean", "novelty_int_8_mean", "nn_jaccard_mean",
+            "decode_failures"]
+    doc.add(Table(["group", *cols], [[g, *[fmt(b.get(c), d) for c in cols]]
+                                     for g, b in groups.items()]))
+    fr = audit.get("flag_rate") or {}
+    doc.add(Para(f"Flag rate: samples {fmt(fr.get('samples'), d)} vs human test pieces "
+                 f"{fmt(fr.get('human_test'), d)} (excess {fmt(fr.get('excess'), d)})."))
+    ext = audit.get("extraction") or {}
+    doc.add(Table(["model", "train exact", "test exact", "exact gap", "train token match",
+                   "test token match"],
+                  [[m, *[fmt(e.get(k), d) for k in ("train_exact", "test_exact", "exact_gap",
+                                                    "train_token_match", "test_token_match")]]
+                   for m, e in sorted(ext.items())]))
+    mem = audit.get("membership") or {}
+    doc.add(Table(["model", "membership AUC (0.5 = no signal)", "train pieces", "test pieces"],
+                  [[m, fmt(e.get("auc"), d), fmt(e.get("n_train")), fmt(e.get("n_test"))]
+                   for m, e in sorted(mem.items())]))
+    table = read_table_or_none(inputs["per_sample"])
+    if table is not None and {"lcs_tokens", "model", "kind"} <= set(table.columns):
+        hist = {"human test": table[(table["model"] == "human") & (table["kind"] == "test")]}
+        for m in sorted(set(table["model"].astype(str)) - {"human"}):
+            hist[f"samples {m}"] = table[table["model"] == m]
+        doc.add(Figure("longest common token substring with any training piece",
+                       histograms_png({k: v["lcs_tokens"].to_numpy(dtype=float)
+                                       for k, v in hist.items()}, "tokens")))
+
+
+def music(doc: Document, cfg: ReportConfig, audit: Any) -> None:
+    d = cfg.digits
+    doc.add(Heading("Music statistics"))
+    block = (audit or {}).get("music") if isinstance(audit, dict) else None
+    if not isinstance(block, dict) or not isinstance(block.get("test"), dict):
+        _na(doc, "music statistics in reports/audit.json")
+        return
+    names = sorted(k for k, v in block.items() if isinstance(v, dict) and k != "test"
+                   and not k.endswith("_abs_diff"))
+    stats = list(STATS)
+    doc.add(Table(["statistic", "human test", *names],
+                  [[s, fmt(block["test"].get(s), d), *[fmt(block[n].get(s), d) for n in names]]
+                   for s in stats]))
+    ratios = {}
+    for n in names:
+        ratios[n] = [(block[n].get(s) / block["test"][s])
+                     if block[n].get(s) is not None and block["test"].get(s) else np.nan
+                     for s in stats]
+    if names:
+        doc.add(Figure("sample mean / human test mean per statistic (1 = same as human)",
+                       grouped_bars_png(stats, ratios, reference=1.0)))
+
+
+def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, Path]) -> None:
+    doc.add(Heading("Samples"))
+    table = read_table_or_none(inputs["per_sample"])
+    if table is not None and "source" in table.columns:
+        s = table[table["source"] == "sample"]
+        failed = int((~s["decode_ok"].astype(bool)).sum()) if "decode_ok" in s.columns else None
+        doc.add(Para(f"{len(s)} samples audited; {fmt(failed)} failed to decode (counted, not "
+                     "dropped)."))
+    folder = Path(inputs["samples_dir"])
+    pngs = sorted(folder.glob("*.png")) if folder.is_dir() else []
+    if not pngs:
+        _na(doc, "sample piano rolls (reports/samples/)")
+        return
+    report_dir = Path(inputs["md_out"]).parent
+    for p in pngs[: cfg.max_samples_shown]:
+        try:
+            rel = p.relative_to(report_dir).as_posix()
+        except ValueError:
+            rel = None
+        doc.add(Figure(p.stem, p.read_bytes(), rel))
+    if len(pngs) > cfg.max_samples_shown:
+        doc.add(Para(f"{len(pngs) - cfg.max_samples_shown} more piano rolls and every MIDI file "
+                     f"are in {folder.name}/.", "note"))
+
+
+def environment(doc: Document, cfg: ReportConfig, env: Any, train_env: Any,
+                registered: Any) -> None:
+    doc.add(Heading("Environment"))
+    env = env if isinstance(env, dict) else {}
+    source = env.get("environment") or (train_env or {}).get("environment") or {}
+    rows = [["git commit", fmt(env.get("git_commit"))],
+            ["params sha256", fmt(env.get("params_sha256"))],
+            ["python", fmt(source.get("python"))], ["platform", fmt(source.get("platform"))]]
+    rows += [[f"package {k}", fmt(v)] for k, v in sorted((source.get("packages") or {}).items())]
+    doc.add(Table(["fact", "value"], rows))
+    doc.add(Heading("Pre-registration record", 3))
+    if isinstance(registered, dict):
+        doc.add(Table(["field", "value"],
+                      [[k, fmt(registered.get(k))] for k in ("criteria_hash", "protocol_hash",
+                                                              "split_hash", "eval_report_sha256")]))
+    else:
+        _na(doc, "reports/preregistration.json")
+
+
+def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
+                 metrics: Mapping[str, Any], inputs: Mapping[str, Path], registered: Any,
+                 env: Any) -> None:
+    """Append every descriptive section, in reading order."""
+    train_env = read_json_or_none(inputs["train_env"])
+    data_card(doc, cfg, reports, inputs)
+    models(doc, cfg, reports, train_env)
+    metrics_section(doc, cfg, metrics, inputs)
+    memorisation(doc, cfg, reports.get("audit"), inputs)
+    music(doc, cfg, reports.get("audit"))
+    samples(doc, cfg, reports.get("audit"), inputs)
+    environment(doc, cfg, env, train_env, registered)

@@ -1,0 +1,133 @@
+"""Loading trained models for scoring, sampling and auditing: one function, two behaviours.
+
+``load_models(specs, ..., strict=False)`` (evaluation) reports each model that cannot be used
+and goes on with the others; ``strict=True`` (generation, audit: the models are named in params)
+raises :class:`ModelUnavailable` on the first one. The checks are the same either way: the folder
+exists and is not empty, the model was trained on the tokens in ``data/tokens/info.json`` (same
+tokenizer and split hashes), it loads, and its vocabulary size and EOS id match.
+
+torch is imported only when a transformer is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.base import SequenceModel
+from pipeline.core.artifacts import read_json
+from pipeline.tokens.contract import TokenInfo
+
+Loader = Callable[[Path, str], SequenceModel]
+MODEL_NAMES = ("ngram", "transformer")
+
+
+class ModelUnavailable(RuntimeError):
+    """A model named in params cannot be used (missing, stale, unloadable or incompatible)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to load: its report name, its folder and how to load it."""
+
+    name: str
+    model_dir: Path
+    loader: Loader
+
+
+def load_ngram(model_dir: Path, device: str = "cpu") -> SequenceModel:
+    from models.ngram import NGramLM
+
+    return NGramLM.load(model_dir)
+
+
+def load_transformer(model_dir: Path, device: str = "cpu") -> SequenceModel:
+    from models.transformer import load_scorer  # imports torch: only when a transformer exists
+
+    return load_scorer(model_dir, device=device)
+
+
+def default_specs(ngram_dir: Path, transformer_dir: Path,
+                  names: Sequence[str] = MODEL_NAMES) -> list[ModelSpec]:
+    """Specs of the named models at the stage output folders (in ``names`` order)."""
+    loaders = {"ngram": (Path(ngram_dir), load_ngram),
+               "transformer": (Path(transformer_dir), load_transformer)}
+    return [ModelSpec(n, *loaders[n]) for n in names]
+
+
+def _stale_reason(model_dir: Path, info: TokenInfo) -> str | None:
+    """A model trained on another tokenizer or split must not be scored against this one."""
+    meta_path = model_dir / "model.json"
+    if not meta_path.exists():
+        return None
+    meta = read_json(meta_path)
+    for key in ("tokenizer_hash", "split_hash"):
+        theirs = meta.get(key, meta.get("metadata", {}).get(key))
+        ours = getattr(info, key)
+        if theirs is not None and theirs != ours:
+            return f"stale: {key} {theirs} != {ours} in data/tokens/info.json"
+    return None
+
+
+def _problem(spec: ModelSpec, device: str, info: TokenInfo | None
+             ) -> tuple[SequenceModel | None, str | None]:
+    d = spec.model_dir
+    if not d.is_dir() or not any(d.iterdir()):
+        return None, f"missing: {d.as_posix()} does not exist or is empty"
+    try:
+        stale = _stale_reason(d, info) if info is not None else None
+        if stale:
+            return None, stale
+        model = spec.loader(d, device)
+    except Exception as e:  # any loader failure is a reason, reported or raised by the caller
+        return None, f"load failed: {type(e).__name__}: {e}"
+    ids = (getattr(model, "vocab_size", None), getattr(model, "eos_id", None))
+    if info is not None and ids != (info.vocab_size, info.eos_id):
+        return None, (f"incompatible: vocab_size, eos_id = {ids} but info.json has "
+                      f"{info.vocab_size}, {info.eos_id}")
+    return model, None
+
+
+def load_models(specs: Sequence[ModelSpec], device: str = "cpu", info: TokenInfo | None = None,
+                *, strict: bool = False) -> tuple[dict[str, SequenceModel], dict[str, str]]:
+    """Load each model: ``(models by name, unavailable: name -> reason)``.
+
+    With ``strict`` the first unusable model raises :class:`ModelUnavailable` naming it and why.
+    """
+    models, unavailable = {}, {}
+    for spec in specs:
+        model, reason = _problem(spec, device, info)
+        if reason is not None:
+            if strict:
+                raise ModelUnavailable(f"{spec.name} ({spec.model_dir.as_posix()}): {reason}")
+            unavailable[spec.name] = reason
+        else:
+            models[spec.name] = model
+    return models, unavailable
+
+
+def load_named(names: Sequence[str], *, ngram_dir: Path, transformer_dir: Path, device: str,
+               info: TokenInfo, torch_threads: int) -> dict[str, SequenceModel]:
+    """The models a stage's params name, loaded strictly (generation and audit): torch threads
+    are fixed first, and an unusable model raises :class:`ModelUnavailable`."""
+    set_torch_threads(torch_threads, names)
+    models, _ = load_models(default_specs(ngram_dir, transformer_dir, names), device, info,
+                            strict=True)
+    return models
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--ngram-dir`` and ``--transformer-dir``, defaulting to the training stages' outputs."""
+    parser.add_argument("--ngram-dir", type=Path, default=Path("data/ngram"))
+    parser.add_argument("--transformer-dir", type=Path, default=Path("data/transformer"))
+
+
+def set_torch_threads(threads: int, names: Sequence[str]) -> None:
+    """Fix torch's CPU threads (``runtime.torch_threads``) when a transformer is among ``names``:
+    its results depend on the thread count."""
+    if "transformer" in names:
+        import torch
+
+        torch.set_num_threads(threads)

@@ -1,0 +1,415 @@
+"""``symkit audit``: memorisation audit and music statistics, with human pieces as the baseline.
+
+Every measure is computed for generated samples *and* for held-out human pieces (val and test)
+against the training set, so "how much does a model copy" is read against "how much does a new
+human piece overlap with training anyway". Human pieces are cut to their first ``human_window``
+ids, the span an unconditional sample covers; samples are audited on their generated part only
+(``ids[prompt_len:]``: a continuation's prompt is a test piece, not the model's work).
+
+Inputs: ``data/samples/samples.parquet``, ``data/tokens/tokens.parquet``, ``data/tokens/info.json``,
+``data/tokenizer.json``, the models (extraction test and membership inference).
+Outputs:
+
+- ``reports/audit/per_sample.parquet``: one row per audited sequence, sorted by (source, model,
+  kind, index): ``source`` (sample | human), ``model`` (``human`` for human rows), ``kind``
+  (unconditional | continuation | val | test), ``index``, ``sha256`` (human piece, or a sample's
+  prompt), ``track``, ``n_tokens``, ``decode_ok``, ``lcs_tokens``, ``lcs_bars``,
+  ``lcs_train_sha256``, ``novelty_tok_<n>``, ``novelty_int_<n>``, ``nn_sha256``, ``nn_jaccard``,
+  ``nn_containment``, ``flagged``, and the music statistics of :mod:`pipeline.music.stats`.
+- ``reports/audit.json``: thresholds, summaries per group, flag rates, extraction test,
+  membership AUC, music statistics (see docs/report.md for the keys).
+
+Flags: for each metric in ``flag_metrics`` the threshold is the ``flag_quantile`` of the val human
+pieces; a row is flagged when any metric exceeds its threshold. The test human pieces, flagged by
+the same thresholds, give the human flag rate that samples are compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pydantic import Field
+
+from models.base import SequenceModel
+from pipeline.core import artifacts
+from pipeline.core.artifacts import stable_int
+from pipeline.core.config import RuntimeConfig, StageConfig, load_section
+from pipeline.music.fingerprints import NoteArrays, shingles
+from pipeline.music.midi import score_notes
+from pipeline.music.stats import STATS, all_stats
+from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
+from pipeline.scoring.memorisation import (
+    ShingleIndex,
+    SuffixIndex,
+    extraction_test,
+    intervals,
+    mean_token_nll,
+    membership_auc,
+    novelty,
+)
+from pipeline.tokens.contract import TokenInfo, never_sampled
+from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
+
+FlagMetric = Literal["lcs_tokens", "nn_jaccard", "nn_containment"]
+
+
+class AuditConfig(StageConfig):
+    """``audit`` section of params.yaml; each key is documented there, beside its value."""
+
+    models: list[Literal["ngram", "transformer"]] = Field(
+        default_factory=lambda: ["ngram", "transformer"], min_length=1)
+    ngram_sizes: list[int] = Field(default_factory=lambda: [8, 16, 32], min_length=1)
+    interval_ngram_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16], min_length=1)
+    human_window: int = Field(256, ge=8)
+    flag_metrics: list[FlagMetric] = Field(
+        default_factory=lambda: ["lcs_tokens", "nn_jaccard"], min_length=1)
+    flag_quantile: float = Field(0.99, gt=0.0, le=1.0)
+    extraction_pieces: int = Field(16, ge=1)
+    extraction_prefix: int = Field(32, ge=1)
+    extraction_tokens: int = Field(32, ge=1)
+    membership_pieces: int = Field(32, ge=2)
+    beats_per_bar: int = Field(4, ge=1)
+    groove_resolution: int = Field(4, ge=1)
+    seed: int = Field(1234, ge=0)
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class AuditSummary:
+    n_rows: int
+    sample_flag_rate: float | None
+    human_flag_rate: float | None
+
+
+# --- tokenizer facts --------------------------------------------------------------------------
+
+
+def bar_tokens_per_id(tokenizer: Any) -> np.ndarray | None:
+    """Number of ``Bar`` base tokens each id stands for (BPE ids may hold several); None if the
+    tokenizer has no Bar tokens."""
+    from miditok import TokSequence
+
+    trained = bool(getattr(tokenizer, "is_trained", False))
+    counts = np.zeros(len(tokenizer), dtype=np.int64)
+    for i in range(len(tokenizer)):
+        seq = TokSequence(ids=[i], are_ids_encoded=trained)
+        try:
+            if trained:
+                tokenizer.decode_token_ids(seq)
+            tokenizer.complete_sequence(seq)
+            counts[i] = sum(str(t).startswith("Bar") for t in seq.tokens)
+        except Exception:  # an id the tokenizer cannot expand holds no Bar
+            counts[i] = 0
+    return counts if counts.any() else None
+
+
+# --- per-sequence measures --------------------------------------------------------------------
+
+
+@dataclass
+class TrainingIndex:
+    """Everything the audit compares against, built once from the training sequences."""
+
+    keys: list[tuple[str, int]]
+    tokens: SuffixIndex
+    intervals: SuffixIndex
+    shingles: ShingleIndex
+    shingling: Shingling
+
+
+@dataclass(frozen=True)
+class Shingling:
+    """How notes become shingles. Read from dedupe's ``data/dedupe/fingerprint.json`` so that the
+    nearest-neighbour similarity is measured exactly as the dedupe stage measured it."""
+
+    k: int = 4
+    ioi_resolution: int = 4
+
+    @classmethod
+    def read(cls, path: Path) -> Shingling:
+        d = artifacts.read_json(path)
+        return cls(k=int(d["shingle_k"]), ioi_resolution=int(d["ioi_resolution"]))
+
+
+Notes = dict[str, np.ndarray]
+
+
+def decode_all(tok: Any, seqs: Sequence[np.ndarray]) -> list[Notes | None]:
+    """Notes table of every sequence; None where decoding fails."""
+    out: list[Notes | None] = []
+    for ids in seqs:
+        score, err = decode_ids(tok, ids)
+        out.append(score_notes(score) if err is None else None)
+    return out
+
+
+def shingle_sets(notes: Sequence[Notes | None], k: int, ioi_resolution: int) -> list[np.ndarray]:
+    """The dedupe stage's shingle set of each notes table (empty for None), in one batch."""
+    parts = [n if n is not None else {c: np.zeros(0) for c in ("onset", "duration", "pitch")}
+             for n in notes]
+    lengths = np.asarray([len(p["pitch"]) for p in parts], dtype=np.int64)
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+
+    def cat(col: str, dtype) -> np.ndarray:
+        return np.concatenate([np.asarray(p[col]) for p in parts]).astype(dtype) if parts else \
+            np.zeros(0, dtype=dtype)
+
+    arrays = NoteArrays(sha256=np.asarray([f"{i}" for i in range(len(parts))], dtype=object),
+                        offsets=offsets, onset=cat("onset", np.float64),
+                        duration=cat("duration", np.float64), pitch=cat("pitch", np.int16),
+                        is_drum=np.zeros(int(lengths.sum()), dtype=bool),
+                        track=np.zeros(int(lengths.sum()), dtype=np.int16))
+    off, values = shingles(arrays, k, ioi_resolution)
+    return [values[off[i]:off[i + 1]] for i in range(len(parts))]
+
+
+def _intervals(notes: Notes | None) -> np.ndarray:
+    return intervals(notes["pitch"]) if notes is not None else np.zeros(0, dtype=np.int64)
+
+
+def build_training_index(tok: Any, train: pd.DataFrame, shingling: Shingling) -> TrainingIndex:
+    ids = [np.asarray(x, dtype=np.int64) for x in train["ids"]]
+    notes = decode_all(tok, ids)
+    keys = list(zip(train["sha256"].astype(str), train["track"].astype(int), strict=True))
+    return TrainingIndex(keys, SuffixIndex().fit(ids),
+                         SuffixIndex().fit([_intervals(n) for n in notes]),
+                         ShingleIndex().fit(shingle_sets(notes, shingling.k,
+                                                         shingling.ioi_resolution)),
+                         shingling)
+
+
+def measure_all(seqs: Sequence[np.ndarray], index: TrainingIndex, tok: Any, cfg: AuditConfig,
+                bars: np.ndarray | None) -> list[dict[str, Any]]:
+    """All memorisation measures and music statistics of each id sequence."""
+    notes = decode_all(tok, seqs)
+    sets = shingle_sets(notes, index.shingling.k, index.shingling.ioi_resolution)
+    return [measure(np.asarray(ids, dtype=np.int64), n, sh, index, cfg, bars)
+            for ids, n, sh in zip(seqs, notes, sets, strict=True)]
+
+
+def measure(ids: np.ndarray, notes: Notes | None, shingle_set: np.ndarray, index: TrainingIndex,
+            cfg: AuditConfig, bars: np.ndarray | None) -> dict[str, Any]:
+    """Measures of one sequence given its decoded notes (None = failed to decode)."""
+    match, ms = index.tokens.longest_match(ids)
+    span = ids[match.query_start: match.query_start + match.length]
+    row: dict[str, Any] = {
+        "n_tokens": int(ids.size),
+        "decode_ok": notes is not None,
+        "lcs_tokens": float(match.length),
+        "lcs_bars": float(bars[span].sum()) if bars is not None else float("nan"),
+        "lcs_train_sha256": index.keys[match.seq_index][0] if match.length else None,
+    }
+    for n in cfg.ngram_sizes:
+        row[f"novelty_tok_{n}"] = novelty(ms, n)
+    ims = index.intervals.matching_statistics(_intervals(notes))[0] if notes is not None else None
+    for n in cfg.interval_ngram_sizes:
+        row[f"novelty_int_{n}"] = novelty(ims, n) if ims is not None else float("nan")
+    if notes is not None:
+        k, jac, con = index.shingles.nearest(shingle_set)
+        row.update(nn_sha256=index.keys[k][0] if k >= 0 else None, nn_jaccard=jac,
+                   nn_containment=con)
+        row.update(all_stats(notes, cfg.beats_per_bar, cfg.groove_resolution))
+    else:
+        row.update(nn_sha256=None, nn_jaccard=float("nan"), nn_containment=float("nan"))
+        row.update({name: float("nan") for name in [*STATS, "n_notes"]})
+    return row
+
+
+# --- aggregation ------------------------------------------------------------------------------
+
+
+def thresholds(val: pd.DataFrame, metrics: Sequence[str], q: float) -> dict[str, float | None]:
+    """Per-metric ``q`` quantile of the val human rows (an observed value: method "higher")."""
+    out: dict[str, float | None] = {}
+    for m in metrics:
+        v = val[m].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        out[m] = float(np.quantile(v, q, method="higher")) if v.size else None
+    return out
+
+
+def flag(df: pd.DataFrame, limits: Mapping[str, float | None]) -> np.ndarray:
+    """A row is flagged when any metric is above its threshold (missing thresholds never flag)."""
+    flagged = np.zeros(len(df), dtype=bool)
+    for m, t in limits.items():
+        if t is not None:
+            flagged |= np.nan_to_num(df[m].to_numpy(dtype=float), nan=-np.inf) > t
+    return flagged
+
+
+def summarise(df: pd.DataFrame, cols: Sequence[str]) -> dict[str, Any]:
+    """Count, flag rate, decode failures and the mean / median / max of each numeric column."""
+    out: dict[str, Any] = {"n": len(df)}
+    if not len(df):
+        return out
+    out["flag_rate"] = float(df["flagged"].mean())
+    out["decode_failures"] = int((~df["decode_ok"].astype(bool)).sum())
+    for c in cols:
+        v = df[c].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        if v.size:
+            out[f"{c}_mean"] = float(v.mean())
+            out[f"{c}_median"] = float(np.median(v))
+            out[f"{c}_max"] = float(v.max())
+    return out
+
+
+def _schema(columns: Sequence[str]) -> pa.Schema:
+    strings = {"source", "model", "kind", "sha256", "lcs_train_sha256", "nn_sha256"}
+    ints = {"index", "track", "n_tokens"}
+    bools = {"decode_ok", "flagged"}
+    return pa.schema([(c, pa.string() if c in strings else pa.int64() if c in ints
+                       else pa.bool_() if c in bools else pa.float64()) for c in columns])
+
+
+def _pick(df: pd.DataFrame, n: int, rng: np.random.Generator, min_len: int) -> list[np.ndarray]:
+    df = df[df["n_tokens"] >= min_len]
+    rows = np.sort(rng.choice(len(df), size=min(n, len(df)), replace=False)) if len(df) else []
+    return [np.asarray(df["ids"].iloc[int(r)], dtype=np.int64) for r in rows]
+
+
+def model_checks(models: Mapping[str, SequenceModel], train: pd.DataFrame, test: pd.DataFrame,
+                 cfg: AuditConfig, forbid: Sequence[int]) -> tuple[dict, dict]:
+    """Extraction test and membership AUC per model (same seeded pieces for every model)."""
+    need = cfg.extraction_prefix + cfg.extraction_tokens
+    rng = np.random.default_rng([cfg.seed, stable_int("extraction")])
+    ext_train, ext_test = _pick(train, cfg.extraction_pieces, rng, need), \
+        _pick(test, cfg.extraction_pieces, rng, need)
+    rng = np.random.default_rng([cfg.seed, stable_int("membership")])
+    mem_train, mem_test = _pick(train, cfg.membership_pieces, rng, 1), \
+        _pick(test, cfg.membership_pieces, rng, 1)
+    extraction, membership = {}, {}
+    for name in sorted(models):
+        m = models[name]
+        a = extraction_test(m, ext_train, cfg.extraction_prefix, cfg.extraction_tokens, forbid)
+        b = extraction_test(m, ext_test, cfg.extraction_prefix, cfg.extraction_tokens, forbid)
+        extraction[name] = {"n_train": a.n, "n_test": b.n, "train_exact": a.exact_rate,
+                            "test_exact": b.exact_rate, "exact_gap": a.exact_rate - b.exact_rate,
+                            "train_token_match": a.token_match, "test_token_match": b.token_match,
+                            "token_match_gap": a.token_match - b.token_match}
+        membership[name] = {"n_train": len(mem_train), "n_test": len(mem_test),
+                            "auc": membership_auc(mean_token_nll(m, mem_train),
+                                                  mean_token_nll(m, mem_test))}
+    return extraction, membership
+
+
+def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
+        info: Path, tokenizer: Path, per_sample: Path, report: Path,
+        shingling: Shingling | None = None) -> AuditSummary:
+    """Audit every sample and every val/test human window; write the table and audit.json."""
+    tok = load_tokenizer(tokenizer)
+    table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens"])
+    table = table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True)
+    split = {s: table[table["split"] == s].reset_index(drop=True) for s in ("train", "val", "test")}
+    index = build_training_index(tok, split["train"], shingling or Shingling())
+    bars = bar_tokens_per_id(tok)
+
+    heads: list[dict[str, Any]] = []
+    seqs: list[np.ndarray] = []
+    for s in ("val", "test"):
+        for i, r in split[s].iterrows():
+            heads.append({"source": "human", "model": "human", "kind": s, "index": int(i),
+                          "sha256": str(r["sha256"]), "track": int(r["track"]), "ok": True})
+            seqs.append(np.asarray(r["ids"], dtype=np.int64)[: cfg.human_window])
+    gen = artifacts.read_parquet(samples)
+    for _, r in gen.iterrows():
+        heads.append({"source": "sample", "model": str(r["model"]), "kind": str(r["kind"]),
+                      "index": int(r["index"]), "sha256": r["prompt_sha256"], "track": -1,
+                      "ok": bool(r["decode_ok"])})
+        seqs.append(np.asarray(r["ids"], dtype=np.int64)[int(r["prompt_len"]):])
+    rows = []
+    for head, row in zip(heads, measure_all(seqs, index, tok, cfg, bars), strict=True):
+        row["decode_ok"] = bool(row["decode_ok"] and head.pop("ok"))  # full sample must decode too
+        rows.append({**head, **row})
+    df = pd.DataFrame(rows)
+    human_val = df[(df["source"] == "human") & (df["kind"] == "val")]
+    limits = thresholds(human_val, cfg.flag_metrics, cfg.flag_quantile)
+    df["flagged"] = flag(df, limits)
+    df = df.sort_values(["source", "model", "kind", "index"], kind="stable").reset_index(drop=True)
+    cols = [c for c in df.columns if c.startswith(("lcs_tokens", "lcs_bars", "novelty_", "nn_j",
+                                                   "nn_c"))] + [*STATS, "n_notes"]
+    artifacts.write_parquet(per_sample, pa.Table.from_pandas(df, schema=_schema(list(df.columns)),
+                                                             preserve_index=False))
+
+    forbid = never_sampled(TokenInfo.read(info), tok)
+    extraction, membership = model_checks(models, split["train"], split["test"], cfg, forbid)
+    result = audit_json(df, cols, limits, extraction, membership)
+    artifacts.write_json(report, result)
+    fr = result["flag_rate"]
+    return AuditSummary(len(df), fr["samples"], fr["human_test"])
+
+
+def audit_json(df: pd.DataFrame, cols: Sequence[str], limits: Mapping[str, float | None],
+               extraction: dict, membership: dict) -> dict[str, Any]:
+    """Nested summary; ``reports/metrics.json`` flattens it under ``audit.``."""
+    human = df[df["source"] == "human"]
+    samp = df[df["source"] == "sample"]
+    out: dict[str, Any] = {
+        "thresholds": dict(limits),
+        "human": {k: summarise(human[human["kind"] == k], cols) for k in ("val", "test")},
+        "samples": {"all": summarise(samp, cols)},
+        "extraction": extraction,
+        "membership": membership,
+    }
+    for name in sorted(samp["model"].unique()):
+        part = samp[samp["model"] == name]
+        out["samples"][name] = {"all": summarise(part, cols)}
+        for kind in sorted(part["kind"].unique()):
+            out["samples"][name][kind] = summarise(part[part["kind"] == kind], cols)
+    human_rate = float(human[human["kind"] == "test"]["flagged"].mean()) if len(human) else None
+    sample_rate = float(samp["flagged"].mean()) if len(samp) else None
+    out["flag_rate"] = {
+        "samples": sample_rate, "human_test": human_rate,
+        "excess": (sample_rate - human_rate) if None not in (sample_rate, human_rate) else None,
+        "by_model": {m: float(samp[samp["model"] == m]["flagged"].mean())
+                     for m in sorted(samp["model"].unique())},
+    }
+    test_means = {s: out["human"]["test"].get(f"{s}_mean") for s in STATS}
+    music: dict[str, Any] = {"test": test_means}
+    for name in sorted(samp["model"].unique()):
+        means = {s: out["samples"][name]["all"].get(f"{s}_mean") for s in STATS}
+        music[name] = means
+        music[f"{name}_abs_diff"] = {s: abs(means[s] - test_means[s])
+                                     if None not in (means[s], test_means[s]) else None
+                                     for s in STATS}
+    out["music"] = music
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--samples", type=Path, default=Path("data/samples/samples.parquet"))
+    parser.add_argument("--tokens", type=Path, default=Path("data/tokens/tokens.parquet"))
+    parser.add_argument("--info", type=Path, default=Path("data/tokens/info.json"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer.json"))
+    add_model_arguments(parser)
+    parser.add_argument("--per-sample", type=Path, default=Path("reports/audit/per_sample.parquet"))
+    parser.add_argument("--report", type=Path, default=Path("reports/audit.json"))
+    parser.add_argument("--fingerprint", type=Path, default=Path("data/dedupe/fingerprint.json"),
+                        help="dedupe's shingle settings, reused for nearest-neighbour similarity")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("audit", args.params, AuditConfig)
+    runtime = load_section("runtime", args.params, RuntimeConfig)
+    try:
+        models = load_named(cfg.models, ngram_dir=args.ngram_dir,
+                            transformer_dir=args.transformer_dir, device=cfg.device,
+                            info=TokenInfo.read(args.info), torch_threads=runtime.torch_threads)
+    except ModelUnavailable as e:
+        print(f"symkit audit: cannot use a model listed in audit.models: {e}", file=sys.stderr)
+        return 1
+    s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
+            tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
+            shingling=Shingling.read(args.fingerprint))
+    print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
+          f"human test {s.human_flag_rate} -> {args.report}")
+    return 0

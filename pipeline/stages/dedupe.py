@@ -1,0 +1,450 @@
+"""Stage ``dedupe``: exact, transposed, melody and near-duplicate clusters of the ok pieces.
+
+Inputs: ``data/manifest.parquet`` and ``data/notes.parquet`` (see docs/artifacts.md).
+Outputs:
+
+- ``data/dedupe/pairs.parquet`` — confirmed pairs ``a`` < ``b`` (sha256), ``tier``, ``similarity``
+  (1.0 for the exact tiers ``note``/``transposed``/``melody``; exact shingle Jaccard for ``near``)
+  and ``containment`` (exact shingle containment; 1.0 for the exact tiers);
+- ``data/dedupe/clusters.parquet`` — every ok piece: ``sha256``, ``cluster_id`` (the smallest
+  sha256 of its cluster), ``is_representative`` (one per cluster), ``keep``;
+- ``data/dedupe/fingerprint.json`` — the shingle settings and thresholds, so the leakage audit in
+  the split stage measures similarity exactly as dedupe did;
+- ``reports/dedupe.json`` — pieces merged, removed and bound per tier.
+
+Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up to transposition
+and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (MinHash LSH over
+transposition/tempo-invariant shingles, every candidate verified by exact Jaccard or
+containment). Each tier's policy is ``drop`` (keep one piece of those linked by drop-tier pairs),
+``bind`` (keep all; the split puts them in one group) or ``off``.
+
+Invariants: a pair is only recorded when it links pieces not yet linked by earlier tiers of the
+same effect (so exact-copy groups appear as stars around their smallest sha256, not as all
+pairs); representative = most notes, then smallest sha256; every id and order is derived from
+sha256 values, never from file order or worker count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import Field, model_validator
+from scipy.sparse import coo_array
+from scipy.sparse.csgraph import connected_components
+
+from pipeline.core import artifacts
+from pipeline.core.config import RuntimeConfig, StageConfig, load_runtime, load_section
+from pipeline.core.parallel import ordered_map
+from pipeline.music import fingerprints as fp
+from pipeline.music import melody
+
+TIERS = ("note", "transposed", "melody", "near")
+Policy = Literal["drop", "bind", "off"]
+# Recall-weighted LSH banding: every candidate is verified exactly, so a false positive costs one
+# intersection while a false negative is a leak.
+LSH_WEIGHTS = (0.2, 0.8)
+
+PAIRS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string()), ("tier", pa.string()),
+                          ("similarity", pa.float64()), ("containment", pa.float64())])
+CLUSTERS_SCHEMA = pa.schema([("sha256", pa.string()), ("cluster_id", pa.string()),
+                             ("is_representative", pa.bool_()), ("keep", pa.bool_())])
+
+
+class TierPolicy(StageConfig):
+    """What a confirmed pair of each tier does: drop (keep one), bind (same split) or off."""
+
+    note: Policy = "drop"
+    transposed: Policy = "drop"
+    melody: Policy = "bind"
+    near: Policy = "bind"
+
+
+class DedupeConfig(StageConfig):
+    """``dedupe`` section of params.yaml; each key is documented there, beside its value."""
+
+    policy: TierPolicy = TierPolicy()
+    shingle_k: int = Field(4, ge=2, le=12)
+    ioi_resolution: int = Field(4, ge=1, le=12)
+    num_perm: int = Field(128, ge=16, le=1024)
+    seed: int = Field(1, ge=0, le=4294967295)
+    lsh_threshold: float = Field(0.4, gt=0.0, le=1.0)
+    near_jaccard: float = Field(0.5, gt=0.0, le=1.0)
+    near_containment: float = Field(0.8, gt=0.0, le=1.0)
+    min_shingles: int = Field(16, ge=1)
+    min_melody_notes: int = Field(12, ge=2)
+    melody_rhythm: bool = False
+
+    @model_validator(mode="after")
+    def _lsh_below_verification(self) -> DedupeConfig:
+        if self.lsh_threshold > self.near_jaccard:
+            raise ValueError(f"lsh_threshold ({self.lsh_threshold}) must be <= near_jaccard "
+                             f"({self.near_jaccard}), else pairs between them are never found")
+        return self
+
+
+@dataclass(frozen=True)
+class DedupeSummary:
+    pieces: int
+    kept: int
+    clusters: int
+    pairs: int
+
+
+@dataclass(frozen=True)
+class Fingerprints:
+    """Fingerprints of pieces ``0..P-1`` (sorted by sha256)."""
+
+    transposed: np.ndarray  # (P,) str, "" for empty pieces
+    melody: np.ndarray  # (P, 2) str, "" where too short
+    shingle_offsets: np.ndarray  # (P+1,)
+    shingles: np.ndarray  # (S,) uint64, sorted within each piece
+    signatures: np.ndarray  # (P, num_perm) uint32
+
+    def shingle_set(self, i: int) -> np.ndarray:
+        return self.shingles[self.shingle_offsets[i] : self.shingle_offsets[i + 1]]
+
+
+# ---------------------------------------------------------------------------------------------
+# fingerprints (parallel over chunks of pieces; output independent of chunking)
+
+
+def _fingerprint_chunk(item: tuple[fp.NoteArrays, DedupeConfig]) -> tuple:
+    notes, cfg = item
+    off, vals = fp.shingles(notes, cfg.shingle_k, cfg.ioi_resolution)
+    sig = fp.minhash_signatures(off, vals, fp.minhash_permutations(cfg.num_perm, cfg.seed))
+    mel = melody.melody_keys(notes, min_notes=cfg.min_melody_notes, rhythm=cfg.melody_rhythm,
+                         ioi_resolution=cfg.ioi_resolution)
+    return fp.transposed_keys(notes), mel, np.diff(off), vals, sig
+
+
+def fingerprint(notes: fp.NoteArrays, cfg: DedupeConfig, workers: int = 1,
+                show_progress: bool | str = False) -> Fingerprints:
+    """Fingerprints of every piece, computed in chunks (in parallel when ``workers`` > 1)."""
+    chunks = notes.chunks()
+    parts = ordered_map(_fingerprint_chunk, [(c, cfg) for c in chunks], workers=workers,
+                        desc="fingerprints", show_progress=show_progress)
+    if not parts:
+        empty = np.zeros(0, dtype=object)
+        return Fingerprints(empty, np.zeros((0, 2), object), np.zeros(1, np.int64),
+                            np.zeros(0, np.uint64), np.zeros((0, cfg.num_perm), np.uint32))
+    counts = np.concatenate([p[2] for p in parts])
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    def cat(k: int) -> np.ndarray:
+        return np.concatenate([p[k] for p in parts])
+
+    return Fingerprints(cat(0), cat(1), offsets, cat(3), cat(4))
+
+
+# ---------------------------------------------------------------------------------------------
+# candidate pairs per tier
+
+
+def star_edges(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces with equal non-empty key: edges from each group's smallest index to the others."""
+    idx = np.flatnonzero(keys != "")
+    if idx.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    k = keys[idx].astype(str)
+    order = np.lexsort((idx, k))
+    idx, k = idx[order], k[order]
+    new = np.ones(idx.size, dtype=bool)
+    new[1:] = k[1:] != k[:-1]
+    center = idx[np.flatnonzero(new)[np.cumsum(new) - 1]]
+    member = ~new
+    return center[member], idx[member]
+
+
+def lsh_bands(cfg: DedupeConfig) -> tuple[int, int]:
+    """(bands, rows per band) that datasketch's MinHashLSH chooses for the configured threshold."""
+    from datasketch import MinHashLSH
+
+    lsh = MinHashLSH(threshold=cfg.lsh_threshold, num_perm=cfg.num_perm, weights=LSH_WEIGHTS)
+    return lsh.b, lsh.r
+
+
+def lsh_candidates(signatures: np.ndarray, pieces: np.ndarray, cfg: DedupeConfig
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate pairs ``i < j`` among ``pieces``: those sharing all ``r`` rows of some band.
+
+    Same banding as datasketch's ``MinHashLSH`` (its (b, r) optimiser, its bucket rule), done with
+    one sort per band: MinHashLSH inserts and queries one key at a time in Python, about 1 ms per
+    piece at 128 permutations, which is minutes at 100k pieces. A test checks equal candidates.
+    """
+    n_bands, rows = lsh_bands(cfg)
+    if pieces.size < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    sig = signatures[pieces]
+    left, right = [], []
+    for band in range(n_bands):
+        h = np.zeros(pieces.size, dtype=np.uint64)
+        for c in range(band * rows, (band + 1) * rows):
+            h = fp.mix64(h ^ sig[:, c].astype(np.uint64)) + np.uint64(c)
+        order = np.argsort(h, kind="stable")
+        hs = h[order]
+        new = np.ones(hs.size, dtype=bool)
+        new[1:] = hs[1:] != hs[:-1]
+        bucket_end = np.flatnonzero(np.append(new[1:], True))  # last position of each bucket
+        end = np.repeat(bucket_end, np.diff(np.append(np.flatnonzero(new), hs.size)))
+        later = end - np.arange(hs.size)  # members after each position in its bucket
+        first = np.repeat(np.arange(hs.size), later)
+        second = first + 1 + (np.arange(first.size) - np.repeat(np.cumsum(later) - later, later))
+        left.append(order[first])
+        right.append(order[second])
+    i = pieces[np.concatenate(left)] if left else np.zeros(0, np.int64)
+    j = pieces[np.concatenate(right)] if right else np.zeros(0, np.int64)
+    a, b = np.minimum(i, j), np.maximum(i, j)
+    code = np.unique(a.astype(np.int64) * signatures.shape[0] + b)
+    return code // signatures.shape[0], code % signatures.shape[0]
+
+
+def verify(fps: Fingerprints, a: np.ndarray, b: np.ndarray, cfg: DedupeConfig
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Exact Jaccard and containment of each candidate; the mask of confirmed pairs."""
+    jac = np.zeros(a.size)
+    con = np.zeros(a.size)
+    for n, (i, j) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        jac[n], con[n] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
+    ok = (jac >= cfg.near_jaccard) | (con >= cfg.near_containment)
+    return ok, jac, con
+
+
+def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Connected-component label of each of ``n`` nodes (label = smallest member index)."""
+    graph = coo_array((np.ones(a.size, dtype=np.int8), (a, b)), shape=(n, n)).tocsr()
+    _, labels = connected_components(graph, directed=False)
+    smallest = np.full(labels.max() + 1 if n else 0, n, dtype=np.int64)
+    np.minimum.at(smallest, labels, np.arange(n))
+    return smallest[labels]
+
+
+@dataclass
+class _Edges:
+    a: list[np.ndarray]
+    b: list[np.ndarray]
+    tier: list[np.ndarray]
+    sim: list[np.ndarray]
+    con: list[np.ndarray]
+
+    def add(self, a, b, tier: str, sim, con) -> None:
+        self.a.append(a)
+        self.b.append(b)
+        self.tier.append(np.full(a.size, tier, dtype=object))
+        self.sim.append(np.asarray(sim, dtype=np.float64))
+        self.con.append(np.asarray(con, dtype=np.float64))
+
+    def arrays(self, tiers: set[str] | None = None):
+        keep = [k for k, t in enumerate(self.tier) if tiers is None or (t.size and t[0] in tiers)]
+
+        def cat(x, dtype):
+            return np.concatenate([x[k] for k in keep]) if keep else np.zeros(0, dtype)
+
+        return (cat(self.a, np.int64), cat(self.b, np.int64), cat(self.tier, object),
+                cat(self.sim, np.float64), cat(self.con, np.float64))
+
+
+def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig
+               ) -> tuple[_Edges, dict[str, int]]:
+    """Confirmed edges of every tier, skipping pairs already linked by earlier tiers."""
+    n = note_hash.size
+    edges = _Edges([], [], [], [], [])
+    stats: dict[str, int] = {}
+    n_shingles = np.diff(fps.shingle_offsets)
+    for tier in TIERS:
+        policy = getattr(cfg.policy, tier)
+        stats[f"{tier}_pairs"] = 0
+        if policy == "off":
+            continue
+        # a drop edge must also be kept when a bind tier already linked the pair (drop differs)
+        prev_tiers = {t for t in TIERS if getattr(cfg.policy, t) == "drop"} if policy == "drop" \
+            else set(TIERS)
+        pa_, pb_, *_ = edges.arrays(prev_tiers)
+        label = components(n, pa_, pb_)
+        if tier == "note":
+            a, b = star_edges(note_hash)
+        elif tier == "transposed":
+            a, b = star_edges(fps.transposed)
+        elif tier == "melody":
+            a1, b1 = star_edges(fps.melody[:, 0])
+            a2, b2 = star_edges(fps.melody[:, 1])
+            a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
+        else:
+            eligible = n_shingles >= cfg.min_shingles
+            stats["near_too_short"] = int((~eligible).sum())
+            keys = np.where(eligible, fps.transposed, "")
+            # pieces with equal transposed keys have identical shingle sets: index one of them
+            sa, sb = star_edges(keys)
+            reps = np.flatnonzero(eligible)
+            reps = np.setdiff1d(reps, sb)
+            ca, cb = lsh_candidates(fps.signatures, reps, cfg)
+            fresh = label[ca] != label[cb]
+            ca, cb = ca[fresh], cb[fresh]
+            ok, jac, con = verify(fps, ca, cb, cfg)
+            stats["near_candidates"] = int(ca.size)
+            stats["near_rejected"] = int((~ok).sum())
+            a, b = np.concatenate([sa, ca[ok]]), np.concatenate([sb, cb[ok]])
+            sim = np.concatenate([np.ones(sa.size), jac[ok]])
+            cont = np.concatenate([np.ones(sa.size), con[ok]])
+        if tier != "near":
+            sim = cont = np.ones(a.size)
+        a, b = np.minimum(a, b), np.maximum(a, b)
+        fresh = label[a] != label[b]
+        a, b, sim, cont = a[fresh], b[fresh], sim[fresh], cont[fresh]
+        # one edge per pair (melody's two keys can name the same pair twice)
+        order = np.lexsort((b, a))
+        a, b, sim, cont = a[order], b[order], sim[order], cont[order]
+        first = np.ones(a.size, dtype=bool)
+        first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+        edges.add(a[first], b[first], tier, sim[first], cont[first])
+        stats[f"{tier}_pairs"] = int(first.sum())
+    return edges, stats
+
+
+def _best_per_group(label: np.ndarray, n_notes: np.ndarray) -> np.ndarray:
+    """Mask of each group's best piece: most notes, then smallest index (= smallest sha256)."""
+    idx = np.arange(label.size)
+    order = np.lexsort((idx, -n_notes, label))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = label[order][1:] != label[order][:-1]
+    best = np.zeros(label.size, dtype=bool)
+    best[order[first]] = True
+    return best
+
+
+def cluster(edges: _Edges, n_notes: np.ndarray, cfg: DedupeConfig
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    """Cluster label (smallest member), representative and keep masks, per-tier counts."""
+    n = n_notes.size
+    drop_tiers = {t for t in TIERS if getattr(cfg.policy, t) == "drop"}
+    a, b, *_ = edges.arrays()
+    label = components(n, a, b)
+    da, db, *_ = edges.arrays(drop_tiers)
+    keep = _best_per_group(components(n, da, db), n_notes)
+    representative = _best_per_group(label, n_notes)
+    counts: dict[str, int] = {}
+    done: set[str] = set()
+    done_drop: set[str] = set()
+    n_all = n_drop = n
+    for tier in TIERS:
+        done.add(tier)
+        xa, xb, *_ = edges.arrays(done)
+        now = np.unique(components(n, xa, xb)).size
+        counts[f"{tier}_merged"] = n_all - now
+        n_all = now
+        removed = bound = 0
+        if tier in drop_tiers:
+            done_drop.add(tier)
+            xa, xb, *_ = edges.arrays(done_drop)
+            now_drop = np.unique(components(n, xa, xb)).size
+            removed, n_drop = n_drop - now_drop, now_drop
+        elif getattr(cfg.policy, tier) == "bind":
+            bound = counts[f"{tier}_merged"]
+        counts[f"{tier}_removed"] = removed
+        counts[f"{tier}_bound"] = bound
+    return label, representative, keep, counts
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage
+
+
+def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, dict[str, int]]:
+    """Ok manifest rows (sorted by sha256) and their notes aligned to them (missing -> empty)."""
+    man = pq.read_table(manifest, columns=["sha256", "status", "note_hash", "n_notes"])
+    counts = {s: int(pc.sum(pc.equal(man["status"], s)).as_py() or 0)
+              for s in ("ok", "duplicate", "quarantined")}
+    ok = man.filter(pc.equal(man["status"], "ok"))
+    ok = ok.take(pc.sort_indices(ok, sort_keys=[("sha256", "ascending")]))
+    shas = ok["sha256"]
+    if len(pc.unique(shas)) != len(shas):
+        raise ValueError(f"{manifest}: sha256 repeats among ok rows; re-run ingest")
+    cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
+    table = pq.read_table(notes, columns=cols)
+    counts["notes_not_in_manifest"] = int(pc.sum(pc.invert(pc.is_in(table["sha256"], shas))).as_py()
+                                          or 0)
+    table = table.filter(pc.is_in(table["sha256"], shas))
+    missing = pc.filter(shas, pc.invert(pc.is_in(shas, table["sha256"])))
+    counts["ok_without_notes"] = len(missing)
+    if len(missing):
+        empty = pa.table({c: (missing if c == "sha256" else
+                              pa.array([[]] * len(missing), type=table.schema.field(c).type))
+                          for c in cols}, schema=table.schema)
+        table = pa.concat_tables([table, empty])
+    return ok, fp.notes_from_table(table), counts
+
+
+def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path, out_dir: Path,
+        report: Path) -> DedupeSummary:
+    t0 = time.perf_counter()
+    ok, note_arrays, counts = load_inputs(manifest, notes)
+    shas = note_arrays.sha256  # sorted by sha256, aligned with ``ok``
+    fps = fingerprint(note_arrays, cfg, runtime.n_workers(), runtime.progress)
+    t1 = time.perf_counter()
+    note_hash = np.asarray(ok["note_hash"].fill_null("").to_pylist(), dtype=object)
+    edges, stats = link_tiers(fps, note_hash, cfg)
+    label, rep, keep, tier_counts = cluster(edges, note_arrays.lengths, cfg)
+    t2 = time.perf_counter()
+
+    a, b, tier, sim, con = edges.arrays()
+    order = np.lexsort((b, a))
+    artifacts.write_parquet(out_dir / "pairs.parquet", pa.table({
+        "a": shas[a[order]].tolist(), "b": shas[b[order]].tolist(), "tier": tier[order].tolist(),
+        "similarity": np.round(sim[order], 12), "containment": np.round(con[order], 12),
+    }, schema=PAIRS_SCHEMA))
+    artifacts.write_parquet(out_dir / "clusters.parquet", pa.table({
+        "sha256": shas.tolist(), "cluster_id": shas[label].tolist(),
+        "is_representative": rep, "keep": keep,
+    }, schema=CLUSTERS_SCHEMA))
+    artifacts.write_json(out_dir / "fingerprint.json", fingerprint_settings(cfg))
+    sizes = np.bincount(label, minlength=label.size)
+    sizes = sizes[sizes > 0]
+    artifacts.write_json(report, {
+        "pieces_ok": int(shas.size), "byte_duplicates": counts["duplicate"],
+        "quarantined": counts["quarantined"], "ok_without_notes": counts["ok_without_notes"],
+        "notes_not_in_manifest": counts["notes_not_in_manifest"],
+        "kept": int(keep.sum()), "removed": int((~keep).sum()),
+        "clusters": int(sizes.size), "clusters_multi": int((sizes > 1).sum()),
+        "pieces_in_multi_clusters": int(sizes[sizes > 1].sum()),
+        "largest_cluster": int(sizes.max(initial=0)), "pairs": int(a.size),
+        "melody_too_short": int((fps.melody == "").all(axis=1).sum()),
+        **stats, **tier_counts,
+    })
+    artifacts.write_sidecar(report.with_suffix(".env.json"), {
+        "seconds_fingerprints": round(t1 - t0, 3), "seconds_linking": round(t2 - t1, 3),
+        "workers": runtime.n_workers(),
+    })
+    return DedupeSummary(int(shas.size), int(keep.sum()), int(sizes.size), int(a.size))
+
+
+def fingerprint_settings(cfg: DedupeConfig) -> dict:
+    """What the leakage audit needs to measure similarity the way dedupe did."""
+    return {"shingle_k": cfg.shingle_k, "ioi_resolution": cfg.ioi_resolution,
+            "near_jaccard": cfg.near_jaccard, "near_containment": cfg.near_containment,
+            "min_shingles": cfg.min_shingles}
+
+
+# --------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--manifest", type=Path, default=Path("data/manifest.parquet"))
+    parser.add_argument("--notes", type=Path, default=Path("data/notes.parquet"))
+    parser.add_argument("--out-dir", type=Path, default=Path("data/dedupe"))
+    parser.add_argument("--report", type=Path, default=Path("reports/dedupe.json"))
+    parser.add_argument("--workers", help="override runtime.workers (does not change results)")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("dedupe", args.params, DedupeConfig)
+    runtime = load_runtime(args.params, args.workers)
+    s = run(cfg, runtime, manifest=args.manifest, notes=args.notes, out_dir=args.out_dir,
+            report=args.report)
+    print(f"dedupe: {s.pieces} ok pieces -> {s.kept} kept, {s.clusters} clusters, "
+          f"{s.pairs} confirmed pairs")
+    return 0

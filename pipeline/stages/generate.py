@@ -1,0 +1,187 @@
+"""``symkit generate``: sample music from every trained model.
+
+Inputs: ``data/tokens/tokens.parquet`` (test-piece prompts), ``data/tokens/info.json`` (special
+ids), ``data/tokenizer.json`` (decoding), the models (``data/ngram/``, ``data/transformer/``).
+Outputs:
+
+- ``data/samples/samples.parquet``: one row per sample, sorted by (model, kind, index): ``model``,
+  ``kind`` (``unconditional`` | ``continuation``), ``index``, ``prompt_sha256`` (null when
+  unconditional), ``prompt_len``, ``ids`` (list<int32>: prompt ids followed by generated ids),
+  ``n_tokens`` (= len(ids)), ``decode_ok``, ``decode_error`` (null when ok). The generated part
+  is ``ids[prompt_len:]``.
+- ``reports/samples/<model>_<kind>_<index>.mid`` and ``.png`` (piano roll) for every sample that
+  decodes. A sample that fails to decode keeps its row with ``decode_ok = false`` and is counted.
+
+Each sample has its own generator seeded by (seed, model name, kind, index), so adding a model or
+a sample leaves the other samples unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, model_validator
+
+from models.base import SequenceModel
+from pipeline.core import artifacts
+from pipeline.core.artifacts import stable_int
+from pipeline.core.config import RuntimeConfig, StageConfig, load_section
+from pipeline.music.midi import score_notes
+from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
+from pipeline.scoring.sampling import SamplingParams, sample_sequences
+from pipeline.tokens.contract import TokenInfo, never_sampled
+from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
+
+KINDS = ("unconditional", "continuation")
+
+SAMPLES_SCHEMA = pa.schema([
+    ("model", pa.string()), ("kind", pa.string()), ("index", pa.int32()),
+    ("prompt_sha256", pa.string()), ("prompt_len", pa.int32()), ("ids", pa.list_(pa.int32())),
+    ("n_tokens", pa.int32()), ("decode_ok", pa.bool_()), ("decode_error", pa.string()),
+])
+
+
+class GenerateConfig(StageConfig):
+    """``generate`` section of params.yaml; each key is documented there, beside its value."""
+
+    models: list[Literal["ngram", "transformer"]] = Field(
+        default_factory=lambda: ["ngram", "transformer"], min_length=1)
+    n_samples: int = Field(4, ge=1, le=10000)
+    max_new_tokens: int = Field(256, ge=1, le=100000)
+    prompt_tokens: int = Field(64, ge=1, le=100000)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    seed: int = Field(1234, ge=0)
+    batch_size: int = Field(8, ge=1, le=4096)
+    device: str = "cpu"
+
+    @model_validator(mode="after")
+    def _unique_models(self) -> GenerateConfig:
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"models: {self.models} lists a model twice")
+        return self
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+
+@dataclass(frozen=True)
+class GenerateSummary:
+    n_samples: int
+    n_decode_failures: int
+    n_prompts: int
+
+
+# --- prompts and sampling ---------------------------------------------------------------------
+
+
+def select_prompts(tokens: Any, n: int, length: int, seed: int,
+                   split: str = "test") -> list[tuple[str, np.ndarray]]:
+    """Choose ``n`` sequences of ``split`` longer than ``length``; return (sha256, prefix) pairs.
+
+    Candidates are sorted by (sha256, track) before a seeded draw, so the choice is a pure function
+    of the token table and the seed. Fewer candidates than ``n`` gives fewer prompts.
+    """
+    df = tokens[(tokens["split"] == split) & (tokens["n_tokens"] > length)]
+    sort_cols = [c for c in ("sha256", "track") if c in df.columns]
+    df = df.sort_values(sort_cols, kind="stable").reset_index(drop=True)
+    if df.empty:
+        return []
+    rng = np.random.default_rng([seed, stable_int("prompts")])
+    rows = np.sort(rng.choice(len(df), size=min(n, len(df)), replace=False))
+    return [(str(df.at[int(r), "sha256"]),
+             np.asarray(df.at[int(r), "ids"][:length], dtype=np.int32)) for r in rows]
+
+
+def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
+                       prompts: Sequence[tuple[str, np.ndarray]],
+                       forbid: Sequence[int]) -> list[dict[str, Any]]:
+    """All samples of one model as rows (without decode columns)."""
+    rows = []
+    for k, kind in enumerate(KINDS):
+        if kind == "unconditional":
+            starts = [("", np.zeros(0, dtype=np.int32))] * cfg.n_samples
+        else:
+            starts = list(prompts)
+        rngs = [np.random.default_rng([cfg.seed, stable_int(name), k, i])
+                for i in range(len(starts))]
+        new = sample_sequences(model, [p for _, p in starts], max_new_tokens=cfg.max_new_tokens,
+                               params=cfg.sampling(), rngs=rngs, forbid=forbid,
+                               batch_size=cfg.batch_size)
+        for i, ((sha, prompt), gen) in enumerate(zip(starts, new, strict=True)):
+            ids = np.concatenate([prompt, gen]).astype(np.int32)
+            rows.append({"model": name, "kind": kind, "index": i, "prompt_sha256": sha or None,
+                         "prompt_len": len(prompt), "ids": ids.tolist(), "n_tokens": len(ids)})
+    return rows
+
+
+def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,
+        tokenizer: Path, samples_out: Path, samples_dir: Path) -> GenerateSummary:
+    """Sample, decode and write samples.parquet plus one MIDI and one PNG per decodable sample."""
+    from pipeline.report.figures import piano_roll_png
+
+    tok_info = TokenInfo.read(info)
+    tok = load_tokenizer(tokenizer)
+    table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens"])
+    prompts = select_prompts(table, cfg.n_samples, cfg.prompt_tokens, cfg.seed)
+    forbid = never_sampled(tok_info, tok)
+    rows: list[dict[str, Any]] = []
+    for name in cfg.models:
+        rows.extend(generate_for_model(models[name], name, cfg, prompts, forbid))
+    samples_dir = Path(samples_dir)
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    for stale in sorted([*samples_dir.glob("*.mid"), *samples_dir.glob("*.png")]):
+        stale.unlink()  # outputs of an earlier run with other params
+    failures = 0
+    for row in rows:
+        score, err = decode_ids(tok, row["ids"])
+        row["decode_ok"], row["decode_error"] = err is None, err
+        if err is not None:
+            failures += 1
+            continue
+        stem = f"{row['model']}_{row['kind']}_{row['index']}"
+        artifacts.write_bytes(samples_dir / f"{stem}.mid", score.dumps_midi())
+        title = f"{row['model']} {row['kind']} #{row['index']}"
+        png = piano_roll_png(score_notes(score), title)
+        artifacts.write_bytes(samples_dir / f"{stem}.png", png)
+    rows.sort(key=lambda r: (r["model"], r["kind"], r["index"]))
+    artifacts.write_parquet(samples_out, pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA))
+    return GenerateSummary(n_samples=len(rows), n_decode_failures=failures, n_prompts=len(prompts))
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokens", type=Path, default=Path("data/tokens/tokens.parquet"))
+    parser.add_argument("--info", type=Path, default=Path("data/tokens/info.json"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer.json"))
+    add_model_arguments(parser)
+    parser.add_argument("--samples-out", type=Path, default=Path("data/samples/samples.parquet"))
+    parser.add_argument("--samples-dir", type=Path, default=Path("reports/samples"))
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("generate", args.params, GenerateConfig)
+    runtime = load_section("runtime", args.params, RuntimeConfig)
+    try:
+        models = load_named(cfg.models, ngram_dir=args.ngram_dir,
+                            transformer_dir=args.transformer_dir, device=cfg.device,
+                            info=TokenInfo.read(args.info), torch_threads=runtime.torch_threads)
+    except ModelUnavailable as e:
+        print(f"symkit generate: cannot use a model listed in generate.models: {e}",
+              file=sys.stderr)
+        return 1
+    s = run(cfg, models, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
+            samples_out=args.samples_out, samples_dir=args.samples_dir)
+    print(f"generate: {s.n_samples} samples ({s.n_decode_failures} failed to decode), "
+          f"{s.n_prompts} prompts -> {args.samples_out}")
+    return 0

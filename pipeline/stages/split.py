@@ -1,0 +1,266 @@
+"""Stage ``split``: grouped, leakage-resistant train/val/test split (and optional group folds).
+
+Inputs: ``data/manifest.parquet``, ``data/notes.parquet`` (for the leakage audit) and dedupe's
+``data/dedupe/{clusters,pairs}.parquet`` + ``fingerprint.json``.
+Outputs: ``data/splits.parquet`` (every kept piece: ``sha256``, ``group_id``, ``split``, ``fold``),
+``reports/split.json`` (realised shares, ``split_hash``, moved pieces), ``reports/leakage.json``
+and ``reports/figures/leakage.png`` (see :mod:`pipeline.music.leakage`).
+
+Groups are the connected components of: each file's metadata ``group`` (byte duplicates included:
+a duplicate has its canonical's sha256, so its label joins the canonical's group) and dedupe's
+clusters (dropped copies included, so their labels still bind). A group's key is its smallest
+metadata label (``group:<label>``), or its smallest sha256 (``sha256:<hex>``) when it has no label;
+its split is a pure function of that key and ``split.seed``: ``u = sha256(seed, key) / 2**256``
+compared with the cumulative ratios. Hence adding files that join no existing group never moves
+an existing piece, the ratios hold in expectation, and tokenisation never changes the split.
+
+k-fold mode (``folds >= 2``) keeps scikit-learn ``GroupKFold``'s guarantee — a group never spans
+folds — but assigns folds by the same kind of hash instead of greedy size balancing, so folds are
+stable under additions. Test = ``test_fold``; val/train split the rest by ``val / (train + val)``.
+``fold`` is -1 when folds are off.
+
+Moved pieces: the previous split is read from ``--previous FILE`` or, if that is not given, from the
+output path before it is overwritten. ``dvc repro`` deletes outputs before a stage runs, so to list
+moves under DVC pass the old table explicitly, e.g. ``dvc get . data/splits.parquet --rev HEAD -o
+old.parquet && symkit split --previous old.parquet``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+from pydantic import Field, model_validator
+from scipy.sparse import coo_array
+from scipy.sparse.csgraph import connected_components
+
+from pipeline.core import artifacts
+from pipeline.core.config import RuntimeConfig, StageConfig, load_section
+from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash
+from pipeline.music import fingerprints as fp
+from pipeline.music import leakage
+
+MAX_MOVED_LISTED = 1000
+
+
+class SplitConfig(StageConfig):
+    """``split`` section of params.yaml; each key is documented there, beside its value."""
+
+    seed: int = Field(1234, ge=0)
+    train: float = Field(0.8, ge=0.0, le=1.0)
+    val: float = Field(0.1, ge=0.0, le=1.0)
+    test: float = Field(0.1, ge=0.0, le=1.0)
+    folds: int = Field(0, ge=0, le=1000)
+    test_fold: int = Field(0, ge=0)
+    audit_max_test: int = Field(2000, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SplitConfig:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"train + val + test must be 1, got {self.train} + {self.val} + "
+                             f"{self.test} = {total:g}")
+        if self.folds == 1:
+            raise ValueError("folds must be 0 (off) or >= 2, got 1")
+        if self.folds >= 2 and self.test_fold >= self.folds:
+            raise ValueError(f"test_fold must be in 0..{self.folds - 1}, got {self.test_fold}")
+        if self.folds >= 2 and self.train + self.val <= 0:
+            raise ValueError("k-fold mode needs train + val > 0")
+        return self
+
+
+@dataclass(frozen=True)
+class SplitSummary:
+    pieces: int
+    groups: int
+    counts: dict[str, int]
+    split_hash: str
+    moved: int
+
+
+# ---------------------------------------------------------------------------------------------
+# pure core
+
+
+def unit_hash(seed: int, key: str, salt: str = "split") -> float:
+    """A uniform number in [0, 1) from (seed, salt, key): stable across runs and machines."""
+    digest = hashlib.sha256(f"{seed}\x00{salt}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def group_keys(files: pd.DataFrame, clusters: pd.DataFrame) -> pd.Series:
+    """Group key of every piece in ``clusters`` (index: sha256).
+
+    ``files``: every manifest row that is ok or a byte duplicate, with ``sha256`` and ``group``
+    ("" = no label). ``clusters``: dedupe's ``sha256``/``cluster_id`` for every ok piece.
+    """
+    shas = np.sort(clusters["sha256"].unique())
+    labelled = files[(files["group"] != "") & files["sha256"].isin(shas)]
+    labels = np.sort(labelled["group"].unique())
+    n_s = shas.size
+    node_of_sha = pd.Series(np.arange(n_s), index=shas)
+    node_of_label = pd.Series(np.arange(labels.size) + n_s, index=labels)
+    a = np.concatenate([node_of_sha[labelled["sha256"]].to_numpy(),
+                        node_of_sha[clusters["sha256"]].to_numpy()])
+    b = np.concatenate([node_of_label[labelled["group"]].to_numpy(),
+                        node_of_sha[clusters["cluster_id"]].to_numpy()])
+    n = n_s + labels.size
+    graph = coo_array((np.ones(a.size, dtype=np.int8), (a, b)), shape=(n, n)).tocsr()
+    _, comp = connected_components(graph, directed=False)
+    names = np.concatenate([np.char.add("sha256:", shas.astype(str)),
+                            np.char.add("group:", labels.astype(str))]).astype(object)
+    # key: smallest label of the component, else its smallest sha256
+    rank = np.concatenate([np.full(n_s, 1), np.full(labels.size, 0)])
+    order = np.lexsort((names, rank, comp))
+    first = np.ones(n, dtype=bool)
+    first[1:] = comp[order][1:] != comp[order][:-1]
+    key_of_comp = dict(zip(comp[order][first], names[order][first], strict=True))
+    return pd.Series([key_of_comp[c] for c in comp[:n_s]], index=shas, name="group_id")
+
+
+def assign(group_ids: np.ndarray, cfg: SplitConfig) -> tuple[np.ndarray, np.ndarray]:
+    """``(split, fold)`` of each group key; a pure function of the key and the config."""
+    splits = np.empty(group_ids.size, dtype=object)
+    folds = np.full(group_ids.size, -1, dtype=np.int16)
+    for n, key in enumerate(group_ids.tolist()):
+        u = unit_hash(cfg.seed, key)
+        if cfg.folds >= 2:
+            folds[n] = min(int(unit_hash(cfg.seed, key, "fold") * cfg.folds), cfg.folds - 1)
+            if folds[n] == cfg.test_fold:
+                splits[n] = "test"
+            else:
+                splits[n] = "val" if u < cfg.val / (cfg.train + cfg.val) else "train"
+        else:
+            splits[n] = ("train" if u < cfg.train else
+                         "val" if u < cfg.train + cfg.val else "test")
+    return splits, folds
+
+
+def split_table(files: pd.DataFrame, clusters: pd.DataFrame, cfg: SplitConfig) -> pd.DataFrame:
+    """The split of every kept piece, sorted by sha256."""
+    keys = group_keys(files, clusters)
+    kept = np.sort(clusters.loc[clusters["keep"], "sha256"].to_numpy().astype(str))
+    group_id = keys[kept].to_numpy()
+    uniq, inverse = np.unique(group_id.astype(str), return_inverse=True)
+    splits, folds = assign(uniq.astype(object), cfg)
+    return pd.DataFrame({"sha256": kept, "group_id": group_id, "split": splits[inverse],
+                         "fold": folds[inverse]})
+
+
+def moved_pieces(previous: pd.DataFrame | None, table: pd.DataFrame) -> list[str]:
+    """``sha256:old->new`` for each piece in both tables whose split changed (sorted)."""
+    if previous is None:
+        return []
+    both = table.merge(previous[["sha256", "split"]], on="sha256", suffixes=("", "_old"))
+    moved = both[both["split"] != both["split_old"]].sort_values("sha256")
+    return [f"{s}:{o}->{n}" for s, o, n in zip(moved["sha256"], moved["split_old"],
+                                                 moved["split"], strict=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage
+
+
+def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path,
+        dedupe_dir: Path, splits: Path, report: Path, leakage_report: Path, figure: Path,
+        previous: Path | None = None) -> SplitSummary:
+    del runtime  # the split is cheap and single-process
+    man = artifacts.read_parquet(manifest, columns=["sha256", "status", "group", "n_notes"])
+    man["group"] = man["group"].fillna("")
+    files = man[man["status"].isin(["ok", "duplicate"])]
+    clusters = artifacts.read_parquet(dedupe_dir / "clusters.parquet")
+    pairs = artifacts.read_parquet(dedupe_dir / "pairs.parquet")
+    settings = artifacts.read_json(dedupe_dir / "fingerprint.json")
+
+    prev_path = previous if previous is not None else (splits if splits.exists() else None)
+    prev = artifacts.read_parquet(prev_path) if prev_path is not None else None
+    table = split_table(files, clusters, cfg)
+    moved = moved_pieces(prev, table)
+    artifacts.write_parquet(splits, pa.Table.from_pandas(table, schema=SPLITS_SCHEMA,
+                                                         preserve_index=False))
+
+    n_notes = man[man["status"] == "ok"].set_index("sha256")["n_notes"]
+    notes_of = n_notes.reindex(table["sha256"]).fillna(0).to_numpy()
+    counts = table["split"].value_counts()
+    out: dict = {"pieces": len(table), "groups": int(table["group_id"].nunique()),
+                 "split_hash": split_hash(table["sha256"], table["split"]),
+                 "moved_pieces": len(moved),
+                 "moved": moved[:MAX_MOVED_LISTED], "compared_with_previous": prev is not None,
+                 # ok pieces dedupe did not see (a stale data/dedupe): reported, never split
+                 "ok_missing_from_dedupe": int((~man.loc[man["status"] == "ok", "sha256"]
+                                                .isin(clusters["sha256"])).sum())}
+    if prev is not None:  # pieces that entered or left (e.g. a new, fuller copy was kept instead)
+        out["pieces_added"] = int((~table["sha256"].isin(prev["sha256"])).sum())
+        out["pieces_removed"] = int((~prev["sha256"].isin(table["sha256"])).sum())
+    for s in SPLIT_NAMES:
+        mask = (table["split"] == s).to_numpy()
+        out[f"{s}_pieces"] = int(counts.get(s, 0))
+        out[f"{s}_groups"] = int(table.loc[mask, "group_id"].nunique())
+        out[f"{s}_share_pieces"] = round(mask.mean(), 6) if len(table) else None
+        out[f"{s}_share_notes"] = (round(notes_of[mask].sum() / notes_of.sum(), 6)
+                                   if notes_of.sum() else None)
+    artifacts.write_json(report, out)
+
+    # leakage audit over the kept pieces
+    note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
+    sm = leakage.ShingleMatrix.build(note_arrays, settings["shingle_k"], settings["ioi_resolution"])
+    labels = files.drop_duplicates("sha256").set_index("sha256")["group"]
+    pieces = table.assign(group=labels.reindex(table["sha256"]).fillna("").to_numpy(),
+                          cluster_id=clusters.set_index("sha256")["cluster_id"]
+                          .reindex(table["sha256"]).to_numpy())
+    metrics, png = leakage.audit(pieces, pairs, sm, seed=cfg.seed,
+                                 ratios=(cfg.train, cfg.val, cfg.test),
+                                 max_test=cfg.audit_max_test, near_jaccard=settings["near_jaccard"],
+                                 near_containment=settings["near_containment"])
+    artifacts.write_json(leakage_report, metrics)
+    artifacts.write_bytes(figure, png)
+    return SplitSummary(len(table), out["groups"], {s: out[f"{s}_pieces"] for s in SPLIT_NAMES},
+                        out["split_hash"], len(moved))
+
+
+def _kept_notes(notes: Path, kept: np.ndarray) -> fp.NoteArrays:
+    """Notes of the kept pieces, in sha256 order (a kept piece without notes is empty)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
+    table = pq.read_table(notes, columns=cols)
+    table = table.filter(pc.is_in(table["sha256"], pa.array(kept.tolist(), pa.string())))
+    missing = sorted(set(kept.tolist()) - set(table["sha256"].to_pylist()))
+    if missing:
+        empty = pa.table({c: (pa.array(missing, pa.string()) if c == "sha256" else
+                              pa.array([[]] * len(missing), type=table.schema.field(c).type))
+                          for c in cols}, schema=table.schema)
+        table = pa.concat_tables([table, empty])
+    return fp.notes_from_table(table)
+
+
+# --------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--manifest", type=Path, default=Path("data/manifest.parquet"))
+    parser.add_argument("--notes", type=Path, default=Path("data/notes.parquet"))
+    parser.add_argument("--dedupe-dir", type=Path, default=Path("data/dedupe"))
+    parser.add_argument("--splits", type=Path, default=Path("data/splits.parquet"))
+    parser.add_argument("--report", type=Path, default=Path("reports/split.json"))
+    parser.add_argument("--leakage-report", type=Path, default=Path("reports/leakage.json"))
+    parser.add_argument("--figure", type=Path, default=Path("reports/figures/leakage.png"))
+    parser.add_argument("--previous", type=Path, default=None,
+                        help="an earlier splits.parquet to list moved pieces against "
+                             "(default: the existing --splits file, if any)")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("split", args.params, SplitConfig)
+    runtime = load_section("runtime", args.params, RuntimeConfig)
+    s = run(cfg, runtime, manifest=args.manifest, notes=args.notes, dedupe_dir=args.dedupe_dir,
+            splits=args.splits, report=args.report, leakage_report=args.leakage_report,
+            figure=args.figure, previous=args.previous)
+    print(f"split: {s.pieces} pieces in {s.groups} groups -> "
+          + ", ".join(f"{k} {v}" for k, v in s.counts.items())
+          + f"; split_hash {s.split_hash[:12]}; {s.moved} moved")
+    return 0

@@ -1,0 +1,97 @@
+"""Stage ``train_transformer``: train the decoder-only transformer, resumably.
+
+Inputs: ``data/tokens/tokens.parquet`` (train and val rows), optional
+``data/tokens/augmented.parquet``, ``data/tokens/info.json``.
+Outputs: best weights ``data/transformer/model.safetensors`` + ``model.json``; resumable
+checkpoints in ``data/transformer/checkpoints/`` (a persistent DVC output); the deterministic
+summary ``reports/train.json`` and per-step log ``reports/plots/train_log.tsv``; timings and
+environment in ``reports/train.env.json``.
+
+Under ``torchrun`` the same command trains with DistributedDataParallel (rank 0 writes). The
+training itself is ``pipeline.training.loop.train``; this module reads the inputs, calls it and
+writes the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.config import ParamsError, RuntimeConfig, load_section
+from pipeline.tokens.contract import TokenInfo
+from pipeline.training.checkpoint import CheckpointMismatch
+from pipeline.training.config import TransformerStageConfig
+from pipeline.training.data import Corpus, load_corpus
+from pipeline.training.device import DistInfo, barrier, process_group
+from pipeline.training.loop import NonFiniteError, train
+from pipeline.training.outputs import summarise, write_outputs
+from pipeline.training.resume import checkpoint_dir
+
+
+def run(cfg: TransformerStageConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
+        augmented: Path | None, out_dir: Path, summary: Path, log_tsv: Path, env: Path,
+        fresh: bool = False) -> dict[str, Any]:
+    """Train and write every output; returns the summary dict (see ``reports/train.json``).
+
+    ``fresh`` deletes every run's checkpoints under ``out_dir/checkpoints`` first."""
+    dist = DistInfo.from_env()
+    threads = runtime.torch_threads
+    with process_group(dist, cfg.device):
+        tinfo = TokenInfo.read(info)
+        corpus = _read_corpus(cfg, tokens, tinfo, augmented)
+        ckpt_dir = checkpoint_dir(out_dir, cfg, tinfo, threads, dist.world_size)
+        if fresh and dist.is_main:
+            shutil.rmtree(ckpt_dir.parent, ignore_errors=True)
+        barrier(dist)  # no rank looks for checkpoints before --fresh has removed them
+        result = train(cfg, tinfo, corpus, ckpt_dir, threads=threads, dist=dist, echo=_echo)
+        out = summarise(cfg.train, tinfo, corpus, result)
+        if dist.is_main:
+            write_outputs(result, tinfo, out, out_dir=Path(out_dir), summary=summary,
+                          log_tsv=log_tsv, env=env, threads=threads, world_size=dist.world_size)
+        return out
+
+
+def _read_corpus(cfg: TransformerStageConfig, tokens: Path, info: TokenInfo,
+                 augmented: Path | None) -> Corpus:
+    corpus = load_corpus(tokens, info, augmented if cfg.data.use_augmented else None)
+    if cfg.data.use_augmented and (augmented is None or not Path(augmented).exists()):
+        _echo(f"transformer.data.use_augmented is true but {augmented} does not exist; "
+              "training without augmentations")
+    for reason, n in sorted(corpus.skipped.items()):
+        _echo(f"skipped {n} token rows ({reason}); counted in reports/train.json")
+    return corpus
+
+
+def _echo(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokens", type=Path, default=Path("data/tokens/tokens.parquet"))
+    parser.add_argument("--augmented", type=Path, default=Path("data/tokens/augmented.parquet"))
+    parser.add_argument("--info", type=Path, default=Path("data/tokens/info.json"))
+    parser.add_argument("--out", type=Path, default=Path("data/transformer"),
+                        help="model folder; checkpoints go to OUT/checkpoints/")
+    parser.add_argument("--summary", type=Path, default=Path("reports/train.json"))
+    parser.add_argument("--log", type=Path, default=Path("reports/plots/train_log.tsv"))
+    parser.add_argument("--env", type=Path, default=Path("reports/train.env.json"))
+    parser.add_argument("--fresh", action="store_true",
+                        help="delete OUT/checkpoints/ first instead of resuming")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("transformer", args.params, TransformerStageConfig)
+    runtime = load_section("runtime", args.params, RuntimeConfig)
+    try:
+        run(cfg, runtime, tokens=args.tokens, info=args.info, augmented=args.augmented,
+            out_dir=args.out, summary=args.summary, log_tsv=args.log, env=args.env,
+            fresh=args.fresh)
+    except ParamsError:
+        raise
+    except (CheckpointMismatch, NonFiniteError, FileNotFoundError, ValueError) as e:
+        print(f"symkit train-transformer: {e}", file=sys.stderr)
+        return 1
+    return 0

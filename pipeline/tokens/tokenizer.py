@@ -1,0 +1,106 @@
+"""miditok tokenizers: which are supported, how one is built from params, loaded from
+``data/tokenizer.json`` and decoded. The only place that constructs or loads a tokenizer.
+
+``import miditok`` pulls in torch (about 2 s), so miditok is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.artifacts import ArtifactError, read_json
+from pipeline.tokens.contract import SPECIAL_TOKENS
+
+SUPPORTED = ("REMI", "TSD", "MIDILike", "Structured")
+REFUSED = {
+    "CPWord": "multi-vocabulary (several ids per step): gives no single id stream and cannot be "
+              "trained with BPE",
+    "Octuple": "multi-vocabulary (several ids per step): gives no single id stream and cannot be "
+               "trained with BPE; it also truncates long pieces (max_bar_embedding)",
+    "MuMIDI": "multi-vocabulary (several ids per step): gives no single id stream and cannot be "
+              "trained with BPE",
+    "MMM": "needs a base tokenizer (config.additional_params) and is not supported here",
+    "PerTok": "needs ticks_per_quarter and microtiming settings and is not supported here",
+    "BEAT": "not validated end to end by this stage",
+}
+MODELS = ("none", "BPE", "WordPiece")
+
+
+def tokenizer_config_args() -> set[str]:
+    """Keyword arguments of miditok's ``TokenizerConfig`` (its ``**kwargs`` excluded)."""
+    from miditok import TokenizerConfig
+
+    params = inspect.signature(TokenizerConfig.__init__).parameters.values()
+    return {p.name for p in params if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
+
+
+def _from_yaml(key: str, value: Any) -> Any:
+    """YAML value -> what TokenizerConfig expects (tuples, tuple-keyed beat resolutions)."""
+    if key in {"beat_res", "beat_res_rest"} and isinstance(value, dict):
+        return {tuple(int(x) for x in str(k).split("_")): r for k, r in value.items()}
+    if isinstance(value, list) and (key.endswith("_range") or key == "chord_unknown"):
+        return tuple(value)
+    if key == "chord_maps" and isinstance(value, dict):
+        return {k: tuple(m) for k, m in value.items()}
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    def norm(x: Any) -> Any:
+        return (sorted(x) if isinstance(x, set | frozenset) else
+                list(x) if isinstance(x, tuple | list) else x)
+
+    return norm(a) == norm(b)
+
+
+def make_tokenizer(name: str, config: dict[str, Any]) -> Any:
+    """Base (untrained) miditok tokenizer; ValueError naming ``config.<key>`` when refused."""
+    import warnings
+
+    import miditok
+
+    kwargs = {k: _from_yaml(k, v) for k, v in config.items()}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tok = getattr(miditok, name)(miditok.TokenizerConfig(**kwargs))
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"config: miditok refused it: {e}") from None
+    for key, value in kwargs.items():
+        if key != "special_tokens" and not _same(getattr(tok.config, key), value):
+            raise ValueError(f"config.{key} = {config[key]!r}: not supported by {name} "
+                             f"(it uses {getattr(tok.config, key)!r})")
+    missing = [t for t in SPECIAL_TOKENS if t not in tok.special_tokens]
+    if missing:
+        raise ValueError(f"config.special_tokens must include PAD, BOS and EOS (missing "
+                         f"{', '.join(missing)})")
+    return tok
+
+
+def load_tokenizer(path: Path | str) -> Any:
+    """Load a saved miditok tokenizer by the class name stored in its JSON."""
+    import miditok
+
+    raw = read_json(path)
+    name = raw.get("tokenization") if isinstance(raw, dict) else None
+    cls = getattr(miditok, str(name), None) if name else None
+    if cls is None:
+        raise ArtifactError.for_path(path, f"names no miditok tokenization ({name!r})")
+    return cls(params=Path(path))
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[int]) -> tuple[Any, str | None]:
+    """ids -> (symusic Score or None, error message or None). Never raises."""
+    ids = [int(i) for i in ids]
+    try:
+        if not ids:
+            import symusic
+
+            return symusic.Score(tokenizer.time_division), None
+        one_stream = bool(getattr(tokenizer, "one_token_stream", False))
+        return tokenizer.decode(ids if one_stream else [ids]), None
+    except Exception as e:  # malformed sequences are data, reported per sample
+        return None, f"{type(e).__name__}: {e}"[:500]

@@ -1,0 +1,2 @@
+"""Commands beside the stages, which no DVC stage runs: ``preregister``, ``doctor``, ``estimate``,
+``check-params`` and ``check-deps``."""

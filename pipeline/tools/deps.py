@@ -1,0 +1,277 @@
+"""``symkit check-deps``: the code each DVC stage runs must be exactly the code it lists.
+
+A stage's code is the import closure of its module (``pipeline/stages/<stage>.py``) inside this
+repository, read from the source with :mod:`ast` (imports inside functions included, since they
+run too). ``dvc.yaml`` must list every ``.py`` file of that closure under the stage's ``deps``
+(a folder dep covers the files below it), or a change to that code would leave stale results
+looking current; and it must list no code outside the closure, or unrelated edits re-run the
+stage. Package ``__init__.py`` files hold only a docstring (checked too), so they are not listed.
+
+Also checked, for the whole repository:
+
+- a stage module is imported by no other module (stages never import each other; the CLI finds
+  them by name);
+- there is no import cycle, counting imports inside functions;
+- every stage in ``dvc.yaml`` runs ``symkit <command>`` whose module is
+  ``pipeline.stages.<stage>``, and stages are listed in pipeline order (each after the stages
+  whose outputs it reads).
+
+``python -m pipeline.tools.deps`` (or ``symkit check-deps``) prints each problem on one line and
+exits 1 when there is any; ``--print`` shows the ``deps`` code list each stage should have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PACKAGES = ("pipeline", "models")
+"""Top-level packages whose modules count as the repository's code."""
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted, e.g. pipeline.stages.ingest
+    path: Path  # relative to the repository root
+    imports: frozenset[str]  # repository modules it imports, anywhere in the file
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(name: str, known: Mapping[str, Path]) -> str | None:
+    """The longest prefix of ``name`` that is a repository module (``a.b.func`` -> ``a.b``)."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:i])
+        if candidate in known:
+            return candidate
+    return None
+
+
+def _imported_names(tree: ast.AST, current: str, is_package: bool) -> Iterable[str]:
+    """Dotted names a module imports; ``from x import y`` yields ``x.y`` (a module or not)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = current.split(".") if is_package else current.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)
+
+
+def scan(root: Path) -> dict[str, Module]:
+    """Every module of :data:`PACKAGES` under ``root`` with the repository modules it imports."""
+    files = sorted(p.relative_to(root) for pkg in PACKAGES for p in (root / pkg).rglob("*.py"))
+    known = {_module_name(p): p for p in files}
+    modules = {}
+    for name, path in known.items():
+        tree = ast.parse((root / path).read_text(encoding="utf-8"), filename=str(path))
+        found = set()
+        for imported in _imported_names(tree, name, path.name == "__init__.py"):
+            target = _resolve(imported, known)
+            if target is not None and target != name:
+                found.add(target)
+        modules[name] = Module(name, path, frozenset(found))
+    return modules
+
+
+def closure(modules: Mapping[str, Module], start: str) -> set[str]:
+    """``start`` and every repository module it imports, directly or not."""
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(modules[m].imports)
+    return seen
+
+
+def code_files(modules: Mapping[str, Module], names: Iterable[str]) -> set[str]:
+    """POSIX paths of the non-package modules among ``names``."""
+    return {modules[n].path.as_posix() for n in names if modules[n].path.name != "__init__.py"}
+
+
+def cycles(modules: Mapping[str, Module]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(modules[v].imports):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(modules) + 100))
+    for v in sorted(modules):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _is_docstring_only(root: Path, path: Path) -> bool:
+    tree = ast.parse((root / path).read_text(encoding="utf-8"))
+    body = tree.body[1:] if tree.body and isinstance(tree.body[0], ast.Expr) else tree.body
+    return all(isinstance(n, ast.Assign | ast.AnnAssign)
+               and all(isinstance(t, ast.Name) and t.id.startswith("__")
+                       for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))
+               for n in body)
+
+
+def _paths(entries: Iterable[Any]) -> list[str]:
+    return [str(next(iter(e)) if isinstance(e, dict) else e).rstrip("/") for e in entries or []]
+
+
+def _covers(dep: str, file: str) -> bool:
+    return file == dep or file.startswith(dep + "/")
+
+
+def _is_code_dep(dep: str) -> bool:
+    return dep.split("/")[0] in PACKAGES
+
+
+def stage_modules(stages: Mapping[str, Any], commands: Mapping[str, str]) -> dict[str, str]:
+    """stage -> module run by its ``symkit <command>`` (stages with another command omitted)."""
+    out = {}
+    for stage, spec in stages.items():
+        words = str((spec or {}).get("cmd", "")).split()
+        if len(words) >= 2 and words[0] == "symkit" and words[1] in commands:
+            out[stage] = commands[words[1]]
+    return out
+
+
+def check(root: Path, dvc_yaml: Path | None = None) -> list[str]:
+    """Every problem found, one line each (empty when ``dvc.yaml`` and the code agree)."""
+    from pipeline.cli import COMMANDS
+
+    root = Path(root)
+    stages = (yaml.safe_load((dvc_yaml or root / "dvc.yaml").read_text(encoding="utf-8"))
+              or {}).get("stages", {})
+    modules = scan(root)
+    problems = []
+    for path in sorted(m.path for m in modules.values() if m.path.name == "__init__.py"):
+        if not _is_docstring_only(root, path):
+            problems.append(f"{path.as_posix()}: a package __init__ may hold only a docstring "
+                            "(and dunder names), so that no stage needs to list it")
+    run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
+    for stage in stages:
+        if stage not in run_by:
+            problems.append(f"dvc.yaml: stage {stage!r} does not run a `symkit <command>`")
+        elif run_by[stage] != f"pipeline.stages.{stage}":
+            problems.append(f"dvc.yaml: stage {stage!r} runs {run_by[stage]}; a stage's module is "
+                            f"pipeline.stages.{stage}")
+    stage_names = {m for m in modules if m.startswith("pipeline.stages.")
+                   and modules[m].path.name != "__init__.py"}
+    for name in sorted(modules):
+        for target in sorted(modules[name].imports & stage_names):
+            problems.append(f"{modules[name].path.as_posix()} imports the stage module "
+                            f"{modules[target].path.as_posix()}: stages never import each other; "
+                            "move what is shared into a library package")
+    for component in cycles(modules):
+        files = ", ".join(modules[m].path.as_posix() for m in component)
+        problems.append(f"import cycle: {files}")
+    for stage, module in run_by.items():
+        if module not in modules:
+            continue
+        needed = code_files(modules, closure(modules, module))
+        deps = _paths(stages[stage].get("deps"))
+        code_deps = [d for d in deps if _is_code_dep(d)]
+        for f in sorted(needed):
+            if not any(_covers(d, f) for d in code_deps):
+                problems.append(f"dvc.yaml: stage {stage!r} runs {f} but does not list it under "
+                                "deps (a change to it would not re-run the stage)")
+        for d in code_deps:
+            if not any(_covers(d, f) for f in needed):
+                problems.append(f"dvc.yaml: stage {stage!r} lists {d} under deps but never "
+                                "imports it (an edit there would re-run the stage for nothing)")
+    problems += _order_problems(stages)
+    return problems
+
+
+def _order_problems(stages: Mapping[str, Any]) -> list[str]:
+    """Each stage must come after the stages that write the data it reads."""
+    producer: dict[str, str] = {}
+    for stage, spec in stages.items():
+        for kind in ("outs", "metrics", "plots"):
+            for out in _paths((spec or {}).get(kind)):
+                producer[out] = stage
+    order = {s: i for i, s in enumerate(stages)}
+    problems = []
+    for stage, spec in stages.items():
+        for dep in _paths((spec or {}).get("deps")):
+            maker = next((p for out, p in producer.items() if _covers(out, dep)), None)
+            if maker is not None and maker != stage and order[maker] > order[stage]:
+                problems.append(f"dvc.yaml: stage {stage!r} reads {dep} from {maker!r}, which is "
+                                "listed after it; list stages in pipeline order")
+    return problems
+
+
+def expected_code_deps(root: Path) -> dict[str, list[str]]:
+    """stage -> the code files its ``deps`` should list (for ``--print``)."""
+    from pipeline.cli import COMMANDS
+
+    stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {})["stages"]
+    modules = scan(root)
+    run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
+    return {s: sorted(code_files(modules, closure(modules, m))) for s, m in run_by.items()
+            if m in modules}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", type=Path, default=Path("."), help="repository root")
+    parser.add_argument("--print", action="store_true", dest="show",
+                        help="print the code each stage should list under deps")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.show:
+        for stage, files in expected_code_deps(args.root).items():
+            print(f"{stage}:")
+            print("\n".join(f"  - {f}" for f in files))
+        return 0
+    problems = check(args.root)
+    for p in problems:
+        print(p, file=sys.stderr)
+    print(f"check-deps: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    ns = argparse.ArgumentParser(prog="python -m pipeline.tools.deps")
+    add_arguments(ns)
+    sys.exit(main(ns.parse_args()))

@@ -1,0 +1,161 @@
+"""``symkit estimate``: memory and compute of a transformer configuration, before training it.
+
+Counts (all from the architecture; no torch needed):
+- parameters: exact, matching ``models.transformer.GPT`` (tied output projection counted once);
+- training memory: weights (fp32 master copy, plus a half-precision copy cached by autocast),
+  gradients (fp32, trainable parameters only), AdamW moments (2 × fp32), and activations saved
+  for backward per micro-batch: per block about 16·B·T·C values (LayerNorm inputs/outputs, q/k/v,
+  attention output, MLP input, GELU input and output), the attention matrix B·H·T² only when the
+  attention kernel materialises it (the math kernel, used on CPU with dropout; flash and
+  memory-efficient kernels keep O(B·H·T)), dropout masks, and the logits with their log-softmax
+  (2·B·T·V fp32);
+- FLOPs per token: forward = 2·(matmul parameters) + 2·n_layer·T·C for causal attention (each
+  query sees T/2 keys on average); training = 3 × forward (backward ≈ 2 × forward).
+
+These are estimates: allocator caching, fragmentation and framework workspaces come on top.
+``benchmarks/bench_train.py`` prints estimate vs measured peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.core.config import load_section
+from pipeline.tokens.contract import TokenInfo
+from pipeline.training.config import TransformerStageConfig
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
+               "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0, "T4": 65.0}
+"""Dense bf16/fp16 tensor-core peak (TFLOP/s) by device-name fragment, for MFU."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    params: int
+    params_trainable: int
+    params_matmul: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    total_bytes: int
+    flops_per_token_forward: float
+    flops_per_token_train: float
+
+
+def count_params(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_ratio: int = 4,
+                 bias: bool = True) -> dict[str, int]:
+    """Exact parameter counts of ``GPT``: ``total`` and ``matmul`` (weights used in matmuls,
+    including the tied output projection once; position embeddings excluded)."""
+    C, r, b = n_embd, mlp_ratio, int(bias)
+    ln = C + C * b  # LayerNorm weight (+ bias)
+    # ln_1, ln_2; qkv + attention proj (4C² + 4C biases); MLP fc + proj (2rC² + (r+1)C biases)
+    per_layer = 2 * ln + 4 * C * C + 4 * C * b + 2 * r * C * C + (r + 1) * C * b
+    total = vocab_size * C + seq_len * C + n_layer * per_layer + ln
+    matmul = n_layer * (4 * C * C + 2 * r * C * C) + vocab_size * C
+    return {"total": total, "matmul": matmul}
+
+
+def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd: int,
+             micro_batch: int, mlp_ratio: int = 4, bias: bool = True, precision: str = "fp32",
+             dropout: float = 0.0, attn_dropout: float = 0.0, trainable_fraction: float = 1.0,
+             attention: str = "auto", device: str = "cpu") -> Estimate:
+    """Training-time memory (bytes) and FLOPs per token for one process.
+
+    ``attention="auto"``: torch's CPU flash kernel has no dropout, so with attention dropout on
+    CPU the math kernel runs and stores the attention matrix; elsewhere a fused kernel is assumed.
+    """
+    if attention == "auto":
+        attention = "math" if attn_dropout > 0 and device == "cpu" else "flash"
+    p = count_params(vocab_size, seq_len, n_layer, n_embd, mlp_ratio, bias)
+    B, T, C, H, V, L = micro_batch, seq_len, n_embd, n_head, vocab_size, n_layer
+    a = BYTES[precision]
+    trainable = int(p["total"] * trainable_fraction)
+    weights = 4 * p["total"] + (a * p["matmul"] if precision != "fp32" else 0)
+    grads = 4 * trainable
+    optim = 8 * trainable
+    per_block = 16 * B * T * C * a + 4 * B * H * T  # + softmax log-sum-exp (fp32)
+    if attention == "math":
+        # scores and probabilities; with dropout also its mask (1 byte) and the dropped copy
+        per_block += B * H * T * T * (2 * a + (a + 1 if attn_dropout > 0 else 0))
+    if dropout > 0:
+        per_block += 2 * B * T * C  # bool masks (attention and MLP residual branches)
+    acts = L * per_block + 2 * B * T * C * 4 + 2 * B * T * V * 4
+    fwd = 2 * p["matmul"] + 2 * L * T * C
+    return Estimate(params=p["total"], params_trainable=trainable, params_matmul=p["matmul"],
+                    weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
+                    activations_bytes=acts, total_bytes=weights + grads + optim + acts,
+                    flops_per_token_forward=float(fwd), flops_per_token_train=3.0 * fwd)
+
+
+def saved_activation_bytes(model, x, y) -> int:
+    """Measured counterpart of ``activations_bytes`` minus logits bookkeeping: bytes of the
+    distinct non-parameter tensors autograd saves for backward in one ``model(x, y)`` pass."""
+    import torch
+
+    seen: dict[tuple[int, int], int] = {}
+    params = {p.data_ptr() for p in model.parameters()}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in params:
+            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x, y)
+    return sum(seen.values())
+
+
+def peak_tflops(device_name: str) -> float | None:
+    for frag, tf in PEAK_TFLOPS.items():
+        if frag.lower() in device_name.lower():
+            return tf
+    return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--info", type=Path, default=Path("data/tokens/info.json"),
+                        help="vocab size from here when it exists")
+    parser.add_argument("--vocab-size", type=int, default=None, help="override the vocab size")
+    parser.add_argument("--micro-batch", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--precision", choices=sorted(BYTES), default=None,
+                        help="default: transformer.precision (auto counts as fp32)")
+    parser.add_argument("--attention", choices=["auto", "flash", "math"], default="auto")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="default: cuda when transformer.device is cuda, else cpu")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("transformer", args.params, TransformerStageConfig)
+    vocab = args.vocab_size
+    if vocab is None:
+        vocab = TokenInfo.read(args.info).vocab_size if args.info.exists() else 512
+    precision = args.precision or (cfg.precision if cfg.precision != "auto" else "fp32")
+    m = cfg.model
+    est = estimate(vocab_size=vocab, seq_len=args.seq_len or m.max_seq_len, n_layer=m.n_layer,
+                   n_head=m.n_head, n_embd=m.n_embd, mlp_ratio=m.mlp_ratio, bias=m.bias,
+                   micro_batch=args.micro_batch or cfg.train.micro_batch, precision=precision,
+                   dropout=m.dropout, attn_dropout=m.attn_dropout, attention=args.attention,
+                   device=args.device or ("cuda" if cfg.device == "cuda" else "cpu"))
+    if args.json:
+        print(json.dumps(asdict(est), indent=2, sort_keys=True))
+        return 0
+    print(f"vocab {vocab}, seq_len {args.seq_len or m.max_seq_len}, micro-batch "
+          f"{args.micro_batch or cfg.train.micro_batch}, precision {precision}")
+    print(f"parameters           {est.params:,} (matmul {est.params_matmul:,})")
+    for name in ("weights", "grads", "optimizer", "activations", "total"):
+        print(f"{name + ' memory':<21}{_mib(getattr(est, name + '_bytes'))}")
+    print(f"FLOPs/token forward  {est.flops_per_token_forward:,.0f}")
+    print(f"FLOPs/token training {est.flops_per_token_train:,.0f}")
+    return 0

@@ -1,0 +1,147 @@
+"""Where a run continues from: its identity, the newest usable checkpoint, every rank's RNG.
+
+A run's identity (:func:`fingerprint`) is the result-affecting config plus the data hashes; its
+checkpoints live in their own folder (:func:`checkpoint_dir`). :func:`find_resume` picks the
+newest checkpoint there that can be read, checks that the same run wrote it, and returns a
+:class:`Resume`: the loaded checkpoint, or nothing to resume.
+
+- A damaged checkpoint (truncated or missing file) is skipped with a warning and set aside as
+  ``unreadable-step-XXXXXXXX``; the one before it is used. Resuming from an older checkpoint is
+  still exact, the steps since are replayed. With none readable the run starts fresh.
+- A checkpoint of another run is refused (``checkpoint.on_mismatch: refuse``) or its folder is
+  emptied and the run starts fresh (``restart``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+from pipeline.core.artifacts import sha256_file, sha256_json
+from pipeline.tokens.contract import TokenInfo
+from pipeline.training import checkpoint as ckpt
+from pipeline.training.config import CheckpointSection, TransformerStageConfig, result_config
+from pipeline.training.device import DistInfo, TrainDevice, barrier
+
+FRESH_HINT = ("rerun with `symkit train-transformer --fresh` (deletes the old checkpoints), "
+              "delete data/transformer/checkpoints/, or set transformer.checkpoint.on_mismatch: "
+              "restart")
+
+
+def fingerprint(cfg: TransformerStageConfig, info: TokenInfo, threads: int,
+                world_size: int) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: result-affecting config and data hashes."""
+    conf = result_config(cfg, threads, world_size)
+    init = cfg.finetune.init_from
+    if init:
+        conf["init_sha256"] = sha256_file(Path(init) / "model.safetensors")
+    conf["vocab_size"] = info.vocab_size
+    return {"config": conf, "config_hash": sha256_json(conf),
+            "tokenizer_hash": info.tokenizer_hash, "split_hash": info.split_hash}
+
+
+def checkpoint_dir(out_dir: Path, cfg: TransformerStageConfig, info: TokenInfo, threads: int,
+                   world_size: int) -> Path:
+    """``OUT/checkpoints/run-<identity>``: one sub-folder per run identity.
+
+    The identity hashes the result-affecting config, tokenizer and split. A controlled comparison
+    (``dvc exp run -S ...``) so starts its own run instead of meeting another run's checkpoints, and
+    switching back finds the earlier run finished. Resuming still verifies every hash.
+    """
+    run_id = sha256_json(fingerprint(cfg, info, threads, world_size))
+    return Path(out_dir) / "checkpoints" / f"run-{run_id[:16]}"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The outcome of :func:`find_resume`."""
+
+    checkpoint: ckpt.Checkpoint | None  # loaded and from this run; None: start fresh
+    discard_old: bool = False  # the folder holds another run's checkpoints (on_mismatch: restart)
+    unreadable: tuple[Path, ...] = field(default=())  # damaged checkpoints newer than the one used
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The checkpoint folder's name (``step-00000300``), or None for a fresh start."""
+        return None if self.checkpoint is None else self.checkpoint.path.name
+
+
+def find_resume(ckpt_dir: Path, fp: dict[str, Any], on_mismatch: str,
+                echo: Callable[[str], None]) -> Resume:
+    """The newest readable checkpoint in ``ckpt_dir`` written by the run ``fp``.
+
+    Reads only; :func:`open_resume` tidies the folder. Raises
+    :class:`~pipeline.training.checkpoint.CheckpointMismatch` when the newest readable checkpoint
+    is another run's and ``on_mismatch`` is ``refuse``.
+    """
+    found = ckpt.list_checkpoints(ckpt_dir)
+    unreadable: list[Path] = []
+    for path in reversed(found):  # newest first
+        try:
+            loaded = ckpt.load_checkpoint(path)
+            ckpt.check_compatible(path, loaded.state, fp, FRESH_HINT)
+        except ckpt.CheckpointUnreadable as e:
+            unreadable.append(path)
+            echo(f"warning: checkpoint {path} is unreadable ({e}); falling back to the one "
+                 "before it")
+            continue
+        except ckpt.CheckpointMismatch:
+            if on_mismatch == "refuse":
+                raise
+            echo(f"checkpoint {path} is from a different run; discarding its checkpoints "
+                 "(checkpoint.on_mismatch: restart)")
+            return Resume(None, discard_old=True)
+        return Resume(loaded, unreadable=tuple(unreadable))
+    if unreadable:
+        echo(f"warning: no readable checkpoint in {ckpt_dir}; starting fresh")
+    return Resume(None, unreadable=tuple(unreadable))
+
+
+def open_resume(ckpt_dir: Path, fp: dict[str, Any], policy: CheckpointSection, dist: DistInfo,
+                echo: Callable[[str], None]) -> Resume:
+    """:func:`find_resume` on every rank, with rank 0 tidying the folder around it: leftovers of
+    a killed write are deleted before anyone reads, and damaged or discarded checkpoints are moved
+    or deleted only after every rank has read its checkpoint."""
+    if dist.is_main:
+        ckpt.remove_stale(ckpt_dir)
+    barrier(dist)
+    resume = find_resume(ckpt_dir, fp, policy.on_mismatch, echo)
+    barrier(dist)
+    if dist.is_main:
+        for path in resume.unreadable:
+            echo(f"moved the unreadable checkpoint to {ckpt.set_aside(path)}")
+        if resume.discard_old:
+            for old in ckpt.list_checkpoints(ckpt_dir):
+                shutil.rmtree(old)
+    return resume
+
+
+def gather_rng(dev: TrainDevice) -> dict[str, torch.Tensor]:
+    """RNG states of every rank (dropout draws from the default generators), gathered; a
+    collective call: every rank must make it."""
+    mine = {"torch_cpu": torch.get_rng_state()}
+    if dev.device_type == "cuda":
+        mine["cuda"] = torch.cuda.get_rng_state(dev.device)
+    if dev.dist.world_size == 1:
+        return {f"{k}.rank0": v for k, v in mine.items()}
+    out = {}
+    for k, v in sorted(mine.items()):
+        parts = [torch.empty_like(v, device=dev.comm_device) for _ in range(dev.dist.world_size)]
+        tdist.all_gather(parts, v.to(dev.comm_device))
+        out.update({f"{k}.rank{r}": p.cpu() for r, p in enumerate(parts)})
+    return out
+
+
+def restore_rng(rng: dict[str, torch.Tensor], dev: TrainDevice) -> None:
+    """Put this rank's saved RNG states back."""
+    rank = dev.dist.rank
+    if f"torch_cpu.rank{rank}" in rng:
+        torch.set_rng_state(rng[f"torch_cpu.rank{rank}"])
+    if dev.device_type == "cuda" and f"cuda.rank{rank}" in rng:
+        torch.cuda.set_rng_state(rng[f"cuda.rank{rank}"], dev.device)

@@ -1,0 +1,118 @@
+"""pipeline.tools.deps: dvc.yaml lists exactly the code each stage runs, stages never import each
+other, and there is no import cycle. Each rule is shown to fail on a deliberately broken copy."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.tools.deps import check, closure, cycles, expected_code_deps, scan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def copy(tmp_path: Path) -> Path:
+    """The repository's code and dvc.yaml, to break on purpose."""
+    for pkg in ("pipeline", "models"):
+        shutil.copytree(ROOT / pkg, tmp_path / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    return tmp_path
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+
+
+def test_repository_passes() -> None:
+    assert check(ROOT) == []
+
+
+def test_stage_modules_map_one_to_one_to_dvc_stages() -> None:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    modules = {p.stem for p in (ROOT / "pipeline" / "stages").glob("*.py")} - {"__init__"}
+    assert modules == set(stages)
+    assert set(expected_code_deps(ROOT)) == set(stages)
+
+
+def test_a_removed_dep_is_named(copy: Path) -> None:
+    kept = "      - pipeline/music/fingerprints.py\n"
+    _edit(copy / "dvc.yaml", "      - pipeline/core/splits.py\n" + kept, kept)
+    problems = check(copy)
+    assert len(problems) == 1, problems
+    assert "'split'" in problems[0] and "pipeline/core/splits.py" in problems[0]
+    assert "does not list it" in problems[0]
+
+
+def test_a_dep_on_code_the_stage_never_runs_is_named(copy: Path) -> None:
+    _edit(copy / "dvc.yaml", "      - pipeline/stages/train_ngram.py\n",
+          "      - pipeline/stages/train_ngram.py\n      - pipeline/stages/evaluate.py\n")
+    problems = check(copy)
+    assert problems == [p for p in problems if "'train_ngram'" in p] and len(problems) == 1
+    assert "pipeline/stages/evaluate.py" in problems[0] and "never imports" in problems[0]
+
+
+def test_a_stage_importing_another_stage_is_named(copy: Path) -> None:
+    _edit(copy / "pipeline" / "stages" / "split.py", "from pipeline.core import artifacts\n",
+          "from pipeline.core import artifacts\nfrom pipeline.stages.dedupe import DedupeConfig\n")
+    problems = check(copy)
+    assert any("pipeline/stages/split.py imports the stage module pipeline/stages/dedupe.py" in p
+               for p in problems), problems
+    # ... and its closure grew, so the missing deps are named too
+    assert any("'split'" in p and "pipeline/stages/dedupe.py" in p for p in problems)
+
+
+def test_a_function_level_import_that_closes_a_cycle_is_found(copy: Path) -> None:
+    progress = copy / "pipeline" / "core" / "progress.py"
+    progress.write_text(progress.read_text(encoding="utf-8")
+                        + "\n\ndef _late():\n    from pipeline.core import parallel\n\n"
+                          "    return parallel\n", encoding="utf-8")
+    problems = check(copy)
+    assert any(p.startswith("import cycle:") and "pipeline/core/parallel.py" in p
+               and "pipeline/core/progress.py" in p for p in problems), problems
+
+
+def test_stages_out_of_pipeline_order_are_named(copy: Path) -> None:
+    text = (copy / "dvc.yaml").read_text(encoding="utf-8")
+    head, _, rest = text.partition("  tokenize:\n")
+    tokenize, _, tail = rest.partition("  train_ngram:\n")
+    (copy / "dvc.yaml").write_text(f"{head}  train_ngram:\n{tail.rstrip()}\n\n"
+                                   f"  tokenize:\n{tokenize}", encoding="utf-8")
+    problems = check(copy)
+    assert problems and all("listed after it" in p for p in problems), problems
+    assert any("'train_ngram' reads data/tokens" in p and "'tokenize'" in p for p in problems)
+
+
+def test_package_init_with_code_is_refused(copy: Path) -> None:
+    init = copy / "pipeline" / "music" / "__init__.py"
+    init.write_text(init.read_text(encoding="utf-8")
+                    + "from pipeline.music.midi import parse_midi\n", encoding="utf-8")
+    problems = check(copy)
+    assert any(p.startswith("pipeline/music/__init__.py: a package __init__") for p in problems)
+
+
+def test_scan_sees_every_import_form(tmp_path: Path) -> None:
+    pkg = tmp_path / "pipeline"
+    (pkg / "sub").mkdir(parents=True)
+    for f in ("__init__.py", "sub/__init__.py"):
+        (pkg / f).write_text('"""doc"""\n')
+    (pkg / "a.py").write_text("X = 1\n")
+    (pkg / "b.py").write_text("def f():\n    import pipeline.a\n")
+    (pkg / "c.py").write_text("from pipeline import a\n")
+    (pkg / "d.py").write_text("from pipeline.a import X\nfrom . import c\n")
+    (pkg / "sub" / "e.py").write_text("from ..d import X\nimport numpy\n")
+    (tmp_path / "models").mkdir()
+    mods = scan(tmp_path)
+    assert mods["pipeline.b"].imports == {"pipeline.a"}
+    assert mods["pipeline.c"].imports == {"pipeline", "pipeline.a"}
+    assert mods["pipeline.d"].imports == {"pipeline", "pipeline.a", "pipeline.c"}
+    assert mods["pipeline.sub.e"].imports == {"pipeline.d"}
+    assert closure(mods, "pipeline.sub.e") == {"pipeline.sub.e", "pipeline", "pipeline.d",
+                                               "pipeline.a", "pipeline.c"}
+    assert cycles(mods) == []

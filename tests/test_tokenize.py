@@ -1,0 +1,363 @@
+"""symkit tokenize: determinism, cache equivalence, train-only vocabulary, fidelity, refusals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import miditok
+import numpy as np
+import pandas as pd
+import pytest
+from symusic import Note, Score, Tempo, TimeSignature, Track
+
+from pipeline.core.artifacts import read_json, sha256_bytes, write_parquet
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.stages.tokenize import TokenizeConfig, run
+
+OUTPUTS = ("data/tokenizer.json", "data/tokens/tokens.parquet", "data/tokens/augmented.parquet",
+           "data/tokens/info.json", "reports/tokenize.json")
+
+
+def synthetic_score(seed: int, n_tracks: int = 2, n_notes: int = 40, gap: bool = False,
+                    high: bool = False) -> Score:
+    """Random small piece; ``gap`` adds empty bars, ``high`` puts a note near the top pitch."""
+    rng = np.random.default_rng(seed)
+    score = Score(480)
+    score.tempos.append(Tempo(0, 120.0))
+    score.time_signatures.append(TimeSignature(0, 4, 4))
+    for t in range(n_tracks):
+        track = Track(name=f"t{t}", program=(0, 40, 0)[t % 3], is_drum=t == 2)
+        tick = 0
+        for i in range(n_notes):
+            if gap and i == n_notes // 2:
+                tick += 480 * 9
+            pitch = 108 if (high and i == 0) else int(rng.integers(40, 80))
+            track.notes.append(Note(tick, int(rng.integers(1, 4)) * 240, pitch,
+                                    int(rng.integers(30, 120))))
+            tick += int(rng.integers(0, 3)) * 240
+        score.tracks.append(track)
+    return score
+
+
+@pytest.fixture(scope="session")
+def chorales(tmp_path_factory) -> list[bytes]:
+    """Three real Bach chorales (five tracks each, one empty) as MIDI bytes."""
+    from music21 import corpus
+
+    out = []
+    folder = tmp_path_factory.mktemp("chorales")
+    for bwv in ("bwv269", "bwv347", "bwv153.1"):
+        path = folder / f"{bwv}.mid"
+        corpus.parse(bwv).write("midi", fp=str(path))
+        out.append(path.read_bytes())
+    return out
+
+
+@pytest.fixture(scope="session")
+def corpus_files(chorales) -> dict[str, bytes]:
+    files = {f"synth/{i:02d}.mid": synthetic_score(i, 1 + i % 3, gap=i % 4 == 0,
+                                                   high=i == 5).dumps_midi()
+             for i in range(21)}
+    files.update({f"bach/{i}.mid": b for i, b in enumerate(chorales)})
+    return files
+
+
+def write_corpus(root: Path, files: dict[str, bytes], extra_manifest: list[dict] | None = None,
+                 order_seed: int | None = None) -> pd.DataFrame:
+    """data/raw, manifest and splits for ``files``: split by sha256 value (stable when files are
+    added), about 1 in 4 val and 1 in 5 test; ``synth/05.mid`` (high-pitched) is always train."""
+    raw = root / "data" / "raw"
+    rows = []
+    for rel, data in files.items():
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        (raw / rel).write_bytes(data)
+        rows.append({"path": rel, "sha256": sha256_bytes(data), "status": "ok"})
+    rows += extra_manifest or []
+    manifest = pd.DataFrame(rows)
+    shas = sorted(r["sha256"] for r in rows if r["status"] == "ok")
+    split = ["val" if int(s[:8], 16) % 20 < 5 else "test" if int(s[:8], 16) % 20 < 9 else "train"
+             for s in shas]
+    if "synth/05.mid" in files:
+        split[shas.index(sha256_bytes(files["synth/05.mid"]))] = "train"
+    splits = pd.DataFrame({"sha256": shas, "group_id": [f"g{i}" for i in range(len(shas))],
+                           "split": split, "fold": 0})
+    if order_seed is not None:  # row order of the inputs must not matter
+        perm = np.random.default_rng(order_seed).permutation(len(splits))
+        splits, manifest = splits.iloc[perm], manifest.sample(frac=1.0, random_state=order_seed)
+    write_parquet(root / "data" / "manifest.parquet", manifest)
+    write_parquet(root / "data" / "splits.parquet", splits)
+    return splits
+
+
+def run_stage(root: Path, cfg: TokenizeConfig | None = None, workers: int = 1, cache: bool = True,
+              prune: bool = False):
+    cfg = cfg or TokenizeConfig(vocab_size=600, transpose=[-2, 2])
+    return run(cfg, RuntimeConfig(workers=workers, progress=False), raw_dir=root / "data/raw",
+               manifest=root / "data/manifest.parquet", splits=root / "data/splits.parquet",
+               split_report=root / "reports/split.json", tokenizer_out=root / OUTPUTS[0],
+               tokens_dir=root / "data/tokens",
+               cache_dir=root / "data/token_cache" if cache else None,
+               report=root / OUTPUTS[4], prune_cache=prune)
+
+
+def output_bytes(root: Path) -> dict[str, bytes]:
+    return {p: (root / p).read_bytes() for p in OUTPUTS}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus_files) -> Path:
+    """One cached run with 2 workers; other tests compare their outputs with it."""
+    root = tmp_path_factory.mktemp("ref")
+    write_corpus(root, corpus_files)
+    run_stage(root, workers=2)
+    return root
+
+
+def test_byte_identical_across_runs_workers_order_and_cache(reference, corpus_files, tmp_path):
+    ref = output_bytes(reference)
+    other = tmp_path / "other"
+    write_corpus(other, corpus_files, order_seed=3)  # shuffled input rows
+    summary = run_stage(other, workers=1, cache=False)
+    assert summary.encoded == len(corpus_files)
+    assert output_bytes(other) == ref
+    again = run_stage(reference, workers=1)  # second run: everything from the cache
+    assert (again.encoded, again.reused) == (0, len(corpus_files))
+    assert output_bytes(reference) == ref
+
+
+def test_incremental_and_interrupted_runs_encode_only_missing(reference, corpus_files, tmp_path):
+    root = tmp_path / "inc"
+    shutil.copytree(reference, root)
+    files = {**corpus_files, "synth/new.mid": synthetic_score(99).dumps_midi()}
+    write_corpus(root, files)
+    assert run_stage(root).encoded == 1
+    entries = sorted((root / "data/token_cache").rglob("*.i32"))
+    for p in entries[:3]:  # as if the run had been killed before these were written
+        p.unlink()
+    damaged = {p.name.split(".")[0] for p in entries[:3]}
+    assert run_stage(root).encoded == len(damaged)
+    fresh = tmp_path / "fresh"
+    write_corpus(fresh, files)
+    run_stage(fresh, cache=False)
+    assert output_bytes(root) == output_bytes(fresh)
+
+
+def test_ids_equal_plain_miditok_encode(reference, corpus_files):
+    """The stage's cached base ids + model equal miditok's own ``encode`` with the saved file."""
+    tok = miditok.REMI(params=reference / "data/tokenizer.json")
+    assert tok.is_trained
+    table = pd.read_parquet(reference / "data/tokens/tokens.parquet")
+    by_sha = {sha256_bytes(b): b for b in corpus_files.values()}
+    for sha, ids in zip(table["sha256"], table["ids"], strict=True):
+        assert list(ids) == tok.encode(Score.from_midi(by_sha[sha])).ids, sha
+
+
+def test_bpe_is_trained_on_train_split_only(corpus_files, tmp_path, monkeypatch):
+    received: list[str] = []
+    original = miditok.MusicTokenizer.train
+
+    def spy(self, *args, iterator=None, **kwargs):
+        inner = iter(iterator)
+        corpus = iterator
+
+        class Recorder:  # what the trainer actually pulls from the iterator
+            def __len__(self):
+                return len(corpus)
+
+            def __iter__(self):
+                for item in inner:
+                    received.append(corpus.seen[-1])
+                    yield item
+
+        return original(self, *args, iterator=Recorder(), **kwargs)
+
+    monkeypatch.setattr(miditok.MusicTokenizer, "train", spy)
+    splits = write_corpus(tmp_path, corpus_files)
+    run_stage(tmp_path)
+    train = sorted(splits.loc[splits["split"] == "train", "sha256"])
+    assert received == train
+    report = read_json(tmp_path / "reports/tokenize.json")
+    assert report["model_trained_on_pieces"] == len(train) < len(splits)
+    from pipeline.core.artifacts import sha256_json
+
+    assert report["model_trained_on_hash"] == sha256_json(train)
+
+
+def test_roundtrip_on_real_multitrack_files(reference, chorales):
+    table = pd.read_parquet(reference / "data/tokens/tokens.parquet")
+    shas = {sha256_bytes(b) for b in chorales}
+    assert all(len(Score.from_midi(b).tracks) > 1 for b in chorales)
+    rows = table[table["sha256"].isin(shas)]
+    assert len(rows) == len(chorales)
+    assert (rows["roundtrip_f1"] == 1.0).all()
+    assert not any("roundtrip_lossy" in f for f in rows["flags"])
+    assert (rows["n_notes"] > 100).all() and (rows["n_notes"] <= rows["n_notes_input"]).all()
+    report = read_json(reference / "reports/tokenize.json")
+    assert report["roundtrip_below_1"] == 0 and report["roundtrip_f1_min"] == 1.0
+
+
+def test_info_and_augmentation(reference):
+    info = read_json(reference / "data/tokens/info.json")
+    tok = miditok.REMI(params=reference / "data/tokenizer.json")
+    assert info["vocab_size"] == len(tok) == 600
+    assert (info["pad_id"], info["bos_id"], info["eos_id"]) == (
+        tok.pad_token_id, tok.vocab["BOS_None"], tok.vocab["EOS_None"])
+    saved = read_json(reference / "data/tokenizer.json")
+    assert saved["tokenization"] == "REMI" and not [k for k in saved if k.endswith("_version")]
+    table = pd.read_parquet(reference / "data/tokens/tokens.parquet")
+    aug = pd.read_parquet(reference / "data/tokens/augmented.parquet")
+    train = set(table.loc[table["split"] == "train", "sha256"])
+    assert set(aug["sha256"]) <= train and set(aug["transpose"]) == {-2, 2}
+    ids = np.concatenate(list(table["ids"]))
+    assert not np.isin(ids, [info["bos_id"], info["eos_id"], info["pad_id"]]).any()
+    report = read_json(reference / "reports/tokenize.json")
+    assert report["augment_out_of_range"] == 1  # the piece holding pitch 108 cannot go up 2
+
+
+@pytest.mark.parametrize(("name", "extra", "model"), [
+    ("TSD", {}, "BPE"), ("MIDILike", {}, "BPE"), ("Structured", {}, "BPE"),
+    ("TSD", {"encode_ids_split": "beat"}, "BPE"), ("REMI", {"encode_ids_split": "no"}, "BPE"),
+    ("REMI", {}, "WordPiece"),
+], ids=["TSD", "MIDILike", "Structured", "TSD-beat", "REMI-nosplit", "REMI-WordPiece"])
+def test_other_tokenizers_end_to_end(name, extra, model, corpus_files, tmp_path):
+    """Cached base ids + trained model equal plain miditok ``encode`` for each scheme."""
+    files = dict(list(corpus_files.items())[:8])  # includes pieces with empty bars
+    write_corpus(tmp_path, files)
+    cfg = TokenizeConfig(tokenizer=name, config={"use_programs": True, **extra}, model=model,
+                         vocab_size=600)
+    run_stage(tmp_path, cfg)
+    tok = getattr(miditok, name)(params=tmp_path / "data/tokenizer.json")
+    assert tok.is_trained
+    table = pd.read_parquet(tmp_path / "data/tokens/tokens.parquet")
+    for sha, ids in zip(table["sha256"], table["ids"], strict=True):
+        data = next(b for b in files.values() if sha256_bytes(b) == sha)
+        assert list(ids) == tok.encode(Score.from_midi(data)).ids
+    assert (table["roundtrip_f1"] == 1.0).all()
+
+
+def test_per_track_sequences(corpus_files, tmp_path):
+    files = dict(list(corpus_files.items())[:6])
+    files["synth/empty.mid"] = synthetic_score(0, n_notes=0).dumps_midi()
+    write_corpus(tmp_path, files)
+    run_stage(tmp_path, TokenizeConfig(config={"use_programs": False}, model="none"))
+    table = pd.read_parquet(tmp_path / "data/tokens/tokens.parquet")
+    tok = miditok.REMI(params=tmp_path / "data/tokenizer.json")
+    for sha, group in table.groupby("sha256"):
+        data = next(b for b in files.values() if sha256_bytes(b) == sha)
+        seqs = tok.encode(Score.from_midi(data))
+        assert list(group["track"]) == list(range(len(seqs)))
+        assert [list(x) for x in group["ids"]] == [s.ids for s in seqs]
+
+
+def test_bad_sources_are_flagged_not_fatal(corpus_files, tmp_path):
+    files = dict(list(corpus_files.items())[:4])
+    garbage = b"MThd this is not midi"
+    files["bad/garbage.mid"] = garbage
+    files["synth/empty.mid"] = synthetic_score(0, n_notes=0).dumps_midi()
+    write_corpus(tmp_path, files, extra_manifest=[
+        {"path": "bad/missing.mid", "sha256": "f" * 64, "status": "ok"}])
+    (tmp_path / "data/raw/synth/00.mid").write_bytes(b"changed since ingest")
+    splits = pd.read_parquet(tmp_path / "data/splits.parquet")
+    extra = pd.DataFrame({"sha256": ["e" * 64], "group_id": ["x"], "split": ["test"], "fold": 0})
+    write_parquet(tmp_path / "data/splits.parquet", pd.concat([splits, extra]))
+    summary = run_stage(tmp_path)
+    table = pd.read_parquet(tmp_path / "data/tokens/tokens.parquet")
+    flags = dict(zip(table["sha256"], table["flags"].map(list), strict=True))
+    assert flags[sha256_bytes(garbage)] == ["read_error"]
+    assert flags["f" * 64] == ["read_error"]
+    assert flags["e" * 64] == ["missing_source"]
+    assert flags[sha256_bytes(corpus_files["synth/00.mid"])] == ["sha_mismatch"]
+    assert flags[sha256_bytes(files["synth/empty.mid"])] == ["no_notes"]
+    assert len(table) == len(splits) + 1 and summary.flagged == 5
+    import pyarrow.parquet as pq
+
+    f1 = pq.read_table(tmp_path / "data/tokens/tokens.parquet").column("roundtrip_f1")
+    assert f1.null_count == 4 and not has_nan(f1)
+    assert read_json(tmp_path / "reports/tokenize.json")["flags"]["read_error"] == 2
+    assert not any(p.name.startswith(sha256_bytes(garbage))
+                   for p in (tmp_path / "data/token_cache").rglob("*.i32"))
+
+
+def has_nan(col) -> bool:
+    return bool(np.isnan(col.drop_null().to_numpy()).any())
+
+
+def test_prune_cache_removes_unreferenced_entries(corpus_files, tmp_path):
+    files = dict(list(corpus_files.items())[:4])
+    write_corpus(tmp_path, files)
+    run_stage(tmp_path, TokenizeConfig(model="none"))
+    old = set((tmp_path / "data/token_cache").rglob("*.i32"))
+    cfg = TokenizeConfig(model="none", config={"use_programs": True, "num_velocities": 8})
+    assert run_stage(tmp_path, cfg).encoded == 4  # new base config: new key
+    assert run_stage(tmp_path, cfg, prune=True).pruned == len(old) == 4
+    assert not any(p.exists() for p in old)
+    assert len(list((tmp_path / "data/token_cache").rglob("*.i32"))) == 4
+
+
+@pytest.mark.parametrize(("raw", "key"), [
+    ({"model": "Unigram"}, "tokenize.model"),
+    ({"tokenizer": "CPWord", "model": "BPE"}, "tokenize.tokenizer"),
+    ({"tokenizer": "Octuple"}, "tokenize.tokenizer"),
+    ({"tokenizer": "Remi"}, "tokenize.tokenizer"),
+    ({"config": {"use_programz": True}}, "config.use_programz"),
+    ({"tokenizer": "Structured", "config": {"use_rests": True}}, "config.use_rests"),
+    ({"config": {"ac_polyphony_bar": True}}, "config.ac_polyphony_bar"),
+    ({"config": {"pitch_range": [21, 200]}}, "pitch_range"),
+    ({"transpose": [0]}, "tokenize.transpose"),
+    ({"vocab_size": "1000"}, "tokenize.vocab_size"),
+], ids=lambda v: str(v) if isinstance(v, str) else "-".join(map(str, v)))
+def test_refused_params_name_the_key(raw, key):
+    with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
+        parse_section("tokenize", raw, TokenizeConfig)
+
+
+def test_vocab_size_must_exceed_base_vocabulary(corpus_files, tmp_path):
+    write_corpus(tmp_path, dict(list(corpus_files.items())[:2]))
+    with pytest.raises(ParamsError, match=r"tokenize\.vocab_size = 100"):
+        run_stage(tmp_path, TokenizeConfig(vocab_size=100))
+
+
+def test_cli_uses_params_section(corpus_files, tmp_path, monkeypatch):
+    from pipeline.cli import main
+
+    write_corpus(tmp_path, dict(list(corpus_files.items())[:3]))
+    (tmp_path / "params.yaml").write_text(
+        "runtime:\n  workers: 1\n  progress: false\n"
+        "tokenize:\n  tokenizer: TSD\n  config:\n    use_programs: true\n  model: none\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["tokenize"]) == 0
+    assert read_json(tmp_path / "data/tokens/info.json")["tokenizer"] == "TSD"
+    (tmp_path / "params.yaml").write_text("tokenize:\n  model: Unigram\n")
+    assert main(["tokenize"]) == 2
+
+
+def test_expand_matches_miditok_decode_token_ids(reference):
+    """The vectorised lossless check equals miditok's own per-id decoding."""
+    from pipeline.tokens.cache import expand, expansion_table
+
+    tok = miditok.REMI(params=reference / "data/tokenizer.json")
+    table = expansion_table(tok)
+    rows = pd.read_parquet(reference / "data/tokens/tokens.parquet")["ids"]
+    assert max(int(np.max(r)) for r in rows) >= len(tok.vocab)  # learned ids are present
+    for ids in list(rows)[:6]:
+        seq = miditok.TokSequence(ids=[int(i) for i in ids], are_ids_encoded=True)
+        tok.decode_token_ids(seq)
+        assert expand(np.asarray(ids, np.int64), table).tolist() == seq.ids
+    assert expand(np.zeros(0, np.int64), table).tolist() == []
+
+
+def test_lossy_vocabulary_is_flagged_and_scored(corpus_files, tmp_path, monkeypatch):
+    """A model that does not decode back to the base ids (as WordPiece's unknown token does) is
+    flagged per row and its round trip re-scored, never hidden."""
+    import pipeline.stages.tokenize as tokenization
+
+    real_expand = tokenization.expand
+    monkeypatch.setattr(tokenization, "expand", lambda ids, table: real_expand(ids, table)[:-3])
+    write_corpus(tmp_path, dict(list(corpus_files.items())[:4]))
+    run_stage(tmp_path, TokenizeConfig(vocab_size=600))
+    table = pd.read_parquet(tmp_path / "data/tokens/tokens.parquet")
+    assert all({"model_lossy", "roundtrip_lossy"} <= set(f) for f in table["flags"])
+    assert ((table["roundtrip_f1"] > 0.5) & (table["roundtrip_f1"] < 1.0)).all()
+    report = read_json(tmp_path / "reports/tokenize.json")
+    assert report["flags"]["model_lossy"] == report["roundtrip_below_1"] == 4

@@ -15,7 +15,6 @@ never change it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.core.artifacts import write_bytes, write_json
+from pipeline.core.artifacts import read_json, write_bytes, write_json
 from pipeline.tokens.contract import IGNORE_INDEX
 
 MODEL_FORMAT = "symkit-transformer-v1"
@@ -218,7 +217,7 @@ def load_model(model_dir: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any
     for p in (meta_path, weights_path):
         if not p.exists():
             raise FileNotFoundError(f"{p}: missing (run `symkit train-transformer` first)")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = read_json(meta_path)
     if meta.get("format") != MODEL_FORMAT:
         raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {MODEL_FORMAT!r}")
     # A private generator for the throw-away init: loading never touches the caller's global RNG.

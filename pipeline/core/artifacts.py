@@ -163,7 +163,13 @@ def write_parquet(path: Path | str, df: Any, schema: pa.Schema | None = None) ->
 
 
 def read_parquet(path: Path | str, columns: list[str] | None = None):
-    """Read a Parquet table into pandas (lists come back as numpy arrays).
+    """Read a Parquet table into pandas (lists come back as numpy arrays); errors as
+    :func:`read_table`."""
+    return read_table(path, columns).to_pandas()
+
+
+def read_table(path: Path | str, columns: list[str] | None = None) -> pa.Table:
+    """Read a Parquet file as a pyarrow Table.
 
     A missing file, one that is not Parquet (e.g. truncated by a kill outside symkit) or one
     without a requested column raises :class:`ArtifactError` naming the file and its stage.
@@ -178,7 +184,7 @@ def read_parquet(path: Path | str, columns: list[str] | None = None):
     if missing:
         raise ArtifactError.for_path(path, f"has no column {', '.join(map(repr, missing))}")
     try:
-        return pq.read_table(path, columns=columns).to_pandas()
+        return pq.read_table(path, columns=columns)
     except (pa.ArrowException, OSError):
         raise ArtifactError.for_path(path, "is not a readable Parquet file") from None
 

@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from pipeline.core.artifacts import read_table
 
 _M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -126,7 +127,7 @@ def notes_from_table(table: pa.Table) -> NoteArrays:
 def read_notes(path: Path | str) -> NoteArrays:
     """Read ``data/notes.parquet`` (only the columns fingerprints need)."""
     cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
-    return notes_from_table(pq.read_table(path, columns=cols))
+    return notes_from_table(read_table(path, columns=cols))
 
 
 # ---------------------------------------------------------------------------------------------

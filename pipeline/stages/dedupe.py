@@ -35,7 +35,6 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
@@ -358,7 +357,7 @@ def cluster(edges: _Edges, n_notes: np.ndarray, cfg: DedupeConfig
 
 def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, dict[str, int]]:
     """Ok manifest rows (sorted by sha256) and their notes aligned to them (missing -> empty)."""
-    man = pq.read_table(manifest, columns=["sha256", "status", "note_hash", "n_notes"])
+    man = artifacts.read_table(manifest, columns=["sha256", "status", "note_hash", "n_notes"])
     counts = {s: int(pc.sum(pc.equal(man["status"], s)).as_py() or 0)
               for s in ("ok", "duplicate", "quarantined")}
     ok = man.filter(pc.equal(man["status"], "ok"))
@@ -367,7 +366,7 @@ def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, d
     if len(pc.unique(shas)) != len(shas):
         raise ValueError(f"{manifest}: sha256 repeats among ok rows; re-run ingest")
     cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
-    table = pq.read_table(notes, columns=cols)
+    table = artifacts.read_table(notes, columns=cols)
     counts["notes_not_in_manifest"] = int(pc.sum(pc.invert(pc.is_in(table["sha256"], shas))).as_py()
                                           or 0)
     table = table.filter(pc.is_in(table["sha256"], shas))

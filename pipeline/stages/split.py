@@ -226,10 +226,9 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
 def _kept_notes(notes: Path, kept: np.ndarray) -> fp.NoteArrays:
     """Notes of the kept pieces, in sha256 order (a kept piece without notes is empty)."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
-    table = pq.read_table(notes, columns=cols)
+    table = artifacts.read_table(notes, columns=cols)
     table = table.filter(pc.is_in(table["sha256"], pa.array(kept.tolist(), pa.string())))
     missing = sorted(set(kept.tolist()) - set(table["sha256"].to_pylist()))
     if missing:

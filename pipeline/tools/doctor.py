@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.artifacts import read_parquet
 from pipeline.core.config import load_section
 from pipeline.tokens.contract import TokenInfo
 from pipeline.tokens.tokenizer import load_tokenizer
@@ -200,8 +201,6 @@ def run_checks(cfg: Any, *, tokens: Path, info: Path, tokenizer: Path,
     """All checks, on real data when ``tokens``/``info`` exist, else on synthetic data."""
     import tempfile
 
-    import pyarrow.parquet as pq
-
     from models.transformer import TransformerConfig
     from pipeline.training.data import load_corpus, make_batch
     from pipeline.training.synthetic import write_token_data
@@ -215,7 +214,7 @@ def run_checks(cfg: Any, *, tokens: Path, info: Path, tokenizer: Path,
             results.append(CheckResult("data", "SKIP", "no token data: model checks use "
                                                        "synthetic pieces"))
         tinfo = TokenInfo.read(info)
-        table = pq.read_table(tokens, columns=["split", "ids", "n_notes"]).to_pandas()
+        table = read_parquet(tokens, columns=["split", "ids", "n_notes"])
         rows = [np.asarray(r, dtype=np.int64) for r in table["ids"]]
         if real:
             results.append(check_token_ids(rows, tinfo))

@@ -16,6 +16,7 @@ from torch import nn
 
 from models.lora import apply_lora, freeze
 from models.transformer import GPT, TransformerConfig, load_model
+from pipeline.core.artifacts import read_json
 from pipeline.core.config import ParamsError
 from pipeline.training.config import FinetuneSection, ModelSection, OptimSection
 
@@ -89,11 +90,9 @@ def load_init(path: Path) -> tuple[GPT, dict[str, Any]]:
     e.g. ``data/transformer/checkpoints/step-00000300``) of a run without LoRA."""
     if (path / "model.json").exists() or not (path / "state.json").exists():
         return load_model(path)
-    import json
-
     from safetensors.torch import load_file
 
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+    state = read_json(path / "state.json")
     weights = load_file(str(path / "model.safetensors"))
     if any(".lora_" in k for k in weights):
         raise ParamsError(f"transformer.finetune.init_from = {str(path)!r}: a checkpoint of a LoRA "

@@ -81,6 +81,31 @@ def test_verdicts(metrics, kw, status):
     assert v.name == "r" and v.evidence
 
 
+@pytest.mark.parametrize(("lo", "hi", "op", "status"), [
+    (0.03, 0.07, ">=", "PASS"),          # the whole interval clears 0.02
+    (0.01, 0.07, ">=", "INCONCLUSIVE"),  # the point (0.04) clears it, the lower bound does not
+    (-0.02, 0.015, ">=", "FAIL"),        # no value in the interval reaches 0.02
+    (0.0, 0.015, "<=", "PASS"),
+    (0.01, 0.05, "<=", "INCONCLUSIVE"),
+    (0.03, 0.05, "<", "FAIL"),
+])
+def test_interval_judging_applies_the_threshold_to_the_bounds(lo, hi, op, status):
+    r = rule(op=op, threshold=0.02, judge="interval")
+    v = evaluate(r, {"m": 0.04, "m.ci_low": lo, "m.ci_high": hi}, ci_level=0.9)
+    assert v.status == status, v.evidence
+    assert "90% CI" in v.evidence and v.evidence.endswith(".")
+    assert evaluate(r, {"m": 0.04}).status == "INCONCLUSIVE"  # no interval, no verdict
+
+
+def test_interval_rules_refuse_equality_and_a_second_ci():
+    with pytest.raises(ParamsError, match="judge: interval needs op"):
+        parse_section("criteria", {"rules": [{**RULE, "op": "==", "judge": "interval"}]},
+                      CriteriaConfig)
+    with pytest.raises(ParamsError, match="drop ci"):
+        parse_section("criteria", {"rules": [{**RULE, "judge": "interval", "ci": "lower>0"}]},
+                      CriteriaConfig)
+
+
 def test_overall_decision():
     cfg = CriteriaConfig(rules=[rule(name="a"), rule(name="b", metric="n")])
     assert overall(evaluate_all(cfg, {"m": 1.0, "n": 1.0})) == "PASS"
@@ -99,11 +124,21 @@ def test_flatten_and_build_metrics_from_stage_reports():
     m = build_metrics({"eval": eval_json, "train": {"best_val_loss": 1.5,
                                                     "final_train_loss": 1.2}, "ingest": None})
     assert m["test.nll_per_note.diff"] == 0.1
+    # without eval's bootstrapped ratio: the point value only, never a rescaled interval
     assert m["test.nll_per_note.rel_improvement"] == pytest.approx(0.05)
-    assert m["test.nll_per_note.rel_improvement.ci_low"] == pytest.approx(0.02)
+    assert "test.nll_per_note.rel_improvement.ci_low" not in m
     assert m["train.overfit_gap"] == pytest.approx(0.3)
-    assert m["eval.models.ngram.test.nats_per_note.value"] == 2.0
     cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    assert {v.name: v.status for v in evaluate_all(cfg, m)}["transformer_beats_ngram"] == \
+        "INCONCLUSIVE"
+    eval_json["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
+        "value": 0.05, "ci_low": 0.025, "ci_high": 0.075, "median_piece_effect": 0.04,
+        "without_top3_groups": {"value": 0.03, "dropped_groups": ["a", "b", "c"]}}
+    m = build_metrics({"eval": eval_json, "train": {"best_val_loss": 1.5,
+                                                    "final_train_loss": 1.2}, "ingest": None})
+    assert m["test.nll_per_note.rel_improvement.ci_low"] == 0.025
+    assert m["test.nll_per_note.rel_improvement.without_top3_groups"] == 0.03
+    assert m["eval.models.ngram.test.nats_per_note.value"] == 2.0
     verdicts = {v.name: v.status for v in evaluate_all(cfg, m)}
     assert verdicts["transformer_beats_ngram"] == "PASS"
     assert verdicts["overfitting_bounded"] == "PASS"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -20,10 +22,19 @@ PATH = re.compile(r"(?<![\w./-])((?:pipeline|models|tests|benchmarks|docs)/[\w./
 DOTTED = re.compile(r"(?<![\w./-])((?:pipeline|models)(?:\.[A-Za-z_]\w*)+)(?![\w<])")
 
 
+def _prose(path: Path) -> str:
+    """A Markdown file whole; of a Python file only its strings and comments (where docs live)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return text
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    return "\n".join(t.string for t in tokens if t.type in (tokenize.STRING, tokenize.COMMENT))
+
+
 def _mentions(pattern: re.Pattern, files: list[Path]) -> list[tuple[str, str]]:
     found = set()
     for f in files:
-        for m in pattern.finditer(f.read_text(encoding="utf-8")):
+        for m in pattern.finditer(_prose(f)):
             found.add((f.relative_to(ROOT).as_posix(), m.group(1).rstrip(".")))
     return sorted(found)
 

@@ -14,9 +14,21 @@ import pytest
 from models.ngram import NGramLM
 from pipeline.core.artifacts import read_json, read_parquet, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.scoring.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
-from pipeline.scoring.loading import ModelSpec, default_specs, load_models, load_ngram
-from pipeline.stages.evaluate import EvaluateConfig, run
+from pipeline.scoring.bootstrap import (
+    bootstrap_weights,
+    group_sums,
+    paired_diff_ci,
+    paired_rel_ci,
+    ratio_ci,
+)
+from pipeline.scoring.loading import (
+    ModelSpec,
+    default_specs,
+    load_models,
+    load_named,
+    load_ngram,
+)
+from pipeline.stages.evaluate import EvaluateConfig, protocol_block, run
 from pipeline.tokens.contract import TokenInfo, tokens_table
 from tests.test_train_ngram import BOS, EOS, PAD, VOCAB, write_corpus
 
@@ -238,9 +250,8 @@ def test_per_piece_schema_when_no_model_loads(setup):
     assert isinstance(table, pd.DataFrame)
 
 
-def test_transformer_is_scored_and_paired_when_present(setup):
-    """Integration with models.transformer (a tiny untrained GPT): discovered, scored, paired."""
-    paths, root = setup
+def _save_tiny_transformer(root: Path) -> None:
+    """An untrained GPT with a 16-token context in ``root/data/transformer``."""
     transformer = pytest.importorskip("models.transformer")
     import torch
 
@@ -250,6 +261,12 @@ def test_transformer_is_scored_and_paired_when_present(setup):
     transformer.save_model(root / "data" / "transformer", model, {
         "bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "tokenizer_hash": "tok-hash",
         "split_hash": "split-hash"})
+
+
+def test_transformer_is_scored_and_paired_when_present(setup):
+    """Integration with models.transformer (a tiny untrained GPT): discovered, scored, paired."""
+    paths, root = setup
+    _save_tiny_transformer(root)
     specs = default_specs(root / "data" / "ngram", root / "data" / "transformer")
     _, report, table = evaluate(paths, root, specs)
     assert report["unavailable"] == {}
@@ -275,3 +292,80 @@ def test_registration_check_compares_protocol_and_split(tmp_path):
     changed = registration_check(reg, EvaluateConfig(n_boot=cfg.n_boot + 1),
                                  replace(info, split_hash="x"))
     assert changed["split_hash_matches"] is False and changed["protocol_matches"] is False
+
+
+def test_stride_reaches_the_scorer_and_a_too_large_one_names_the_key(setup):
+    paths, root = setup
+    _save_tiny_transformer(root)  # max_seq_len 16; pieces are 30-60 tokens, so windows slide
+    info = TokenInfo.read(paths["info"])
+    dirs = (root / "data" / "ngram", root / "data" / "transformer")
+
+    def scored(**kw) -> pd.Series:
+        _, report, table = evaluate(paths, root, default_specs(*dirs, **kw),
+                                    out=f"stride-{kw}")
+        assert report["unavailable"] == {}
+        return table[table["model"] == "transformer"]["nll_nats"].reset_index(drop=True)
+
+    models, _ = load_models(default_specs(*dirs, stride=3), info=info)
+    assert models["transformer"].stride == 3
+    default = scored()  # the scorer's own default, max_seq_len // 4 = 4
+    pd.testing.assert_series_equal(scored(stride=4), default)
+    assert not scored(stride=16).equals(default)
+    with pytest.raises(ParamsError, match=r"evaluate\.stride: 17 .*max_seq_len 16"):
+        evaluate(paths, root, default_specs(*dirs, stride=17))  # lenient, yet it stops
+    with pytest.raises(ParamsError, match=r"evaluate\.stride"):  # not ModelUnavailable
+        load_models(default_specs(*dirs, ["transformer"], stride=17), info=info, strict=True)
+    named = load_named(["transformer"], ngram_dir=dirs[0], transformer_dir=dirs[1],
+                       device="cpu", info=info, torch_threads=1)  # generate, audit: unchanged
+    assert named["transformer"].stride == 4
+
+
+def test_default_stride_is_the_default_models_own():
+    """``evaluate.stride`` 64 is what the scorer chose by itself for the default 256-token
+    context, so the default experiment's scores do not change; it is part of the protocol."""
+    from pipeline.training.config import ModelSection
+
+    cfg = EvaluateConfig()
+    assert cfg.stride == max(1, ModelSection().max_seq_len // 4) == 64
+    info = TokenInfo(vocab_size=8, pad_id=0, bos_id=1, eos_id=2, tokenizer_hash="t",
+                     split_hash="s")
+    assert protocol_block(cfg, info)["transformer_stride"] == 64
+    with pytest.raises(ParamsError, match=r"evaluate\.stride"):
+        parse_section("evaluate", {"stride": 0}, EvaluateConfig)
+
+
+def test_relative_improvement_block(tmp_path):
+    """Each pair and split gains ``rel_improvement``: (A − B) / A per unit with the interval
+    formed inside the same replicates as the difference (whose values do not change), the
+    median piece effect and the effect without the 3 groups contributing most."""
+    root = tmp_path
+    paths = write_corpus(root / "data", n_groups=24, n_eval=6)
+    _fit_and_save(paths, root / "data" / "ngram", order=3)
+    _fit_and_save(paths, root / "data" / "unigram", order=1, smoothing="unigram")
+    _, report, table = evaluate(paths, root, two_models(root), seed=5)
+    for i, split in enumerate(("val", "test")):
+        block = report["paired"]["ngram_minus_unigram"][split]
+        part = table[table["split"] == split].sort_values("sha256")
+        a, b = (part[part["model"] == m].reset_index(drop=True) for m in ("ngram", "unigram"))
+        names, codes = np.unique(a["group_id"].to_numpy(dtype=str), return_inverse=True)
+        w = bootstrap_weights(len(names), 500, np.random.default_rng([5, i]))
+        g = {k: group_sums(codes, df[col], len(names))
+             for k, df, col in (("a", a, "nll_nats"), ("b", b, "nll_nats"),
+                                ("notes", a, "n_notes"))}
+        args = (g["a"], g["notes"], g["b"], g["notes"], w, 0.95)
+        assert block["nats_per_note"] == pytest.approx(paired_diff_ci(*args), rel=1e-12)
+        rel = block["rel_improvement"]
+        ci = {k: rel[k] for k in ("value", "ci_low", "ci_high")}
+        assert ci == pytest.approx(paired_rel_ci(*args), rel=1e-12)
+        assert rel["value"] == pytest.approx(1 - b["nll_nats"].sum() / a["nll_nats"].sum())
+        seconds = (g["a"], group_sums(codes, a["duration_s"], len(names)), g["b"],
+                   group_sums(codes, a["duration_s"], len(names)), w, 0.95)
+        assert paired_rel_ci(*seconds) == pytest.approx(ci, rel=1e-9)  # shared units cancel
+        assert rel["median_piece_effect"] == pytest.approx(
+            np.median(1 - b["nll_nats"] / a["nll_nats"]))
+        top = rel["without_top3_groups"]
+        assert len(top["dropped_groups"]) == 3 and set(top["dropped_groups"]) <= set(names)
+        kept = ~a["group_id"].isin(top["dropped_groups"])
+        assert top["value"] == pytest.approx(1 - b["nll_nats"][kept].sum()
+                                             / a["nll_nats"][kept].sum())
+        assert rel["value"] < top["value"] < 0  # the unigram is worse

@@ -13,10 +13,10 @@ import yaml
 
 from pipeline.cli import main as cli
 from pipeline.core import artifacts
-from pipeline.core.config import load_section
-from pipeline.report.criteria import CriteriaConfig
+from pipeline.core.config import load_section, read_params
 from pipeline.report.figures import piano_roll_png
 from pipeline.stages.report import ReportConfig, ReportPaths, run
+from pipeline.tools.preregister import AlreadyScored
 from pipeline.tools.preregister import run as preregister
 
 RULES = [
@@ -90,27 +90,37 @@ def make_inputs(root: Path) -> ReportPaths:
                                                     "split": ["train", "train", "test"]}))
     artifacts.write_parquet(p.pairs, pd.DataFrame({"a": ["a"], "b": ["c"], "tier": ["note"],
                                                    "similarity": [1.0]}))
-    artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64})
+    artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64,
+                                 "environment": {"packages": artifacts.package_versions()}})
     return p
 
 
 def report(root: Path, params: Path, p: ReportPaths):
-    return run(load_section("report", params, ReportConfig),
-               load_section("criteria", params, CriteriaConfig),
-               yaml.safe_load(params.read_text())["evaluate"], p)
+    return run(load_section("report", params, ReportConfig), read_params(params), p)
+
+
+def register(root: Path, params: Path, p: ReportPaths, **kw):
+    return preregister(params, split_report=p.split, eval_report=kw.pop("eval_report", p.eval),
+                       out=p.preregistration, **kw)
+
+
+def without_test_scores(p: ReportPaths) -> None:
+    """As before `dvc repro evaluate`: no eval.json yet (restored by make_inputs)."""
+    p.eval.unlink()
 
 
 def outputs(p: ReportPaths) -> dict[str, bytes]:
     return {q.name: q.read_bytes() for q in (p.metrics_out, p.md_out, p.html_out)}
 
 
-def test_preregistered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path):
+def test_registered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path):
     a = tmp_path / "a"
     p = make_inputs(a)
     params = write_params(a)
-    rec = preregister(params, split_report=p.split, eval_report=a / "missing.json",
-                      out=p.preregistration)
-    assert rec["split_hash"] == "abc123" and rec["eval_report_sha256"] is None
+    rec = register(a, params, p, eval_report=a / "missing.json")
+    assert rec["identity"]["split_hash"] == "abc123" and not rec["registered_after_scoring"]
+    assert rec["identity"]["params"]["evaluate"] == EVALUATE
+    assert rec["identity"]["packages"]["numpy"] == np.__version__
     s = report(a, params, p)
     assert s.decision == "PASS" and s.n_deviations == 0
     first = outputs(p)
@@ -122,86 +132,177 @@ def test_preregistered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_pa
 
     metrics = artifacts.read_json(p.metrics_out)
     assert metrics["decision.overall"] == "PASS"
+    assert metrics["decision.registration"] == "FOLLOWED"
     assert metrics["decision.criteria.no_crossing_groups"] == "PASS"
     assert metrics["test.nll_per_note.rel_improvement"] == pytest.approx(0.05)
     html = p.html_out.read_text()
     assert "data:image/png;base64," in html
     assert "http://" not in html and "https://" not in html and "<script" not in html
     md = p.md_out.read_text()
-    assert "No deviations" in md and "| transformer_beats_ngram |" in md
+    assert "all match the registration" in md and "| transformer_beats_ngram |" in md
+    assert "Without git history" in md
     assert "](samples/ngram_unconditional_0.png)" in md
     assert "CC0" in md and "deadbeef" in md
 
 
-def test_changed_criterion_protocol_or_split_is_a_deviation(tmp_path):
+def test_missing_registration_is_not_registered(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
-    preregister(params, split_report=p.split, eval_report=tmp_path / "missing.json",
-                out=p.preregistration)
-    changed = [dict(r) for r in RULES]
-    changed[2]["threshold"] = 0.5  # loosened after the fact
-    params = write_params(tmp_path, rules=changed, evaluate={**EVALUATE, "n_boot": 50})
-    split = artifacts.read_json(p.split)
-    artifacts.write_json(p.split, {**split, "split_hash": "zzz"})
     s = report(tmp_path, params, p)
-    md, html = p.md_out.read_text(), p.html_out.read_text()
-    assert s.n_deviations == 3
+    assert s.decision == "NOT REGISTERED"
+    assert artifacts.read_json(p.metrics_out)["decision.registration"] == "NOT REGISTERED"
+    md = p.md_out.read_text()
+    assert "Overall decision: NOT REGISTERED" in md and "Not registered" in md
+    # the verdicts are still shown, judged from params.yaml
+    assert "| transformer_beats_ngram |" in md
+
+
+def _deviations(tmp_path: Path, change) -> tuple[str, list[str], str]:
+    """Register, apply ``change(params_dict, paths)``, report; -> (decision, deviations, md)."""
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    data = yaml.safe_load(params.read_text())
+    change(data, p)
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    devs = [line for line in md.splitlines() if line and line in
+            md.split("## Deviations from the registration")[-1].split("## Decision")[0]]
+    return s.decision, devs, md
+
+
+def test_a_criterion_loosened_after_registration_is_deviated_and_not_used(tmp_path):
+    def loosen(data, p):
+        data["criteria"]["rules"][2]["threshold"] = 0.5
+        artifacts.write_json(p.audit, {**artifacts.read_json(p.audit),
+                                       "flag_rate": {"excess": 0.3}})
+
+    decision, devs, md = _deviations(tmp_path, loosen)
+    assert decision == "DEVIATED"
+    assert any("criterion 'memorisation_at_human_level'.threshold: registered 0.05, now 0.5"
+               in d for d in devs)
+    # the registered rule judges: an excess of 0.3 fails "<= 0.05" (it would pass "<= 0.5")
+    row = next(line for line in md.splitlines() if line.startswith("| memorisation_at_human"))
+    assert "<= 0.05" in row and "FAIL" in row
+    assert md.index("Deviations") < md.index("## Decision")  # prominent: before the decision
+
+
+@pytest.mark.parametrize(("section", "key", "value", "named"), [
+    ("tokenize", "tokenizer", "TSD", "tokenize.tokenizer: registered 'REMI', now 'TSD'"),
+    ("transformer", "seed", 7, "transformer.seed: registered 1234, now 7"),
+    ("audit", "flag_quantile", 0.5, "audit.flag_quantile: registered 0.99, now 0.5"),
+    ("evaluate", "n_boot", 50, "evaluate.n_boot: registered 200, now 50"),
+])
+def test_a_changed_param_that_shapes_results_is_deviated(tmp_path, section, key, value, named):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    base = {"tokenize": {"tokenizer": "REMI"}, "transformer": {"seed": 1234},
+            "audit": {"flag_quantile": 0.99}}
+    data.update({k: v for k, v in base.items() if k not in data})
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    data[section] = {**data[section], key: value}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert s.decision == "DEVIATED" and s.n_deviations == 1
+    assert named in p.md_out.read_text()
+
+
+def test_other_split_packages_and_edited_hash_are_deviated(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    artifacts.write_json(p.split, {**artifacts.read_json(p.split), "split_hash": "zzz"})
+    env = artifacts.read_json(p.env)
+    env["environment"]["packages"]["torch"] = "0.0.1"
+    artifacts.write_json(p.env, env)
+    assert report(tmp_path, params, p).n_deviations == 2
+    md = p.md_out.read_text()
+    assert "split_hash: registered 'abc123', now 'zzz' (the split changed)" in md
+    assert "package.torch: registered" in md and "now '0.0.1'" in md
     eval_json = artifacts.read_json(p.eval)
     artifacts.write_json(p.eval, {**eval_json, "protocol": {"split_hash": "other"}})
-    assert report(tmp_path, params, p).n_deviations == 4
+    assert report(tmp_path, params, p).n_deviations == 3
     assert "reports/eval.json scored split 'other'" in p.md_out.read_text()
-    artifacts.write_json(p.eval, eval_json)
-    report(tmp_path, params, p)
-    assert "Deviations from the pre-registration" in md
-    assert "criterion 'memorisation_at_human_level'.threshold: pre-registered 0.05, now 0.5" in md
-    assert "protocol (evaluate).n_boot" in md and "the split changed" in md
-    assert md.index("Deviations") < md.index("## Decision")  # prominent: before the decision
-    assert 'class="warn"' in html
-    assert artifacts.read_json(p.metrics_out)["decision.n_deviations"] == 3
+
+    q = make_inputs(tmp_path / "edited")
+    params = write_params(tmp_path / "edited")
+    rec = register(tmp_path / "edited", params, q, eval_report=tmp_path / "missing.json")
+    rec["identity"]["params"]["criteria"]["rules"][0]["threshold"] = 0.0  # edited by hand
+    artifacts.write_json(q.preregistration, rec)
+    s = report(tmp_path / "edited", params, q)
+    assert s.decision == "DEVIATED"
+    md = q.md_out.read_text()
+    assert "identity_hash does not match the registered identity" in md
 
 
-def test_missing_registration_and_inputs_degrade_to_not_available(tmp_path):
+def test_an_old_schema_registration_is_deviated(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    artifacts.write_json(p.preregistration, {"schema": 1, "criteria": RULES})
+    s = report(tmp_path, params, p)
+    assert s.decision == "DEVIATED"
+    assert "has schema 1, not 2" in p.md_out.read_text()
+
+
+def test_preregistering_after_test_scores_is_refused_unless_forced(tmp_path):
+    p = make_inputs(tmp_path)  # eval.json holds test scores of split abc123
+    params = write_params(tmp_path)
+    with pytest.raises(AlreadyScored, match="--force"):
+        register(tmp_path, params, p)
+    assert not p.preregistration.exists()
+    # scores of another split do not block a registration of this one
+    artifacts.write_json(p.eval, {**artifacts.read_json(p.eval),
+                                  "protocol": {"split_hash": "old-split"}})
+    assert not register(tmp_path, params, p)["registered_after_scoring"]
+    p = make_inputs(tmp_path / "forced")
+    params = write_params(tmp_path / "forced")
+    rec = register(tmp_path / "forced", params, p, force=True)
+    assert rec["registered_after_scoring"] and rec["eval_report_sha256"] == \
+        artifacts.sha256_file(p.eval)
+    assert register(tmp_path / "forced", params, p, force=True) == rec  # stable
+    s = report(tmp_path / "forced", params, p)
+    assert s.decision == "DEVIATED"
+    assert "registered after test scores of this split existed" in p.md_out.read_text()
+
+
+def test_registration_before_scores_can_be_replaced_freely(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    without_test_scores(p)
+    first = register(tmp_path, params, p)
+    params = write_params(tmp_path, rules=RULES[:2])
+    second = register(tmp_path, params, p)
+    assert first["identity_hash"] != second["identity_hash"]
+    assert len(second["identity"]["params"]["criteria"]["rules"]) == 2
+
+
+def test_cli_preregister_and_report(tmp_path, monkeypatch, capsys):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)  # CLI defaults are relative to the repository root
+    assert cli(["preregister", "--params", str(params)]) == 1  # test scores exist
+    assert "already holds test scores" in capsys.readouterr().err
+    without_test_scores(p)
+    assert cli(["preregister", "--params", str(params)]) == 0
+    make_inputs(tmp_path)
+    assert cli(["report", "--params", str(params)]) == 0
+    env = artifacts.read_json(p.env)
+    assert "environment" in env and "params_sha256" in env and env["git"] == {"git": False}
+    assert artifacts.read_json(p.metrics_out)["decision.overall"] == "PASS"
+
+
+def test_corrupt_inputs_degrade_to_not_available(tmp_path):
     params = write_params(tmp_path)
     p = paths_in(tmp_path)
-    s = report(tmp_path, params, p)
-    assert s.decision == "INCONCLUSIVE" and s.n_deviations == 1
-    md = p.md_out.read_text()
-    assert "no pre-registration found" in md and "not available" in md
-    # a corrupt input is also "not available", not a crash
     p.eval.parent.mkdir(parents=True, exist_ok=True)
     p.eval.write_text("{not json")
     p.per_piece.parent.mkdir(parents=True, exist_ok=True)
     p.per_piece.write_bytes(b"PAR1garbage")
-    assert report(tmp_path, params, p).decision == "INCONCLUSIVE"
-
-
-def test_preregistration_is_frozen_and_notes_existing_scores(tmp_path):
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    rec = preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration)
-    assert rec["eval_report_sha256"] == artifacts.sha256_file(p.eval)
-    assert rec["protocol"]["eval_block"] == {"units": "nats", "bootstrap": {"n_boot": 200}}
-    same = preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration)
-    assert same == rec  # re-running with nothing changed is allowed
-    params = write_params(tmp_path, rules=RULES[:2])
-    with pytest.raises(FileExistsError, match="--force"):
-        preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration)
-    preregister(params, split_report=p.split, eval_report=p.eval, out=p.preregistration,
-                force=True)
-    assert len(artifacts.read_json(p.preregistration)["criteria"]) == 2
-    report(tmp_path, params, p)
-    assert "test scores may have been seen" in p.md_out.read_text()
-
-
-def test_cli_preregister_and_report(tmp_path, monkeypatch):
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    monkeypatch.chdir(tmp_path)  # CLI defaults are relative to the repository root
-    assert cli(["preregister", "--params", str(params)]) == 0
-    assert cli(["report", "--params", str(params)]) == 0
-    env = artifacts.read_json(p.env)
-    assert "environment" in env and "params_sha256" in env
-    assert artifacts.read_json(p.metrics_out)["decision.overall"] == "PASS"
+    assert report(tmp_path, params, p).decision == "NOT REGISTERED"
+    assert "not available" in p.md_out.read_text()
 
 
 def test_repository_params_sections_parse():

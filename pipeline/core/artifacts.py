@@ -234,28 +234,28 @@ def stable_int(text: str) -> int:
     return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16)
 
 
-def environment_facts() -> dict[str, Any]:
-    """Facts about this machine and library versions, for sidecars only (never for artifacts)."""
+RESULT_PACKAGES = ("miditok", "symusic", "music21", "numpy", "scipy", "pandas", "pyarrow",
+                   "torch", "scikit-learn", "datasketch", "safetensors")
+"""Packages whose versions can change results (the pre-registration freezes them)."""
+ENV_PACKAGES = ("symkit", *RESULT_PACKAGES, "dvc")
+
+
+def package_versions(names: tuple[str, ...] = ENV_PACKAGES) -> dict[str, str | None]:
+    """Installed version of each package (None when it is not installed)."""
     from importlib import metadata
 
-    versions = {}
-    for pkg in (
-        "symkit",
-        "miditok",
-        "symusic",
-        "music21",
-        "numpy",
-        "pandas",
-        "pyarrow",
-        "torch",
-        "scikit-learn",
-        "datasketch",
-        "dvc",
-    ):
+    versions: dict[str, str | None] = {}
+    for pkg in names:
         try:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
+    return versions
+
+
+def environment_facts() -> dict[str, Any]:
+    """Facts about this machine and library versions, for sidecars only (never for artifacts)."""
+    versions = package_versions()
     return {
         "python": sys.version.split()[0],
         "platform": platform.platform(),

@@ -11,10 +11,12 @@ threshold, optionally a confidence-interval requirement, and why it is there::
       ci_metric: test.nll_per_note.diff # reads <ci_metric>.ci_low / <ci_metric>.ci_high
       rationale: ...
 
-Verdicts: PASS (point estimate meets the threshold and the CI requirement holds), FAIL (point
-estimate misses the threshold, or the CI lies entirely on the wrong side of 0), INCONCLUSIVE (the
-metric or its CI is missing, or the CI straddles 0). Overall: FAIL if any criterion fails, PASS if
-all pass, otherwise INCONCLUSIVE.
+A rule with ``judge: interval`` compares the metric's whole interval (``<metric>.ci_low`` and
+``.ci_high``) with the threshold: PASS when the whole interval meets it (for ``>=``, the lower
+bound), FAIL when no value in it does, INCONCLUSIVE when it straddles the threshold. A rule with
+``judge: point`` (the default) compares the point value, then checks the optional ``ci`` sign
+requirement. A missing metric or interval is INCONCLUSIVE. Each verdict carries one plain sentence
+of evidence. Overall: FAIL if any criterion fails, PASS if all pass, otherwise INCONCLUSIVE.
 
 ``METRIC_ALIASES`` maps the canonical keys that criteria use to the keys each stage report may
 write; :func:`build_metrics` flattens all stage reports and fills the canonical keys from the
@@ -48,9 +50,20 @@ class Criterion(StageConfig):
     metric: str = Field(min_length=1)
     op: Op
     threshold: float
+    judge: Literal["point", "interval"] = "point"
     ci: CiRule | None = None
     ci_metric: str | None = None
     rationale: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _interval_needs_an_order(self) -> Criterion:
+        if self.judge == "interval" and self.op == "==":
+            raise ValueError("judge: interval needs op <, <=, > or >= (an interval cannot equal "
+                             "a threshold)")
+        if self.judge == "interval" and self.ci is not None:
+            raise ValueError("judge: interval already judges the metric's own interval; drop ci "
+                             "and ci_metric")
+        return self
 
     @model_validator(mode="after")
     def _ci_metric_needs_ci(self) -> Criterion:
@@ -103,6 +116,17 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
         "eval.paired.ngram_minus_transformer.test.nats_per_note.ci_low",),
     "test.nll_per_note.diff.ci_high": (
         "eval.paired.ngram_minus_transformer.test.nats_per_note.ci_high",),
+    # (n-gram − transformer) / n-gram per note, the ratio formed in each bootstrap replicate
+    "test.nll_per_note.rel_improvement": (
+        "eval.paired.ngram_minus_transformer.test.rel_improvement.value",),
+    "test.nll_per_note.rel_improvement.ci_low": (
+        "eval.paired.ngram_minus_transformer.test.rel_improvement.ci_low",),
+    "test.nll_per_note.rel_improvement.ci_high": (
+        "eval.paired.ngram_minus_transformer.test.rel_improvement.ci_high",),
+    "test.nll_per_note.rel_improvement.median_piece": (
+        "eval.paired.ngram_minus_transformer.test.rel_improvement.median_piece_effect",),
+    "test.nll_per_note.rel_improvement.without_top3_groups": (
+        "eval.paired.ngram_minus_transformer.test.rel_improvement.without_top3_groups.value",),
     "train.overfit_gap": ("train.overfit_gap",),
     "train.best_val_loss": ("train.best_val_loss",),
     "train.final_train_loss": ("train.final_train_loss",),
@@ -138,10 +162,10 @@ def _number(v: Any) -> float | None:
 def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
     """Flat metrics from stage reports (``{"eval": {...}, "audit": {...}, ...}``, missing = None).
 
-    Canonical keys come from :data:`METRIC_ALIASES`; derived keys:
-    ``test.nll_per_note.diff`` (from the two model means when eval has no paired difference, then
-    without a CI), ``test.nll_per_note.rel_improvement`` (= diff / n-gram NLL, CI scaled the
-    same way) and ``train.overfit_gap`` (= best val loss − final train loss).
+    Canonical keys come from :data:`METRIC_ALIASES`; when eval.json lacks the paired blocks,
+    ``test.nll_per_note.diff`` and ``test.nll_per_note.rel_improvement`` are derived from the two
+    models' means, without an interval (dividing the difference's interval by a point value would
+    not be one). ``train.overfit_gap`` = best val loss − final train loss.
     """
     flat: dict[str, Any] = {}
     for stem in sorted(reports):
@@ -157,12 +181,8 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
     if _number(flat.get("test.nll_per_note.diff")) is None and tr is not None and ng is not None:
         flat["test.nll_per_note.diff"] = ng - tr
     diff = _number(flat.get("test.nll_per_note.diff"))
-    if diff is not None and ng:
-        flat["test.nll_per_note.rel_improvement"] = diff / ng
-        for end in ("ci_low", "ci_high"):
-            v = _number(flat.get(f"test.nll_per_note.diff.{end}"))
-            if v is not None:
-                flat[f"test.nll_per_note.rel_improvement.{end}"] = v / ng
+    if _number(flat.get("test.nll_per_note.rel_improvement")) is None and diff is not None and ng:
+        flat["test.nll_per_note.rel_improvement"] = diff / ng  # no interval: none is honest
     val, trn = _number(flat.get("train.best_val_loss")), _number(flat.get("train.final_train_loss"))
     if _number(flat.get("train.overfit_gap")) is None and val is not None and trn is not None:
         flat["train.overfit_gap"] = val - trn
@@ -181,24 +201,31 @@ class Verdict:
     op: str
     threshold: float
     ci_metric: str
-    """Whose 95% CI ``ci_low``/``ci_high`` are (the rule's ``ci_metric`` or ``metric``)."""
+    """Whose interval ``ci_low``/``ci_high`` are (the rule's ``ci_metric`` or ``metric``)."""
     ci_low: float | None
     ci_high: float | None
     evidence: str
+    """One plain sentence: the value, its interval when used, and why that gives ``status``."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.6g}"
+    return "n/a" if v is None else f"{v:.4g}"
 
 
-def evaluate(rule: Criterion, metrics: Mapping[str, Any]) -> Verdict:
-    """Judge one rule against flat metrics (never raises on missing or non-numeric values)."""
+def evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float = 0.95) -> Verdict:
+    """Judge one rule against flat metrics (never raises on missing or non-numeric values).
+
+    ``judge: point`` compares the value with the threshold (then checks ``ci`` if set);
+    ``judge: interval`` compares the metric's whole interval with it: PASS when every value in the
+    interval meets the rule, FAIL when none does, INCONCLUSIVE when it straddles the threshold.
+    """
     value = _number(metrics.get(rule.metric))
     ci_key = rule.ci_metric or rule.metric
     lo, hi = _number(metrics.get(f"{ci_key}.ci_low")), _number(metrics.get(f"{ci_key}.ci_high"))
+    level = f"{ci_level:.0%} CI"
 
     def verdict(status: Any, evidence: str) -> Verdict:
         return Verdict(rule.name, status, rule.metric, value, rule.op, rule.threshold, ci_key,
@@ -206,27 +233,46 @@ def evaluate(rule: Criterion, metrics: Mapping[str, Any]) -> Verdict:
 
     if value is None:
         raw = metrics.get(rule.metric)
-        why = "not available" if raw is None else f"not a number ({raw!r})"
-        return verdict("INCONCLUSIVE", f"{rule.metric} {why}")
-    point = f"{rule.metric} = {_fmt(value)} {rule.op} {_fmt(rule.threshold)}"
-    if not _OPS[rule.op](value, rule.threshold):
-        return verdict("FAIL", f"{point} is false")
+        why = "is not available" if raw is None else f"is not a number ({raw!r})"
+        return verdict("INCONCLUSIVE", f"{rule.metric} {why}, so the rule cannot be judged.")
+    rule_text = f"{rule.op} {_fmt(rule.threshold)}"
+    meets = _OPS[rule.op]
+    if rule.judge == "interval":
+        if lo is None or hi is None:
+            return verdict("INCONCLUSIVE", f"{rule.metric} is {_fmt(value)}, but its interval is "
+                                           "not available, and this rule judges the interval.")
+        said = f"{rule.metric} is {_fmt(value)} ({level} {_fmt(lo)} to {_fmt(hi)})"
+        upper_side = rule.op in ("<", "<=")
+        best, worst = (lo, hi) if upper_side else (hi, lo)
+        if meets(worst, rule.threshold):
+            return verdict("PASS", f"{said}: the whole interval meets {rule_text}.")
+        if not meets(best, rule.threshold):
+            return verdict("FAIL", f"{said}: no value in the interval meets {rule_text}.")
+        return verdict("INCONCLUSIVE", f"{said}: the interval straddles {_fmt(rule.threshold)}, "
+                                       "so the data cannot tell.")
+    said = f"{rule.metric} is {_fmt(value)}"
+    if not meets(value, rule.threshold):
+        return verdict("FAIL", f"{said}, which fails {rule_text}.")
     if rule.ci is None:
-        return verdict("PASS", f"{point} holds")
+        return verdict("PASS", f"{said}, which meets {rule_text}.")
     if lo is None or hi is None:
-        return verdict("INCONCLUSIVE", f"{point} holds, but the CI of {ci_key} is not available")
-    ci = f"95% CI of {ci_key} [{_fmt(lo)}, {_fmt(hi)}]"
+        return verdict("INCONCLUSIVE", f"{said}, which meets {rule_text}, but the interval of "
+                                       f"{ci_key} is not available.")
+    ci = f"the {level} of {ci_key} ({_fmt(lo)} to {_fmt(hi)})"
     above, below = lo > 0, hi < 0
     wanted = {"lower>0": above, "upper<0": below, "excludes_zero": above or below}[rule.ci]
     if wanted:
-        return verdict("PASS", f"{point} holds; {ci} satisfies {rule.ci}")
+        side = "above" if above else "below"
+        return verdict("PASS", f"{said}, which meets {rule_text}, and {ci} lies {side} 0.")
     if (rule.ci == "lower>0" and below) or (rule.ci == "upper<0" and above):
-        return verdict("FAIL", f"{point} holds, but {ci} lies on the wrong side of 0")
-    return verdict("INCONCLUSIVE", f"{point} holds, but {ci} includes 0")
+        return verdict("FAIL", f"{said}, which meets {rule_text}, but {ci} lies on the wrong "
+                               "side of 0.")
+    return verdict("INCONCLUSIVE", f"{said}, which meets {rule_text}, but {ci} includes 0.")
 
 
-def evaluate_all(cfg: CriteriaConfig, metrics: Mapping[str, Any]) -> list[Verdict]:
-    return [evaluate(r, metrics) for r in cfg.rules]
+def evaluate_all(cfg: CriteriaConfig, metrics: Mapping[str, Any],
+                 ci_level: float = 0.95) -> list[Verdict]:
+    return [evaluate(r, metrics, ci_level) for r in cfg.rules]
 
 
 def overall(verdicts: list[Verdict]) -> str:

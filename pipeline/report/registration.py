@@ -1,40 +1,146 @@
-"""The pre-registration record: what ``symkit preregister`` freezes and how the report compares
-the current experiment with it.
+"""The pre-registration: what ``symkit preregister`` freezes, and the check that makes the
+registered rules the rules.
 
-:func:`build` makes the record (a pure function of its inputs); :func:`deviations` lists, in
-plain words, every difference between a registered record and the current one.
+The record freezes the experiment's *identity* as far as it can be fixed before the test set is
+scored: the split hash, the params sections that shape results (:data:`FROZEN_SECTIONS`, the
+decision criteria among them) and the versions of the packages results depend on
+(:data:`pipeline.core.artifacts.RESULT_PACKAGES`). ``identity_hash`` is the hash of that
+identity, recomputed on every check.
+
+:func:`check` compares a registration with the current experiment. The report judges with the
+*registered* criteria; every difference (a loosened rule, another tokenizer, a newer torch, an
+edited hash, a registration made after test scores existed) is a deviation, named in one line,
+and any deviation makes the overall decision DEVIATED. No registration: NOT REGISTERED.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import artifacts
-from pipeline.core.splits import split_hash_of
-from pipeline.report.criteria import CriteriaConfig, flatten, rules_as_dicts
+from pipeline.core.artifacts import RESULT_PACKAGES
+from pipeline.core.config import ParamsError, parse_section
+from pipeline.report.criteria import CriteriaConfig, flatten
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",
+                   "criteria")
+"""params.yaml sections that shape results and are known before scoring. ``corpus``, ``ingest``,
+``dedupe`` and ``split`` are frozen through the split hash; ``runtime`` and ``report`` do not
+change results."""
 
 
-def protocol_of(evaluate_params: Any, eval_report: Any) -> dict[str, Any]:
-    block = eval_report.get("protocol") if isinstance(eval_report, dict) else None
-    return {"params": evaluate_params, "eval_block": block}
+def identity(params: Mapping[str, Any], split_hash: str | None,
+             packages: Mapping[str, Any]) -> dict[str, Any]:
+    """The experiment identity: split hash, frozen params sections (as written) and versions."""
+    return {"split_hash": split_hash,
+            "params": {s: params.get(s) for s in FROZEN_SECTIONS},
+            "packages": {p: packages.get(p) for p in RESULT_PACKAGES}}
 
 
-def build(criteria: CriteriaConfig, evaluate_params: Any, split_report: Any,
-          eval_report: Any, eval_sha256: str | None) -> dict[str, Any]:
-    """The registration record (a pure function of its inputs)."""
-    rules = rules_as_dicts(criteria)
-    protocol = protocol_of(evaluate_params, eval_report)
-    return {
-        "schema": SCHEMA_VERSION,
-        "criteria": rules,
-        "criteria_hash": artifacts.sha256_json(rules),
-        "protocol": protocol,
-        "protocol_hash": artifacts.sha256_json(protocol),
-        "split_hash": split_hash_of(split_report),
-        "eval_report_sha256": eval_sha256,
-    }
+def build(ident: dict[str, Any], eval_report_sha256: str | None = None) -> dict[str, Any]:
+    """The registration record. ``eval_report_sha256`` is set only when the registration was
+    forced although test scores of this split existed (``registered_after_scoring``)."""
+    return {"schema": SCHEMA_VERSION, "identity": ident,
+            "identity_hash": artifacts.sha256_json(ident),
+            "registered_after_scoring": eval_report_sha256 is not None,
+            "eval_report_sha256": eval_report_sha256}
+
+
+def test_scores_exist(eval_report: Any, split_hash: str | None) -> bool:
+    """Does ``reports/eval.json`` hold test-split scores of the split ``split_hash``?"""
+    if not isinstance(eval_report, dict):
+        return False
+    protocol = eval_report.get("protocol") or {}
+    if split_hash is not None and protocol.get("split_hash") not in (None, split_hash):
+        return False  # scores of another split: they say nothing about this one
+    models = eval_report.get("models") or {}
+    return any(isinstance(m, dict) and m.get("test") for m in models.values())
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of comparing a registration with the current experiment."""
+
+    registered: bool
+    criteria: CriteriaConfig | None
+    """The registered rules (None when there is no usable registration)."""
+    deviations: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        if not self.registered:
+            return "NOT REGISTERED"
+        return "DEVIATED" if self.deviations else "FOLLOWED"
+
+
+def check(registered: Any, current: dict[str, Any], eval_report: Any = None) -> Check:
+    """Compare the registration ``registered`` (the parsed JSON, or None) with ``current`` (an
+    :func:`identity`). Every hash the record holds is recomputed."""
+    if registered is None:
+        return Check(False, None)
+    if not isinstance(registered, dict) or registered.get("schema") != SCHEMA_VERSION:
+        schema = registered.get("schema") if isinstance(registered, dict) else None
+        return Check(True, None, [
+            f"reports/preregistration.json has schema {schema!r}, not {SCHEMA_VERSION}: it "
+            "freezes less than this version checks; register again before scoring"])
+    out: list[str] = []
+    ident = registered.get("identity")
+    if not isinstance(ident, dict):
+        return Check(True, None, ["reports/preregistration.json has no identity block"])
+    if registered.get("identity_hash") != artifacts.sha256_json(ident):
+        out.append("identity_hash does not match the registered identity: "
+                   "reports/preregistration.json was edited after registration")
+    criteria = None
+    try:
+        criteria = parse_section("criteria", (ident.get("params") or {}).get("criteria"),
+                                 CriteriaConfig, "reports/preregistration.json")
+    except ParamsError as e:
+        out.append(f"the registered criteria do not parse: {e}")
+    out += _identity_differences(ident, current)
+    if registered.get("registered_after_scoring"):
+        out.append("registered after test scores of this split existed (symkit preregister "
+                   "--force): the rules may have been chosen knowing the results")
+    protocol = eval_report.get("protocol") if isinstance(eval_report, dict) else None
+    scored_on = protocol.get("split_hash") if isinstance(protocol, dict) else None
+    if scored_on is not None and ident.get("split_hash") not in (None, scored_on):
+        out.append(f"reports/eval.json scored split {scored_on!r}, not the registered "
+                   f"{ident.get('split_hash')!r}")
+    return Check(True, criteria, out)
+
+
+def _identity_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    out = []
+    if old.get("split_hash") is None:
+        out.append("no split hash was registered, so the split cannot be verified")
+    elif old.get("split_hash") != new.get("split_hash"):
+        out.append(f"split_hash: registered {old.get('split_hash')!r}, now "
+                   f"{new.get('split_hash')!r} (the split changed)")
+    old_params, new_params = old.get("params") or {}, new.get("params") or {}
+    for section in FROZEN_SECTIONS:
+        if section == "criteria":
+            out += _rule_differences(old_params.get(section), new_params.get(section))
+        else:
+            out += _diff_flat(old_params.get(section), new_params.get(section), section)
+    out += _diff_flat(old.get("packages"), new.get("packages"), "package")
+    return out
+
+
+def _rule_differences(old: Any, new: Any) -> list[str]:
+    def by_name(section: Any) -> dict[str, Any]:
+        rules = section.get("rules") if isinstance(section, dict) else None
+        return {str(r.get("name")): r for r in rules or [] if isinstance(r, dict)}
+
+    a, b = by_name(old), by_name(new)
+    out = [f"criterion {n!r} was registered but is no longer in params.yaml"
+           for n in sorted(set(a) - set(b))]
+    out += [f"criterion {n!r} was added to params.yaml after registration"
+            for n in sorted(set(b) - set(a))]
+    for n in sorted(set(a) & set(b)):
+        out += _diff_flat(a[n], b[n], f"criterion {n!r}")
+    return out
 
 
 def _diff_flat(a: Any, b: Any, what: str) -> list[str]:
@@ -42,45 +148,8 @@ def _diff_flat(a: Any, b: Any, what: str) -> list[str]:
     fb = flatten(b, max_list=10**6) if isinstance(b, dict) else {"": b}
     out = []
     for k in sorted(set(fa) | set(fb)):
-        if fa.get(k, "<absent>") != fb.get(k, "<absent>"):
+        x, y = fa.get(k, "<absent>"), fb.get(k, "<absent>")
+        if x != y or type(x) is not type(y):
             key = f"{what}.{k}" if k else what
-            out.append(f"{key}: pre-registered {fa.get(k, '<absent>')!r}, now "
-                       f"{fb.get(k, '<absent>')!r}")
-    return out
-
-
-def deviations(registered: Any, current: dict[str, Any]) -> list[str]:
-    """Human-readable differences between a registration and the current record (same shape as
-    :func:`build`'s). An empty list means the decision follows the registration."""
-    if not isinstance(registered, dict):
-        return ["no pre-registration found (reports/preregistration.json): the criteria, protocol "
-                "and split were not frozen before scoring"]
-    out: list[str] = []
-    old = {r.get("name"): r for r in registered.get("criteria") or [] if isinstance(r, dict)}
-    new = {r["name"]: r for r in current["criteria"]}
-    for name in sorted(set(old) - set(new), key=str):
-        out.append(f"criterion {name!r} was pre-registered but has been removed")
-    for name in sorted(set(new) - set(old), key=str):
-        out.append(f"criterion {name!r} was added after pre-registration")
-    for name in sorted(set(old) & set(new), key=str):
-        out += _diff_flat(old[name], new[name], f"criterion {name!r}")
-    reg_proto = registered.get("protocol") or {}
-    out += _diff_flat(reg_proto.get("params"), current["protocol"]["params"], "protocol (evaluate)")
-    if reg_proto.get("eval_block") is not None:
-        out += _diff_flat(reg_proto["eval_block"], current["protocol"]["eval_block"],
-                          "protocol (eval.json)")
-    if registered.get("split_hash") is None:
-        out.append("the split identity (split_hash) was not pre-registered, so the split cannot "
-                   "be verified")
-    elif registered["split_hash"] != current["split_hash"]:
-        out.append(f"split_hash: pre-registered {registered['split_hash']!r}, now "
-                   f"{current['split_hash']!r} (the split changed)")
-    block = current["protocol"].get("eval_block")
-    scored_on = block.get("split_hash") if isinstance(block, dict) else None
-    if scored_on is not None and registered.get("split_hash") not in (None, scored_on):
-        out.append(f"reports/eval.json scored split {scored_on!r}, not the pre-registered "
-                   f"{registered['split_hash']!r}")
-    if registered.get("eval_report_sha256") is not None:
-        out.append("reports/eval.json already existed when the criteria were registered: test "
-                   "scores may have been seen before the criteria were fixed")
+            out.append(f"{key}: registered {x!r}, now {y!r}")
     return out

@@ -258,13 +258,21 @@ def environment(doc: Document, cfg: ReportConfig, env: Any, train_env: Any,
             ["python", fmt(source.get("python"))], ["platform", fmt(source.get("platform"))]]
     rows += [[f"package {k}", fmt(v)] for k, v in sorted((source.get("packages") or {}).items())]
     doc.add(Table(["fact", "value"], rows))
-    doc.add(Heading("Pre-registration record", 3))
-    if isinstance(registered, dict):
-        doc.add(Table(["field", "value"],
-                      [[k, fmt(registered.get(k))] for k in ("criteria_hash", "protocol_hash",
-                                                              "split_hash", "eval_report_sha256")]))
+    doc.add(Heading("Registration record", 3))
+    ident = registered.get("identity") if isinstance(registered, dict) else None
+    if isinstance(ident, dict):
+        git = env.get("git") or {}
+        rows = [["identity hash", fmt(registered.get("identity_hash"))],
+                ["split hash", fmt(ident.get("split_hash"))],
+                ["registered after scoring", fmt(registered.get("registered_after_scoring"))],
+                ["registration commit", fmt(git.get("registration_commit"))],
+                ["results commit", fmt(git.get("results_commit"))],
+                ["registration precedes results", fmt(git.get("registration_precedes_results"))]]
+        rows += [[f"frozen package {k}", fmt(v)]
+                 for k, v in sorted((ident.get("packages") or {}).items())]
+        doc.add(Table(["field", "value"], rows))
     else:
-        _na(doc, "reports/preregistration.json")
+        _na(doc, "reports/preregistration.json (schema 2)")
 
 
 def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],

@@ -4,7 +4,9 @@
 and goes on with the others; ``strict=True`` (generation, audit: the models are named in params)
 raises :class:`ModelUnavailable` on the first one. The checks are the same either way: the folder
 exists and is not empty, the model was trained on the tokens in ``data/tokens/info.json`` (same
-tokenizer and split hashes), it loads, and its vocabulary size and EOS id match.
+tokenizer and split hashes), it loads, and its vocabulary size and EOS id match. A loader option
+the model cannot take (``evaluate.stride`` beyond its context) is a :class:`ParamsError`, raised
+in both modes: it is a setting to fix, not a model to skip.
 
 torch is imported only when a transformer is loaded.
 """
@@ -12,12 +14,14 @@ torch is imported only when a transformer is loaded.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from models.base import SequenceModel
 from pipeline.core.artifacts import read_json
+from pipeline.core.config import ParamsError
 from pipeline.tokens.contract import TokenInfo
 
 Loader = Callable[[Path, str], SequenceModel]
@@ -43,17 +47,33 @@ def load_ngram(model_dir: Path, device: str = "cpu") -> SequenceModel:
     return NGramLM.load(model_dir)
 
 
-def load_transformer(model_dir: Path, device: str = "cpu") -> SequenceModel:
-    from models.transformer import load_scorer  # imports torch: only when a transformer exists
+def load_transformer(model_dir: Path, device: str = "cpu",
+                     stride: int | None = None) -> SequenceModel:
+    """The transformer scorer; ``stride`` (``evaluate.stride``) is its sliding-window step, by
+    default the scorer's own (``max_seq_len // 4``). A stride outside ``1..max_seq_len`` raises
+    :class:`ParamsError` naming ``evaluate.stride``."""
+    from models.transformer import TransformerScorer, load_scorer  # torch: only when needed
 
-    return load_scorer(model_dir, device=device)
+    scorer = load_scorer(model_dir, device=device)
+    if stride is None:
+        return scorer
+    limit = scorer.model.config.max_seq_len
+    if not 1 <= stride <= limit:
+        raise ParamsError(f"evaluate.stride: {stride} does not fit the transformer in "
+                          f"{Path(model_dir).as_posix()} (max_seq_len {limit}); use 1..{limit}")
+    return TransformerScorer(scorer.model, bos_id=scorer.bos_id, eos_id=scorer.eos_id,
+                             pad_id=scorer.pad_id, device=device, stride=stride,
+                             batch_size=scorer.batch_size)
 
 
-def default_specs(ngram_dir: Path, transformer_dir: Path,
-                  names: Sequence[str] = MODEL_NAMES) -> list[ModelSpec]:
-    """Specs of the named models at the stage output folders (in ``names`` order)."""
+def default_specs(ngram_dir: Path, transformer_dir: Path, names: Sequence[str] = MODEL_NAMES,
+                  *, stride: int | None = None) -> list[ModelSpec]:
+    """Specs of the named models at the stage output folders (in ``names`` order); ``stride``
+    is the transformer's scoring stride (``evaluate.stride``; None: the scorer's default)."""
+    transformer = (load_transformer if stride is None
+                   else functools.partial(load_transformer, stride=stride))
     loaders = {"ngram": (Path(ngram_dir), load_ngram),
-               "transformer": (Path(transformer_dir), load_transformer)}
+               "transformer": (Path(transformer_dir), transformer)}
     return [ModelSpec(n, *loaders[n]) for n in names]
 
 
@@ -81,6 +101,8 @@ def _problem(spec: ModelSpec, device: str, info: TokenInfo | None
         if stale:
             return None, stale
         model = spec.loader(d, device)
+    except ParamsError:  # a setting to fix, not a model to skip
+        raise
     except Exception as e:  # any loader failure is a reason, reported or raised by the caller
         return None, f"load failed: {type(e).__name__}: {e}"
     ids = (getattr(model, "vocab_size", None), getattr(model, "eos_id", None))

@@ -15,6 +15,9 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
 - Aggregates are ratios of sums over the pieces of a split (total NLL / total tokens, notes or
   seconds), with percentile intervals from a bootstrap over ``group_id``
   (``pipeline.scoring.bootstrap``); paired differences reuse the same replicates for both models.
+- A pair's relative improvement ``(A − B) / A`` is formed inside each of those replicates, with
+  two robustness summaries beside it (median piece effect, effect without the top 3 groups).
+- The transformer slides windows of ``max_seq_len`` tokens by ``evaluate.stride``.
 
 Inputs: ``data/tokens/tokens.parquet``, ``data/tokens/info.json``, ``data/manifest.parquet``,
 ``data/splits.parquet``, model folders (``data/ngram``, ``data/transformer``). Outputs:
@@ -56,7 +59,15 @@ from pipeline.core.config import (
     load_section,
     parse_section,
 )
-from pipeline.scoring.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
+from pipeline.scoring.bootstrap import (
+    bootstrap_weights,
+    effect_without_top_groups,
+    group_sums,
+    median_piece_effect,
+    paired_diff_ci,
+    paired_rel_ci,
+    ratio_ci,
+)
 from pipeline.scoring.loading import (
     ModelSpec,
     add_model_arguments,
@@ -84,6 +95,7 @@ class EvaluateConfig(StageConfig):
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
     seed: int = Field(0, ge=0)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    stride: int = Field(64, ge=1)
 
     @field_validator("splits")
     @classmethod
@@ -98,6 +110,7 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
     return {
         "targets": "each sequence x_1..x_n scored as x_1..x_n then EOS, every target once",
         "context": "BOS plus as much left context as the model allows",
+        "transformer_stride": cfg.stride,
         "never_targets": "BOS, PAD and special ids inside sequences (removed before scoring)",
         "piece": "sum over the piece's sequences (tracks)",
         "units": "nats",
@@ -156,8 +169,11 @@ def split_metrics(pp: pd.DataFrame, weights: np.ndarray, codes: np.ndarray, n_gr
 
 
 def paired_metrics(a: pd.DataFrame, b: pd.DataFrame, weights: np.ndarray, codes: np.ndarray,
-                   n_groups: int, level: float) -> dict[str, Any]:
-    """A − B on the same pieces (rows aligned) and the same bootstrap replicates."""
+                   group_names: np.ndarray, level: float) -> dict[str, Any]:
+    """A − B on the same pieces (rows aligned) and the same bootstrap replicates, and B's relative
+    improvement over A, ``(A − B) / A``, formed inside each replicate."""
+    n_groups = len(group_names)
+
     def g(df: pd.DataFrame, col: str) -> np.ndarray:
         return group_sums(codes, df[col], n_groups)
 
@@ -166,6 +182,16 @@ def paired_metrics(a: pd.DataFrame, b: pd.DataFrame, weights: np.ndarray, codes:
                      ("nats_per_second", "duration_s")):
         out[key] = paired_diff_ci(g(a, "nll_nats"), g(a, col), g(b, "nll_nats"), g(b, col),
                                   weights, level)
+    # Both models score the same pieces, so notes, seconds or tokens cancel in (A − B) / A:
+    # one relative improvement serves every unit (per note is computed).
+    rel = paired_rel_ci(g(a, "nll_nats"), g(a, "n_notes"), g(b, "nll_nats"), g(b, "n_notes"),
+                        weights, level)
+    rel["median_piece_effect"] = median_piece_effect(a["nll_nats"].to_numpy(),
+                                                     b["nll_nats"].to_numpy())
+    top = effect_without_top_groups(g(a, "nll_nats"), g(b, "nll_nats"), k=3)
+    rel["without_top3_groups"] = {"value": top["value"],
+                                  "dropped_groups": [str(group_names[i]) for i in top["dropped"]]}
+    out["rel_improvement"] = rel
     return out
 
 
@@ -188,7 +214,7 @@ def aggregate(per_piece: pd.DataFrame, cfg: EvaluateConfig, names: Sequence[str]
                                              cfg.ci_level)
         for a, b in itertools.combinations(names, 2):
             paired[f"{a}_minus_{b}"][split] = paired_metrics(
-                aligned[a], aligned[b], weights, codes, len(group_names), cfg.ci_level)
+                aligned[a], aligned[b], weights, codes, group_names, cfg.ci_level)
     return models, paired
 
 
@@ -302,7 +328,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_section("evaluate", args.params, EvaluateConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
     summary = run(cfg, runtime, tokens=args.tokens, info=args.info, manifest=args.manifest,
-                  splits=args.splits, specs=default_specs(args.ngram_dir, args.transformer_dir),
+                  splits=args.splits,
+                  specs=default_specs(args.ngram_dir, args.transformer_dir, stride=cfg.stride),
                   per_piece=args.per_piece, report=args.report,
                   preregistration=args.preregistration)
     for name, by_split in summary.scored.items():

@@ -16,14 +16,15 @@ are deterministic PNGs). ``main`` first writes the environment sidecar ``reports
 from __future__ import annotations
 
 import argparse
-import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from pipeline.core import artifacts
 from pipeline.core.artifacts import read_json_or_none
-from pipeline.core.config import load_section, read_params
+from pipeline.core.config import load_section, parse_section, read_params
+from pipeline.core.splits import split_hash_of
 from pipeline.report.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
 from pipeline.report.document import (
     Document,
@@ -34,8 +35,8 @@ from pipeline.report.document import (
     render_html,
     render_markdown,
 )
-from pipeline.report.registration import build as build_registration
-from pipeline.report.registration import deviations
+from pipeline.report.history import head_commit, registration_order
+from pipeline.report.registration import Check, check, identity
 from pipeline.report.sections import ReportConfig, add_sections
 
 
@@ -87,56 +88,93 @@ def _ci_cell(v: Any, digits: int) -> str:
     return ci if v.ci_metric == v.metric else f"{v.ci_metric} {ci}"
 
 
-def run(cfg: ReportConfig, criteria: CriteriaConfig, evaluate_params: Any,
-        paths: ReportPaths) -> ReportSummary:
-    """Build metrics.json, judge the criteria, write report.md and report.html."""
+def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> ReportSummary:
+    """Build metrics.json, judge the registered criteria, write report.md and report.html.
+
+    ``params`` is params.yaml as read (every section). The decision is NOT REGISTERED without a
+    registration, DEVIATED when the experiment differs from it, and otherwise the verdict of the
+    registered rules (PASS, FAIL or INCONCLUSIVE).
+    """
     reports = {stem: read_json_or_none(getattr(paths, stem)) for stem in STAGE_REPORTS}
+    env = read_json_or_none(paths.env) or {}
     metrics = build_metrics(reports)
-    verdicts = evaluate_all(criteria, metrics)
-    decision = overall(verdicts)
     registered = read_json_or_none(paths.preregistration)
-    current = build_registration(criteria, evaluate_params, reports["split"], reports["eval"], None)
-    devs = deviations(registered, current)
+    packages = (env.get("environment") or {}).get("packages") or {}
+    current = identity(params, split_hash_of(reports["split"]), packages)
+    reg = check(registered, current, reports["eval"])
+    criteria = reg.criteria or parse_section("criteria", params.get("criteria"), CriteriaConfig)
+    verdicts = evaluate_all(criteria, metrics, ci_level(params))
+    decision = reg.status if reg.status != "FOLLOWED" else overall(verdicts)
     metrics["decision.overall"] = decision
+    metrics["decision.registration"] = reg.status
     for status in ("PASS", "FAIL", "INCONCLUSIVE"):
         metrics[f"decision.n_{status.lower()}"] = sum(v.status == status for v in verdicts)
-    metrics["decision.n_deviations"] = len(devs)
+    metrics["decision.n_deviations"] = len(reg.deviations)
     for v in verdicts:
         metrics[f"decision.criteria.{v.name}"] = v.status
     metrics = dict(sorted(metrics.items()))
 
     doc = Document(cfg.title)
-    doc.add(Para(f"Overall decision: {decision}", "warn" if decision != "PASS" else "p"))
-    if devs:
-        doc.add(Heading("Deviations from the pre-registration"),
-                Para(f"{len(devs)} deviation(s): the decision below does not follow the "
-                     "pre-registered plan as written. Read it with that in mind.", "warn"),
-                *[Para(d, "warn") for d in devs])
-    else:
-        doc.add(Para("No deviations: criteria, scoring protocol and split match the "
-                     "pre-registration."))
+    doc.add(Para(f"Overall decision: {decision}", "p" if decision == "PASS" else "warn"),
+            Para(_registration_sentence(reg, registered, env.get("git") or {})))
+    if reg.deviations:
+        doc.add(Heading("Deviations from the registration"),
+                Para(f"{len(reg.deviations)} deviation(s). The verdicts below use the registered "
+                     "rules, but the experiment is not the one that was registered, so the "
+                     "decision is DEVIATED.", "warn"),
+                *[Para(d, "warn") for d in reg.deviations])
+    level = f"{ci_level(params):.0%} CI"
     doc.add(Heading("Decision"),
-            Table(["criterion", "metric", "rule", "value", "95% CI", "status", "evidence"],
+            Table(["criterion", "metric", "rule", "value", level, "status", "evidence"],
                   [[v.name, v.metric, f"{v.op} {fmt(v.threshold, cfg.digits)}",
                     fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, v.evidence]
                    for v in verdicts], status_col=5),
             Table(["criterion", "rationale"], [[r.name, r.rationale] for r in criteria.rules]))
     inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
-    add_sections(doc, cfg, reports, metrics, inputs, registered, read_json_or_none(paths.env))
+    add_sections(doc, cfg, reports, metrics, inputs, registered, env)
 
     artifacts.write_json(paths.metrics_out, metrics)
     artifacts.write_text(paths.md_out, render_markdown(doc))
     artifacts.write_text(paths.html_out, render_html(doc))
-    return ReportSummary(decision, len(devs), len(metrics))
+    return ReportSummary(decision, len(reg.deviations), len(metrics))
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+def ci_level(params: Mapping[str, Any]) -> float:
+    """``evaluate.ci_level``: the coverage of every interval in the report."""
+    value = (params.get("evaluate") or {}).get("ci_level", 0.95)
+    return float(value) if isinstance(value, int | float) else 0.95
+
+
+def _registration_sentence(reg: Check, registered: Any, git: Mapping[str, Any]) -> str:
+    if not reg.registered:
+        return ("Not registered: there is no reports/preregistration.json, so the criteria below "
+                "come from params.yaml as it is now and were not frozen before the test set was "
+                "scored. Run `symkit preregister` before `dvc repro evaluate`.")
+    ident = registered.get("identity_hash", "") if isinstance(registered, dict) else ""
+    head = (f"Judged with the rules registered in reports/preregistration.json (identity "
+            f"{str(ident)[:12]}). ")
+    if reg.deviations:
+        head += "The experiment differs from its registration (see below). "
+    else:
+        head += ("The split, the params that shape results and the package versions all match "
+                 "the registration. ")
+    return head + _order_sentence(git)
+
+
+def _order_sentence(git: Mapping[str, Any]) -> str:
+    if not git.get("git"):
+        return "Without git history, when the registration was made cannot be checked."
+    if git.get("registration_uncommitted"):
+        return ("The registration is not committed, so git cannot show that it was made before "
+                "the results.")
+    reg = str(git.get("registration_commit"))[:12]
+    if git.get("registration_precedes_results"):
+        where = ("are not committed yet" if git.get("results_uncommitted")
+                 else f"were committed later, in {str(git.get('results_commit'))[:12]}")
+        return f"The registration was committed in {reg}; the results {where}."
+    return (f"The registration was committed in {reg}, but reports/eval.json was committed in "
+            f"{str(git.get('results_commit'))[:12]}, not after it: git does not show the "
+            "registration preceding the results.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,12 +185,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("report", args.params, ReportConfig)
-    criteria = load_section("criteria", args.params, CriteriaConfig)
+    load_section("criteria", args.params, CriteriaConfig)  # invalid rules fail fast
     params = read_params(args.params)
     paths = ReportPaths(**{f.name: getattr(args, f"path_{f.name}") for f in fields(ReportPaths)})
-    artifacts.write_sidecar(paths.env, {"git_commit": git_commit(),
-                                        "params_sha256": artifacts.sha256_json(params)})
-    s = run(cfg, criteria, params.get("evaluate"), paths)
+    artifacts.write_sidecar(paths.env, {
+        "git_commit": head_commit(), "params_sha256": artifacts.sha256_json(params),
+        "git": registration_order(paths.preregistration, paths.eval)})
+    s = run(cfg, params, paths)
     print(f"report: decision {s.decision}, {s.n_deviations} deviation(s), {s.n_metrics} metrics "
           f"-> {paths.html_out}")
     return 0

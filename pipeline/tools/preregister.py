@@ -1,22 +1,22 @@
-"""``symkit preregister``: freeze the decision criteria, the scoring protocol and the split.
+"""``symkit preregister``: freeze the experiment's identity and its decision rules before the test
+set is scored.
 
-Pre-registration is an explicit act, not a pipeline stage: run it after ``split`` and before test
-scores are looked at, then commit ``reports/preregistration.json``. The report reads it as an
-input and shows every difference from the current criteria, protocol or split as a deviation.
+Pre-registration is an explicit act, not a pipeline stage: run it after ``split`` (it needs the
+split hash) and before ``evaluate`` has scored the test split, then commit
+``reports/preregistration.json`` on its own, before the results. The record
+(:mod:`pipeline.report.registration`) holds:
 
-The file holds:
+- ``identity.split_hash``: from ``reports/split.json``;
+- ``identity.params``: the params sections that shape results, as written (``tokenize``,
+  ``ngram``, ``transformer``, ``evaluate``, ``generate``, ``audit``, ``criteria``);
+- ``identity.packages``: the installed versions of the packages results depend on;
+- ``identity_hash``: the hash of ``identity`` (the report recomputes it);
+- ``registered_after_scoring`` and ``eval_report_sha256``: set only by ``--force`` when test
+  scores of this split already existed, which the report counts as a deviation.
 
-- ``criteria``: the ``criteria.rules`` of params.yaml, and ``criteria_hash``;
-- ``protocol.params``: the ``evaluate`` section of params.yaml (how every model is scored) and
-  ``protocol.eval_block``: the ``protocol`` block of ``reports/eval.json`` if it already exists;
-  ``protocol_hash`` covers both;
-- ``split_hash``: the split identity from ``reports/split.json`` (null if split has not run —
-  the report then flags it as unverifiable);
-- ``eval_report_sha256``: hash of ``reports/eval.json`` if it existed at registration, so a reader
-  can see whether test scores could have been seen first.
-
-No timestamps: the commit that adds the file dates it. An existing, different registration is not
-overwritten without ``--force``.
+The report judges with the registered rules; any difference is a deviation, and the decision is
+then DEVIATED. No timestamps: the commit that adds the file dates it, and the report says whether
+that commit precedes the results.
 """
 
 from __future__ import annotations
@@ -28,22 +28,33 @@ from typing import Any
 
 from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
+from pipeline.core.splits import split_hash_of
 from pipeline.report.criteria import CriteriaConfig
-from pipeline.report.registration import build
+from pipeline.report.registration import build, identity, test_scores_exist
+
+
+class AlreadyScored(RuntimeError):
+    """Test scores of this split exist: registering now would not be pre-registration."""
 
 
 def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
         force: bool = False) -> dict[str, Any]:
-    """Write the registration; refuse to replace a different one unless ``force``."""
-    criteria = load_section("criteria", params, CriteriaConfig)
-    evaluate_params = read_params(params).get("evaluate")
-    eval_json = artifacts.read_json_or_none(eval_report)
-    record = build(criteria, evaluate_params, artifacts.read_json_or_none(split_report), eval_json,
-                   artifacts.sha256_file(eval_report) if eval_report.exists() else None)
+    """Write the registration; refuse when test scores of this split already exist, unless
+    ``force`` (which the record then states)."""
+    load_section("criteria", params, CriteriaConfig)  # the rules must be valid to be frozen
+    split_hash = split_hash_of(artifacts.read_json_or_none(split_report))
+    ident = identity(read_params(params), split_hash, artifacts.package_versions())
+    scored = test_scores_exist(artifacts.read_json_or_none(eval_report), split_hash)
     old = artifacts.read_json_or_none(out)
-    if old is not None and old != record and not force:
-        raise FileExistsError(f"{out} already holds a different pre-registration; changing it "
-                              "after test scores exist is a deviation. Pass --force to replace it.")
+    if scored and isinstance(old, dict) and old.get("identity") == ident \
+            and not old.get("registered_after_scoring"):
+        return old  # the same registration again: nothing to change
+    if scored and not force:
+        raise AlreadyScored(
+            f"{eval_report} already holds test scores of split {split_hash}: a registration made "
+            "now would not precede them. Register before `dvc repro evaluate`, or pass --force "
+            "(the report will then say the rules were registered after scoring).")
+    record = build(ident, artifacts.sha256_file(eval_report) if scored else None)
     artifacts.write_json(out, record)
     return record
 
@@ -53,22 +64,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-report", type=Path, default=Path("reports/eval.json"))
     parser.add_argument("--out", type=Path, default=Path("reports/preregistration.json"))
     parser.add_argument("--force", action="store_true",
-                        help="replace an existing, different pre-registration")
+                        help="register although test scores exist (recorded as a deviation)")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         rec = run(args.params, split_report=args.split_report, eval_report=args.eval_report,
                   out=args.out, force=args.force)
-    except FileExistsError as e:
+    except AlreadyScored as e:
         print(f"symkit preregister: {e}", file=sys.stderr)
         return 1
-    print(f"preregister: {len(rec['criteria'])} criteria, split_hash={rec['split_hash']} "
-          f"-> {args.out} (commit it)")
-    if rec["split_hash"] is None:
-        print(f"preregister: warning: no split_hash in {args.split_report}; run `symkit split` "
-              "and register again (with --force) so the split can be verified", file=sys.stderr)
-    if rec["eval_report_sha256"] is not None:
-        print(f"preregister: warning: {args.eval_report} already exists; the report will note "
-              "that scores existed at registration", file=sys.stderr)
+    ident = rec["identity"]
+    rules = (ident["params"].get("criteria") or {}).get("rules") or []
+    print(f"preregister: {len(rules)} criteria, split {ident['split_hash']}, "
+          f"identity {rec['identity_hash'][:12]} -> {args.out} (commit it before the results)")
+    if ident["split_hash"] is None:
+        print(f"preregister: warning: no split_hash in {args.split_report}; run `dvc repro "
+              "split` and register again so the split can be verified", file=sys.stderr)
+    if rec["registered_after_scoring"]:
+        print("preregister: warning: registered after test scores existed; the report will "
+              "show this as a deviation", file=sys.stderr)
     return 0

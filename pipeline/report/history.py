@@ -1,0 +1,64 @@
+"""Whether the registration was committed before the results, from the repository's git history.
+
+These are facts about the working copy, not results: ``symkit report`` stores them in its
+environment sidecar (``reports/report.env.json``), and the report states them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+def _git(*args: str) -> tuple[int, str]:
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return 1, ""
+    return out.returncode, out.stdout.strip()
+
+
+def head_commit() -> str | None:
+    rc, out = _git("rev-parse", "HEAD")
+    return out or None if rc == 0 else None
+
+
+def _last_commit(path: Path) -> str | None:
+    rc, out = _git("log", "-1", "--format=%H", "--", path.as_posix())
+    return out or None if rc == 0 else None
+
+
+def _uncommitted(path: Path) -> bool:
+    rc, out = _git("status", "--porcelain", "--", path.as_posix())
+    return rc == 0 and bool(out)
+
+
+def registration_order(registration: Path, results: Path) -> dict[str, Any]:
+    """Facts for the report: the commit that last changed the registration, the commit that last
+    changed the results (``reports/eval.json``), and whether the first precedes the second.
+
+    ``registration_precedes_results`` is True when the registration is committed and the results
+    are either uncommitted (so newer) or committed in a later commit that descends from it; False
+    when the results were committed first or in the same commit; None without git history or
+    without a committed registration.
+    """
+    if head_commit() is None:
+        return {"git": False}
+    reg, res = _last_commit(registration), _last_commit(results)
+    reg_dirty = not registration.exists() or reg is None or _uncommitted(registration)
+    res_dirty = results.exists() and (res is None or _uncommitted(results))
+    facts: dict[str, Any] = {"git": True, "registration_commit": reg, "results_commit": res,
+                             "registration_uncommitted": reg_dirty,
+                             "results_uncommitted": res_dirty}
+    if reg_dirty:
+        precedes = None
+    elif res_dirty or res is None:
+        precedes = True
+    elif res == reg:
+        precedes = False
+    else:
+        precedes = _git("merge-base", "--is-ancestor", reg, res)[0] == 0
+    facts["registration_precedes_results"] = precedes
+    return facts

@@ -1,0 +1,84 @@
+"""Power of a paired model comparison on the relative improvement ``r = (A − B) / A``.
+
+A decision rule "the interval's lower bound clears ``threshold``" at interval level ``L`` is a
+one-sided test at ``alpha = (1 − L) / 2``. With ``se`` the standard error of ``r̂`` on the split
+the rule is applied to (test), and ``r̂`` roughly normal:
+
+- :func:`pass_probability`: ``P(pass | true r) = Φ((r − threshold) / se − z_{1−alpha})``;
+- :func:`minimum_detectable_effect`: ``MDE = (z_{1−alpha} + z_power) · se``, the margin over the
+  threshold by which a true effect must exceed it to pass with probability ``power``.
+
+``se`` comes from another split's groups (val, at registration) by the delta method for a ratio
+of sums (:func:`rel_improvement_se`). Per group ``g`` let ``A_g``, ``B_g`` be the summed NLL of
+the two models (the pieces' units are the same for both and cancel in ``r``, so they are not
+needed), ``R = ΣB / ΣA`` and ``r = 1 − R``. Linearising, ``r̂ − r ≈ −Σ_g (B_g − R·A_g) / ΣA``,
+so for ``G`` groups drawn like the observed ones::
+
+    se(r̂) ≈ sd_g(B_g − R·A_g) / (mean_g(A_g) · sqrt(G))
+
+``(R·A_g − B_g) / mean(A)`` is group ``g``'s effect weighted by its size; its between-group
+standard deviation scales with ``1 / sqrt(G)``. This assumes the test groups resemble the val
+groups (sizes, effect spread) and ignores training-seed variance, which adds to it. The group
+bootstrap of :func:`pipeline.scoring.bootstrap.paired_rel_ci` on the same groups gives nearly the
+same spread (``(G − 1) / G`` of this variance).
+
+Quantiles come from ``scipy.stats.norm``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy.stats import norm
+
+
+def one_sided_alpha(level: float) -> float:
+    """The one-sided error rate of "the central ``level`` interval's lower bound clears it"."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level} must be in (0, 1)")
+    return (1.0 - level) / 2.0
+
+
+def rel_improvement_se(nll_a_g: np.ndarray, nll_b_g: np.ndarray,
+                       n_groups: int | None = None) -> float:
+    """Delta-method standard error of ``r̂ = 1 − ΣB / ΣA`` on a split of ``n_groups`` groups
+    resembling these (default: as many as given). NaN with fewer than two groups or ``ΣA ≤ 0``."""
+    a, b = np.asarray(nll_a_g, dtype=np.float64), np.asarray(nll_b_g, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"per-group sums must be 1-D and aligned, got {a.shape} and {b.shape}")
+    g = len(a) if n_groups is None else int(n_groups)
+    if len(a) < 2 or a.sum() <= 0 or g < 1:
+        return float("nan")
+    resid = b - (b.sum() / a.sum()) * a
+    return float(np.std(resid, ddof=1) / (a.mean() * math.sqrt(g)))
+
+
+def minimum_detectable_effect(se: float, power: float = 0.8, level: float = 0.95) -> float:
+    """``(z_{1−alpha} + z_power) · se``: how far a true effect must exceed the threshold for the
+    lower bound of the ``level`` interval to clear it with probability ``power``."""
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power={power} must be in (0, 1)")
+    return float((norm.ppf(1.0 - one_sided_alpha(level)) + norm.ppf(power)) * se)
+
+
+def pass_probability(true_effect: float, se: float, threshold: float = 0.0,
+                     level: float = 0.95) -> float:
+    """Probability that the ``level`` interval's lower bound clears ``threshold`` when the true
+    relative improvement is ``true_effect`` (normal approximation)."""
+    z = norm.ppf(1.0 - one_sided_alpha(level))
+    return float(norm.cdf((true_effect - threshold) / se - z))
+
+
+def detectable_effect(nll_a_g: np.ndarray, nll_b_g: np.ndarray, n_groups: int, *,
+                      power: float = 0.8, level: float = 0.95) -> dict[str, Any]:
+    """The MDE on a split of ``n_groups`` groups, estimated from these groups (e.g. val's).
+
+    Returns ``{"se", "mde", "n_groups", "n_groups_observed", "power", "alpha"}``: a flat,
+    JSON-ready record for the pre-registration.
+    """
+    se = rel_improvement_se(nll_a_g, nll_b_g, n_groups)
+    return {"se": se, "mde": minimum_detectable_effect(se, power, level),
+            "n_groups": int(n_groups), "n_groups_observed": len(nll_a_g), "power": power,
+            "alpha": one_sided_alpha(level)}

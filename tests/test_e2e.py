@@ -37,10 +37,11 @@ TINY = {
         "checkpoint": {"every": 10},
         "data": {"val_max_windows": 16},
     },
-    "generate": {"n_samples": 2, "max_new_tokens": 32, "prompt_tokens": 16},
-    "audit": {"human_window": 32, "ngram_sizes": [4, 8], "interval_ngram_sizes": [2, 4],
-              "extraction_pieces": 4, "extraction_prefix": 8, "extraction_tokens": 8,
-              "membership_pieces": 4},
+    "generate": {"n_samples": 2, "n_continuations": 2, "max_new_tokens": 32,
+                 "prompt_tokens": 16},
+    "audit": {"human_window": 32, "human_stride": 16, "ngram_sizes": [4, 8],
+              "interval_ngram_sizes": [2, 4], "extraction_pieces": 4, "extraction_prefix": 8,
+              "extraction_tokens": 8, "membership_pieces": 4, "n_boot": 200},
 }
 # Artifacts that must be byte-identical when the whole pipeline is forced to run again.
 ARTIFACTS = [
@@ -100,12 +101,12 @@ def test_pipeline_produces_the_report_with_verdicts(project: Path):
     assert metrics, "reports/metrics.json is empty"
     report = (project / "reports/report.md").read_text()
     html = (project / "reports/report.html").read_text()
-    for name in ("no_crossing_groups", "no_crossing_pairs", "transformer_beats_ngram"):
+    for name in ("no_test_near_copies", "transformer_beats_ngram",
+                 "transformer_samples_human_like", "transformer_gap_bounded"):
         assert name in report
-    verdicts = {line.split("|")[1].strip(): line for line in report.splitlines()
-                if line.startswith("| ") and ("PASS" in line or "FAIL" in line
-                                              or "INCONCLUSIVE" in line)}
-    assert "PASS" in verdicts["no_crossing_groups"] and "PASS" in verdicts["no_crossing_pairs"]
+    for key in ("leakage.test_near_train", "memorisation.transformer.flag_excess",
+                "quality.transformer.score", "generalisation.gap.transformer"):
+        assert isinstance(metrics.get(key), int | float), key  # every rule has its evidence
     assert metrics["decision.registration"] == "FOLLOWED"
     assert "Deviations from the registration" not in report
     assert metrics["decision.overall"] in ("PASS", "FAIL", "INCONCLUSIVE")

@@ -14,9 +14,11 @@ import pytest
 from models.ngram import NGramLM
 from pipeline.core.artifacts import read_json, read_parquet, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.scoring.aggregate import TRAIN_SUBSET_STREAM, draw_train_subset
 from pipeline.scoring.bootstrap import (
     bootstrap_weights,
     group_sums,
+    independent_diff_ci,
     paired_diff_ci,
     paired_rel_ci,
     ratio_ci,
@@ -28,6 +30,7 @@ from pipeline.scoring.loading import (
     load_named,
     load_ngram,
 )
+from pipeline.scoring.power import detectable_effect, power_summary
 from pipeline.stages.evaluate import EvaluateConfig, protocol_block, run
 from pipeline.tokens.contract import TokenInfo, tokens_table
 from tests.test_train_ngram import BOS, EOS, PAD, VOCAB, write_corpus
@@ -82,13 +85,15 @@ def test_per_piece_table_follows_the_protocol(setup):
     _, report, table = evaluate(paths, root, two_models(root))
     assert list(table.columns) == ["sha256", "split", "model", "group_id", "nll_nats",
                                    "n_tokens", "n_notes", "duration_s"]
-    assert set(table["split"]) == {"val", "test"}  # never train
+    assert set(table["split"]) == {"val", "test", "train"}  # train: the gap's subset
     assert table.equals(table.sort_values(["model", "split", "sha256"]).reset_index(drop=True))
     tokens = pq.read_table(paths["tokens"]).to_pandas()
     manifest = read_parquet(paths["manifest"]).set_index("sha256")
     model = NGramLM.load(root / "data" / "ngram")
     ng = table[table["model"] == "ngram"].set_index("sha256")
-    for sha, rows in tokens[tokens["split"].isin(["val", "test"])].groupby("sha256"):
+    scored = tokens[tokens["split"].isin(["val", "test"]) | tokens["sha256"].isin(ng.index)]
+    assert (scored["split"] == "train").any()
+    for sha, rows in scored.groupby("sha256"):
         seqs = [np.asarray(s, dtype=np.int64) for s in rows["ids"]]
         assert ng.loc[sha, "nll_nats"] == pytest.approx(model.nll_per_piece(seqs).sum(), abs=1e-9)
         assert ng.loc[sha, "n_tokens"] == sum(len(s) + 1 for s in seqs)  # EOS per sequence
@@ -369,3 +374,124 @@ def test_relative_improvement_block(tmp_path):
         assert top["value"] == pytest.approx(1 - b["nll_nats"][kept].sum()
                                              / a["nll_nats"][kept].sum())
         assert rel["value"] < top["value"] < 0  # the unigram is worse
+
+
+# -- generalisation gap and power ----------------------------------------------------------------
+def test_train_subset_draw_is_seeded_and_nested():
+    shas = [f"{i:03d}" for i in range(40)]
+    draw = draw_train_subset(shas, 12, seed=0)
+    assert len(draw) == 12 and draw == sorted(draw) and set(draw) <= set(shas)
+    assert draw_train_subset(shas[::-1] + shas[:5], 12, seed=0) == draw  # order, repeats
+    assert draw_train_subset(shas, 12, seed=1) != draw
+    assert set(draw_train_subset(shas, 11, seed=0)) < set(draw)  # a prefix: one fewer, one out
+    assert draw_train_subset(shas[:7], 12, seed=0) == shas[:7]  # fewer than wanted: all
+    assert draw_train_subset([], 3, seed=0) == []
+    rng = np.random.default_rng([0, TRAIN_SUBSET_STREAM, 0])  # the documented stream
+    assert draw == sorted(shas[i] for i in rng.permutation(40)[:12])
+
+
+def test_train_rows_leave_val_and_test_unchanged(tmp_path):
+    """The train subset adds rows and blocks, and changes nothing else: the same corpus without
+    train rows (what evaluate scored before) gives the same val/test rows and blocks."""
+    root = tmp_path
+    paths = write_corpus(root / "data", n_groups=24, n_eval=6)
+    _fit_and_save(paths, root / "data" / "ngram", order=3)
+    _fit_and_save(paths, root / "data" / "unigram", order=1, smoothing="unigram")
+    _, report, table = evaluate(paths, root, two_models(root), out="with", seed=3)
+    rows = pq.read_table(paths["tokens"]).to_pylist()
+    no_train = {**paths, "tokens": root / "no_train" / "tokens.parquet"}
+    write_parquet(no_train["tokens"], tokens_table([r for r in rows if r["split"] != "train"]))
+    _, before, before_table = evaluate(no_train, root, two_models(root), out="without", seed=3)
+
+    assert table[table["split"] != "train"].reset_index(drop=True).equals(before_table)
+    assert table.equals(table.sort_values(["model", "split", "sha256"]).reset_index(drop=True))
+    for key in ("paired", "excluded", "unavailable"):
+        assert report[key] == before[key], key
+    for name in ("ngram", "unigram"):
+        assert {k: v for k, v in report["models"][name].items() if k != "train_subset"} \
+            == before["models"][name]
+        assert "train_subset" not in before["models"][name]
+    assert before["gap"] == {} and report["gap"] != {}
+    train = sorted({r["sha256"] for r in rows if r["split"] == "train"})
+    n_val = report["models"]["ngram"]["val"]["n_pieces"]
+    for name in ("ngram", "unigram"):
+        part = table[(table["model"] == name) & (table["split"] == "train")]
+        assert list(part["sha256"]) == draw_train_subset(train, n_val, seed=3)
+        assert report["models"][name]["train_subset"]["n_pieces"] == n_val == 12
+    assert report["train_subset"] == {"n_pieces": 12, "n_wanted": 12, "n_usable": 24,
+                                      "n_excluded": 0}
+
+
+def _fit_on(paths: dict[str, Path], out: Path, splits: set[str]) -> None:
+    """An order-12 add-k n-gram (k = 0.01) on the pieces of ``splits``: in-sample pieces are
+    nearly certain, unseen long contexts fall to the uniform distribution."""
+    seqs = [np.array(r["ids"], dtype=np.int64)
+            for r in pq.read_table(paths["tokens"]).to_pylist() if r["split"] in splits]
+    NGramLM(order=12, smoothing="add_k", k=0.01, vocab_size=VOCAB, bos_id=BOS, eos_id=EOS,
+            pad_id=PAD).fit(seqs).save(out, metadata={"tokenizer_hash": "tok-hash",
+                                                      "split_hash": "split-hash"})
+
+
+def test_gap_flags_overfitting_and_leakage(tmp_path):
+    """A memorising model fitted on train has a val − train gap far above a 0.5-nat bound; the
+    same model fitted on train *and* val (it has seen val: leakage) has none. Each assertion
+    fails for the other model."""
+    root = tmp_path
+    paths = write_corpus(root / "data", n_groups=40, n_eval=10)
+    _fit_on(paths, root / "data" / "overfit", {"train"})
+    _fit_on(paths, root / "data" / "leak", {"train", "val"})
+    specs = [ModelSpec(n, root / "data" / n, load_ngram) for n in ("leak", "overfit")]
+    _, report, table = evaluate(paths, root, specs, seed=0)
+    over, leak = report["gap"]["overfit"]["nats_per_token"], report["gap"]["leak"]["nats_per_token"]
+    assert over["ci_low"] > 0.5 and leak["ci_high"] < 0.05
+    assert leak["ci_low"] < 0 and over["ci_low"] > leak["ci_high"] + 1.0
+    assert report["gap"]["overfit"]["nats_per_note"]["ci_low"] > 0.5
+
+    # The value is val minus the train subset; the interval resamples each set's groups with its
+    # own documented generator: val's replicates (shared with models.<m>.val) and the subset's.
+    m = report["models"]["overfit"]
+    assert set(m["train_subset"]) == set(m["val"])
+    assert over["value"] == pytest.approx(m["val"]["nats_per_token"]["value"]
+                                          - m["train_subset"]["nats_per_token"]["value"])
+    assert report["gap"]["overfit"]["n_pieces_val"] == report["gap"]["overfit"]["n_pieces_train"]
+
+    def sums(split: str, rng: np.random.Generator):
+        part = table[(table["model"] == "overfit") & (table["split"] == split)]
+        names, codes = np.unique(part["group_id"].to_numpy(dtype=str), return_inverse=True)
+        w = bootstrap_weights(len(names), 500, rng)
+        return (group_sums(codes, part["nll_nats"], len(names)),
+                group_sums(codes, part["n_tokens"], len(names)), w)
+
+    va = sums("val", np.random.default_rng([0, 0]))
+    tr = sums("train", np.random.default_rng([0, TRAIN_SUBSET_STREAM, 1]))
+    assert over == pytest.approx(independent_diff_ci(*va, *tr, 0.95), rel=1e-12)
+    assert ratio_ci(tr[0], tr[1], tr[2], 0.95) == pytest.approx(
+        m["train_subset"]["nats_per_token"], rel=1e-12)
+
+
+def test_power_block_is_estimated_from_val(tmp_path):
+    root = tmp_path
+    paths = write_corpus(root / "data", n_groups=24, n_eval=6)
+    _fit_and_save(paths, root / "data" / "ngram", order=3)
+    _fit_and_save(paths, root / "data" / "unigram", order=1, smoothing="unigram")
+    _, report, table = evaluate(paths, root, two_models(root), ci_level=0.9)
+    block = report["power"]["ngram_minus_unigram"]
+    val = table[table["split"] == "val"].sort_values("sha256")
+    names, codes = np.unique(val[val["model"] == "ngram"]["group_id"].to_numpy(dtype=str),
+                             return_inverse=True)
+    a, b = (group_sums(codes, val[val["model"] == m]["nll_nats"], len(names))
+            for m in ("ngram", "unigram"))
+    expected = detectable_effect(a, b, 6, power=0.8, level=0.9)
+    assert {k: block[k] for k in expected} == pytest.approx(expected, rel=1e-12)
+    assert block["n_groups_of"] == "test (scored)" and block["estimated_from"] == "val"
+    assert block["mde"] > 0 and block["alpha"] == pytest.approx(0.05)
+    summary = power_summary(report, "ngram_minus_unigram", block["mde"] * 0.9, 0.9)
+    assert summary is not None and summary.mde == pytest.approx(block["mde"])
+    assert summary.warning is not None
+
+    _, val_only, _ = evaluate(paths, root, two_models(root), out="val_only", splits=["val"])
+    block = val_only["power"]["ngram_minus_unigram"]
+    assert (block["n_groups"], block["n_groups_of"]) == (6, "test (data/splits.parquet)")
+    _, test_only, t = evaluate(paths, root, two_models(root), out="test_only", splits=["test"])
+    assert test_only["power"] == {} and test_only["gap"] == {}
+    assert set(t["split"]) == {"test"}  # no val to size the train subset by

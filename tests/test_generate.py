@@ -127,8 +127,8 @@ def _run(world, out: Path, cfg: GenerateConfig, models) -> tuple:
 def test_generate_writes_contract_and_is_deterministic(world, tmp_path):
     vocab = artifacts.read_json(world["info"])["vocab_size"]
     models = {"ngram": CountLM(3, vocab).fit(train_seqs(world))}
-    cfg = GenerateConfig(models=["ngram"], n_samples=3, max_new_tokens=40, prompt_tokens=16,
-                         top_p=0.9)
+    cfg = GenerateConfig(models=["ngram"], n_samples=3, n_continuations=3, max_new_tokens=40,
+                         prompt_tokens=16, top_p=0.9)
     s1, df = _run(world, tmp_path / "a", cfg, models)
     assert list(df.columns) == ["model", "kind", "index", "prompt_sha256", "prompt_len", "ids",
                                 "n_tokens", "decode_ok", "decode_error"]
@@ -162,12 +162,32 @@ def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
         return (None, "RuntimeError: broken") if next(calls) % 2 else real(tok, ids)
 
     monkeypatch.setattr(gen, "decode_ids", flaky)
-    cfg = GenerateConfig(models=["ngram"], n_samples=2, max_new_tokens=10, prompt_tokens=8)
+    cfg = GenerateConfig(models=["ngram"], n_samples=2, n_continuations=2, max_new_tokens=10,
+                         prompt_tokens=8)
     s, df = _run(world, tmp_path, cfg, models)
     assert s.n_decode_failures == 2 and len(df) == 4
     bad = df[~df["decode_ok"]]
     assert len(bad) == 2 and (bad["decode_error"] == "RuntimeError: broken").all()
     assert len(list((tmp_path / "samples").glob("*.mid"))) == 2
+
+
+def test_unconditional_and_continuation_counts_are_separate(world, tmp_path, monkeypatch):
+    """``n_samples`` unconditional samples per model, ``n_continuations`` (0 = none) prompts."""
+    import pipeline.report.figures as figures
+
+    monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="": b"png")  # speed only
+    vocab = artifacts.read_json(world["info"])["vocab_size"]
+    models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}
+    for n_cont, expected in ((0, 0), (3, 3), (50, 10)):  # at most the 10 test pieces
+        cfg = GenerateConfig(models=["ngram"], n_samples=5, n_continuations=n_cont,
+                             max_new_tokens=4, prompt_tokens=8)
+        s, df = _run(world, tmp_path / str(n_cont), cfg, models)
+        assert (df["kind"] == "unconditional").sum() == 5
+        assert (df["kind"] == "continuation").sum() == s.n_prompts == expected
+
+
+def test_default_draws_enough_samples_for_an_interval():
+    assert GenerateConfig().n_samples >= 64
 
 
 @pytest.mark.parametrize(("raw", "key"), [
@@ -176,6 +196,7 @@ def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
     ({"temperature": -1.0}, "generate.temperature"),
     ({"models": ["lstm"]}, "generate.models.0"),
     ({"seeds": 1}, "generate.seeds"),
+    ({"n_continuations": -1}, "generate.n_continuations"),
 ])
 def test_bad_params_name_the_key(raw, key):
     with pytest.raises(ParamsError, match=rf"params.yaml: {key.replace('.', '[.]')}\b"):

@@ -1,4 +1,6 @@
-"""Leakage audit: exact nearest neighbours, crossing counts that can see a leak, and real Bach
+"""Leakage audit: exact nearest neighbours, crossing counts that can see a leak, the independent
+near-copy measure (planted edited copies dedupe does not link, short ones caught by the melody
+alignment, unrelated tunes of one style never matched, equal to brute force), and real Bach
 chorales whose soprano tunes agree ending in one split whatever their titles."""
 
 from __future__ import annotations
@@ -9,15 +11,26 @@ import pyarrow as pa
 import pytest
 
 from pipeline.core import artifacts
-from pipeline.core.config import RuntimeConfig
+from pipeline.core.config import RuntimeConfig, parse_section
 from pipeline.music import fingerprints as fp
-from pipeline.music.leakage import ShingleMatrix, audit, crossing_counts, nearest, random_split
+from pipeline.music.leakage import (
+    Melodies,
+    NearCopyRule,
+    ShingleMatrix,
+    audit,
+    crossing_counts,
+    near_copies,
+    nearest,
+    random_split,
+)
 from pipeline.stages.dedupe import DedupeConfig
 from pipeline.stages.dedupe import run as run_dedupe
 from pipeline.stages.ingest import NOTES_SCHEMA
-from pipeline.stages.split import SplitConfig
+from pipeline.stages.split import SplitConfig, assign
 from pipeline.stages.split import run as run_split
-from tests.test_dedupe import planted_corpus, write_corpus
+from tests.test_dedupe import base_piece, planted_corpus, variant, write_corpus
+
+RULE = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4)
 
 
 def _matrix(pieces: dict) -> ShingleMatrix:
@@ -81,15 +94,200 @@ def test_audit_contrasts_grouped_and_random_split(tmp_path):
     clusters = artifacts.read_parquet(tmp_path / "dedupe" / "clusters.parquet")
     kept = table.assign(group="", cluster_id=clusters.set_index("sha256")["cluster_id"]
                         .reindex(table["sha256"]).to_numpy())
-    sm = ShingleMatrix.build(fp.read_notes(notes), 4, 4)
-    sm = ShingleMatrix(sm.sha256[np.isin(sm.sha256, kept["sha256"])],
-                       sm.matrix[np.flatnonzero(np.isin(sm.sha256, kept["sha256"]))],
-                       sm.sizes[np.isin(sm.sha256, kept["sha256"])])
+    all_notes = fp.read_notes(notes)
+    rows = np.flatnonzero(np.isin(all_notes.sha256, kept["sha256"]))
+    sm = ShingleMatrix.build(all_notes, 4, 4)
+    sm = ShingleMatrix(sm.sha256[rows], sm.matrix[rows], sm.sizes[rows])
+    mel = Melodies.build(all_notes).select(rows)
     pairs = artifacts.read_parquet(tmp_path / "dedupe" / "pairs.parquet")
-    kw = dict(seed=1, ratios=(0.8, 0.1, 0.1), max_test=5, near_jaccard=0.5, near_containment=0.8)
-    r1, png1 = audit(kept, pairs, sm, **kw)
-    r2, png2 = audit(kept, pairs, sm, **kw)
+    kw = dict(seed=1, ratios=(0.8, 0.1, 0.1), max_test=5, rule=RULE)
+    r1, png1 = audit(kept, pairs, sm, mel, **kw)
+    r2, png2 = audit(kept, pairs, sm, mel, **kw, workers=2)
     assert r1 == r2 and png1 == png2 and r1["grouped_test_audited"] <= 5
+    ind = r1["independent"]
+    assert ind["test_measured"] == min(5, ind["test_pieces"]) and ind["val_measured"] <= 5
+    # the independent measure, with the random-split contrast beside it in the report
+    ind = leak["independent"]
+    assert ind["test_measured"] == ind["test_pieces"] == leak["grouped_test_audited"]
+    assert ind["test_near_train"] == 0  # dedupe bound every planted variant into one group
+    assert ind["random_split"]["test_near_train"] > 0
+    assert ind["random_split"]["test_near_train_share"] > ind["test_near_train_share"]
+
+
+# ------------------------------------------------------------ independent near-copy measure
+STEPS = np.array([-4, -3, -2, -1, 1, 2, 3, 4])
+STEP_P = np.array([1, 2, 5, 8, 8, 5, 2, 1]) / 32
+CADENCE = (67, 65, 64, 62, 60)  # every tune ends on the same formula (sol fa mi re do)
+
+
+def _notes(pitch, dur) -> dict:
+    size = len(pitch)
+    dur = np.asarray(dur, dtype=np.float64)
+    return {"onset": np.concatenate([[0.0], np.cumsum(dur)[:-1]]), "duration": dur,
+            "pitch": np.asarray(pitch, dtype=np.int16), "velocity": np.full(size, 80, np.int16),
+            "track": np.zeros(size, np.int16), "program": np.zeros(size, np.int16),
+            "is_drum": np.zeros(size, bool)}
+
+
+def tune(rng: np.random.Generator, n: int) -> dict:
+    """A tune of ``n`` notes in one style: a walk from one interval distribution (reflected at
+    the range's edges), ending on the shared cadence."""
+    pitch = [67]
+    for step in rng.choice(STEPS, size=n - len(CADENCE) - 1, p=STEP_P):
+        pitch.append(pitch[-1] + (step if 55 <= pitch[-1] + step <= 84 else -step))
+    return _notes(pitch + list(CADENCE), rng.choice([0.5, 1.0, 1.0, 2.0], size=n))
+
+
+def edited(rng: np.random.Generator, notes: dict, k: int) -> dict:
+    """``notes`` with ``k`` non-adjacent notes changed by 1-2 semitones or (every other one)
+    dropped; the first note and the cadence are left alone."""
+    pitch = notes["pitch"].astype(int).tolist()
+    dur = notes["duration"].tolist()
+    where = np.sort(rng.choice(np.arange(1, len(pitch) - len(CADENCE) - 1, 2), size=k,
+                               replace=False))
+    dropped = []
+    for n, i in enumerate(where):
+        if n % 2:
+            dropped.append(i)
+            continue
+        for delta in rng.permutation([-2, -1, 1, 2]):  # a real change: no new repeated pitch
+            if pitch[i] + delta not in (pitch[i - 1], pitch[i + 1]):
+                pitch[i] += int(delta)
+                break
+    keep = [i for i in range(len(pitch)) if i not in dropped]
+    return _notes([pitch[i] for i in keep], [dur[i] for i in keep])
+
+
+def _labels_in(split: str, n: int, prefix: str) -> list[str]:
+    """``n`` metadata labels whose (single-label) group the default split puts in ``split``."""
+    labels = np.array([f"{prefix}{i}" for i in range(400)], dtype=object)
+    splits, _ = assign(np.char.add("group:", labels.astype(str)).astype(object), SplitConfig())
+    return list(labels[splits == split][:n])
+
+
+def test_edited_copy_that_dedupe_does_not_link_is_found(tmp_path):
+    """An edited copy (5% of notes changed or dropped) of a train tune placed in test, with
+    dedupe's near and melody tiers off: the crossing counts stay 0, the independent measure
+    names the pair; 40 unrelated tunes of the same style (one interval distribution, one
+    cadence) are never near copies of each other."""
+    rng = np.random.default_rng(7)
+    pieces = {f"u{i:02d}": tune(rng, int(rng.integers(40, 151))) for i in range(40)}
+    pieces["original"] = tune(rng, 100)
+    pieces["copy"] = edited(rng, pieces["original"], k=5)
+    groups = {"original": _labels_in("train", 1, "o")[0], "copy": _labels_in("test", 1, "c")[0]}
+    manifest, notes, shas = write_corpus(tmp_path, pieces, groups=groups)
+    cfg = parse_section("dedupe", {"policy": {"near": "off", "melody": "off"}}, DedupeConfig)
+    runtime = RuntimeConfig(workers=1, progress=False)
+    run_dedupe(cfg, runtime, manifest=manifest, notes=notes, out_dir=tmp_path / "dedupe",
+               report=tmp_path / "dedupe.json")
+    paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
+                 leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
+    run_split(SplitConfig(), runtime, manifest=manifest, notes=notes,
+              dedupe_dir=tmp_path / "dedupe", **paths)
+    split_of = artifacts.read_parquet(paths["splits"]).set_index("sha256")["split"]
+    assert split_of[shas["original"]] == "train" and split_of[shas["copy"]] == "test"
+    assert len(artifacts.read_parquet(tmp_path / "dedupe" / "pairs.parquet")) == 0
+    leak = artifacts.read_json(paths["leakage_report"])
+    assert leak["grouped_crossing_pairs"] == leak["grouped_crossing_groups"] == 0
+    ind = leak["independent"]
+    assert ind["test_measured"] == ind["test_pieces"] == int((split_of == "test").sum())
+    assert ind["test_near_train"] == 1  # the copy, and none of the unrelated tunes
+    assert ind["test_near_train_share"] == pytest.approx(1 / ind["test_pieces"], abs=1e-6)
+    [example] = ind["examples"]
+    assert (example["test_sha256"], example["train_sha256"]) == (shas["copy"], shas["original"])
+    assert example["fired"] and example["melody_similarity"] >= ind["melody_threshold"]
+    assert ind["val_near_train"] == 0 and ind["within_train"]["near_other_group"] == 0
+    assert ind["within_train"]["melody_max"] < ind["melody_threshold"]
+
+
+def _arrays(pieces: dict) -> tuple[ShingleMatrix, Melodies, list[str]]:
+    names = sorted(pieces)  # the sha256 column is the name here: rows stay in name order
+    table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **pieces[k]} for k in names]),
+                                 schema=NOTES_SCHEMA, preserve_index=False)
+    notes = fp.notes_from_table(table)
+    return ShingleMatrix.build(notes, 4, 4), Melodies.build(notes), names
+
+
+def test_short_edited_copy_is_caught_by_the_melody_alignment():
+    rng = np.random.default_rng(11)
+    pieces = {f"short{i:02d}": tune(rng, int(rng.integers(12, 20))) for i in range(40)}
+    pieces |= {f"long{i:02d}": tune(rng, int(rng.integers(40, 150))) for i in range(10)}
+    pieces["original"] = tune(rng, 18)
+    pieces["copy"] = edited(rng, pieces["original"], k=1)
+    sm, mel, names = _arrays(pieces)
+    row = {name: i for i, name in enumerate(names)}
+    assert sm.sizes[row["copy"]] < RULE.min_shingles  # too short for the shingle measure
+    assert sm.sizes[row["original"]] < RULE.min_shingles
+    query = np.array([row["copy"]] + [row[f"short{i:02d}"] for i in range(20)])
+    pool = np.array(sorted(set(row.values()) - set(query.tolist())))
+    found = near_copies(sm, mel, query, pool, RULE)
+    assert found.near.tolist() == [True] + [False] * 20  # unrelated short tunes: no match
+    assert found.melody_partner[0] == row["original"] and found.shingle_partner[0] == -1
+    assert found.melody[0] >= RULE.melody > found.melody[1:].max()
+
+
+def test_melody_threshold_is_dedupes_edit_tolerance():
+    """Jaccard 0.5 on 4-shingles tolerates 1/15 changed notes; an interval sequence with that
+    share changed sits exactly at the melody threshold, one more change falls below it."""
+    assert RULE.edit_rate == pytest.approx(1 / 15) and RULE.melody == pytest.approx(13 / 15)
+    original = tune(np.random.default_rng(3), 31)  # 30 intervals, steps of 1-4 semitones
+
+    def octave_up(at: tuple[int, ...]) -> dict:  # its two intervals become ones no tune has
+        pitch = original["pitch"].copy()
+        pitch[list(at)] += 12
+        return _notes(pitch, original["duration"])
+
+    pieces = {"original": original, "two": octave_up((5, 15)), "three": octave_up((5, 15, 25))}
+    sm, mel, names = _arrays(pieces)
+    row = {name: i for i, name in enumerate(names)}
+    found = near_copies(sm, mel, np.array([row["two"], row["three"]]),
+                        np.array([row["original"]]), RULE)
+    assert found.melody.tolist() == pytest.approx([1 - 8 / 60, 1 - 12 / 60])
+    assert found.melody_partner.tolist() == [row["original"], -1]
+
+
+def test_near_copies_equal_brute_force():
+    from rapidfuzz.distance import Indel
+
+    rng = np.random.default_rng(5)
+    pieces = {f"t{i:02d}": tune(rng, int(rng.integers(12, 300))) for i in range(30)}
+    for i in range(0, 30, 3):  # planted copies, some of them long (shingles only)
+        pieces[f"t{i:02d}_copy"] = edited(rng, pieces[f"t{i:02d}"], k=max(1, len(
+            pieces[f"t{i:02d}"]["pitch"]) // 20))
+    pieces["chordal"] = base_piece(rng, n_events=50)
+    pieces["chordal_copy"] = variant(rng, pieces["chordal"], "edited")
+    sm, mel, names = _arrays(pieces)
+    rule = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4,
+                        max_melody_notes=200)
+    query = np.arange(0, len(names), 2)
+    pool = np.arange(1, len(names), 2)
+    groups = np.arange(len(names)) // 4  # some (query, pool) pairs share a group
+    for g in (None, groups):
+        found = near_copies(sm, mel, query, pool, rule, groups=g)
+        for n, q in enumerate(query):
+            others = [p for p in pool if g is None or g[p] != g[q]]
+            jc = {p: fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p)) for p in others}
+            big = [p for p in others if min(sm.sizes[q], sm.sizes[p]) >= rule.min_shingles]
+            assert found.jaccard[n] == pytest.approx(max([jc[p][0] for p in big], default=0))
+            assert found.containment[n] == pytest.approx(max([jc[p][1] for p in big], default=0))
+            shingle_hit = [p for p in big if jc[p][0] >= rule.jaccard
+                           or jc[p][1] >= rule.containment]
+            melody_hit = [p for p in others for v in range(2)
+                          if rule.min_melody_notes - 1 <= mel.lengths[v, q]
+                          < rule.max_melody_notes - 1
+                          and mel.lengths[v, p] >= rule.min_melody_notes - 1
+                          and Indel.normalized_similarity(mel.views[v][q], mel.views[v][p])
+                          >= rule.melody - 1e-9]
+            assert (found.shingle_partner[n] >= 0) == bool(shingle_hit), names[q]
+            assert (found.melody_partner[n] >= 0) == bool(melody_hit), names[q]
+            assert found.near[n] == bool(shingle_hit or melody_hit)
+            if shingle_hit:
+                assert found.shingle_partner[n] in shingle_hit
+            if melody_hit:
+                assert found.melody_partner[n] in melody_hit
+        if g is None:  # the planted copies were found (by both measures)
+            assert (found.shingle_partner >= 0).sum() >= 3
+            assert (found.melody_partner >= 0).sum() >= 3
 
 
 # ------------------------------------------------------------------------------ real chorales
@@ -149,3 +347,7 @@ def test_bach_same_soprano_same_split_whatever_the_title(bach_tables):
     assert table.loc[[shas["bwv269"], shas["bwv347"]], "group_id"].nunique() == 2
     leak = artifacts.read_json(paths["leakage_report"])
     assert leak["grouped_crossing_groups"] == leak["grouped_crossing_pairs"] == 0
+    # chorales on different tunes (sharing cadences) are not near copies of each other
+    within = leak["independent"]["within_train"]
+    assert within["measured"] >= 3 and within["near_other_group"] == 0
+    assert within["melody_max"] < leak["independent"]["melody_threshold"]

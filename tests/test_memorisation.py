@@ -12,12 +12,19 @@ from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, parse_section
 from pipeline.music.fingerprints import jaccard_containment
 from pipeline.scoring.memorisation import (
+    Extraction,
     ShingleIndex,
     SuffixIndex,
     extraction_test,
+    judge_extraction,
+    judge_flag_rate,
+    judge_membership,
     membership_auc,
     novelty,
+    resampled_rate,
     suffix_array,
+    wilson_interval,
+    window_offsets,
 )
 from pipeline.stages.audit import AuditConfig
 from pipeline.stages.audit import run as run_audit
@@ -98,6 +105,69 @@ def test_membership_auc():
     assert np.isnan(membership_auc([], [1.0]))
 
 
+def test_window_offsets():
+    assert window_offsets(100, 128, 64, 4).tolist() == [0]  # a short piece is one window
+    assert window_offsets(128, 128, 64, 4).tolist() == [0]
+    assert window_offsets(300, 128, 64, 4).tolist() == [0, 64, 128]
+    # 2000 ids: 30 candidate starts, 4 kept from first to last, evenly
+    assert window_offsets(2000, 128, 64, 4).tolist() == [0, 640, 1216, 1856]
+    for off in window_offsets(2000, 128, 64, 4):
+        assert off + 128 <= 2000
+
+
+def test_wilson_interval_known_values():
+    # Wilson (1927); e.g. 0 of 10 at 95%: [0, 0.2775]; 5 of 10: [0.2366, 0.7634]
+    assert wilson_interval(0, 10, 0.95) == pytest.approx((0.0, 0.27753), abs=1e-4)
+    assert wilson_interval(5, 10, 0.95) == pytest.approx((0.23659, 0.76341), abs=1e-4)
+    assert wilson_interval(10, 10, 0.95)[1] == 1.0
+    assert all(np.isnan(wilson_interval(0, 0, 0.95)))
+
+
+def test_resampled_rate_keeps_clusters_and_strata_together():
+    rng = np.random.default_rng(0)
+    # two pieces with 3 windows each: one all flagged, one none; a replicate is 0, 0.5 or 1
+    reps = resampled_rate(np.array([1, 1, 1, 0, 0, 0]), np.array([0, 0, 0, 1, 1, 1]), 400, rng)
+    assert set(np.round(reps, 6)) <= {0.0, 0.5, 1.0} and reps.std() > 0.3
+    # stratified: each stratum keeps its size, so a stratum of constant values never varies
+    reps = resampled_rate(np.array([1.0, 1.0, 0.0, 1.0]), np.arange(4), 400, rng,
+                          strata=np.array(["a", "a", "b", "b"]))
+    assert set(np.round(reps * 4).astype(int)) <= {2, 3, 4} and reps.min() >= 0.5
+
+
+def test_judge_flag_rate_interval_and_excess():
+    rng = np.random.default_rng(1)
+    kinds = np.array(["unconditional"] * 60 + ["continuation"] * 20)
+    pieces = np.repeat(np.arange(50), 3)
+    human = (np.arange(150) % 20 == 0).astype(float)  # 5 % of windows
+    copier = judge_flag_rate(np.ones(80), kinds, human, pieces, n_boot=500, level=0.95, rng=rng)
+    assert copier["value"] == 1.0 and copier["n_flagged"] == 80
+    assert copier["ci_low"] > 0.9 and copier["excess"]["ci_low"] > 0.8
+    assert copier["human"]["n_pieces"] == 50 and copier["human"]["n_windows"] == 150
+    like = (np.arange(80) % 20 == 3).astype(float)  # a human-like 5 %
+    fair = judge_flag_rate(like, kinds, human, pieces, n_boot=500, level=0.95, rng=rng)
+    assert fair["excess"]["ci_low"] < 0 < fair["excess"]["ci_high"]
+    assert fair["ci_low"] < fair["value"] < fair["ci_high"]
+
+
+def test_judge_membership_and_extraction_against_chance():
+    rng = np.random.default_rng(2)
+    low, high = rng.normal(1.0, 0.1, 40), rng.normal(2.0, 0.1, 40)
+    assert judge_membership(low, high, n_boot=300, level=0.95, rng=rng)["ci_low"] == 1.0
+    a, b = rng.normal(size=40), rng.normal(size=40)
+    same = judge_membership(a, b, n_boot=300, level=0.95, rng=rng)
+    assert same["ci_low"] < 0.5 < same["ci_high"] and same["chance"] == 0.5
+    assert same["value"] == pytest.approx(membership_auc(a, b))  # the sklearn value
+    ties = judge_membership([1.0, 2.0], [1.0, 2.0], n_boot=100, level=0.95, rng=rng)
+    assert ties["value"] == membership_auc([1.0, 2.0], [1.0, 2.0]) == 0.5
+    train = Extraction(20, 0.5, 0.5, (True, False) * 10)
+    test = Extraction(20, 0.0, 0.0, (False,) * 20)
+    e = judge_extraction(train, test, n_boot=300, level=0.95, rng=rng)
+    assert e["train"]["value"] == 0.5 and e["test"]["value"] == 0.0
+    assert e["test"]["ci_high"] > 0  # Wilson: 0 of 20 is not "surely 0"
+    assert e["excess"]["value"] == 0.5 and e["excess"]["ci_low"] > 0.2
+    assert judge_extraction(test, test, n_boot=50, level=0.95, rng=rng)["excess"]["ci_high"] == 0
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     return make_world(tmp_path_factory.mktemp("mem_world"))
@@ -140,8 +210,8 @@ def _audit(world, out, models, cfg=None):
 @pytest.mark.parametrize("kind", ["count", "ngram"])
 def test_copying_model_is_flagged_far_above_human_pieces(world, kind, tmp_path):
     copier = make_copier(world, kind)
-    gcfg = GenerateConfig(models=["ngram"], n_samples=4, max_new_tokens=120, prompt_tokens=24,
-                          temperature=0.0)
+    gcfg = GenerateConfig(models=["ngram"], n_samples=4, n_continuations=4, max_new_tokens=120,
+                          prompt_tokens=24, temperature=0.0)
     run_generate(gcfg, {"ngram": copier}, tokens=world["tokens"], info=world["info"],
                  tokenizer=world["tokenizer"], samples_out=tmp_path / "samples.parquet",
                  samples_dir=tmp_path / "samples")
@@ -164,7 +234,12 @@ def test_copying_model_is_flagged_far_above_human_pieces(world, kind, tmp_path):
     assert report["extraction"]["ngram"]["exact_gap"] > 0.5
     assert report["membership"]["ngram"]["auc"] > 0.9
     assert set(report["music"]["test"]) == set(report["music"]["ngram"])
-    assert len(table) == 8 + 10 + 10 and table["decode_ok"].all()
+    tokens = artifacts.read_parquet(world["tokens"])
+    windows = sum(len(window_offsets(int(n), 128, 64, 4))
+                  for n in tokens[tokens["split"] != "train"]["n_tokens"])
+    assert windows > 20  # several windows per held-out piece
+    assert len(table) == 8 + windows and table["decode_ok"].all()
+    assert report["human"]["test"]["n_pieces"] == 10 < report["human"]["test"]["n"]
 
     first = {p: (tmp_path / p).read_bytes() for p in ("audit.json", "audit/per_sample.parquet")}
     _audit(world, tmp_path, {"ngram": copier})

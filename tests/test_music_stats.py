@@ -64,6 +64,9 @@ def test_empty_beat_rate():
     assert ms.empty_beat_rate(notes([(0, 1, 60), (3, 1, 60)])) == pytest.approx(0.5)
     # a whole note sounds through its four beats
     assert ms.empty_beat_rate(notes([(0, 4, 60)])) == 0.0
+    # a window cut mid-piece: silence before its first note is where the cut fell, not a rest
+    assert ms.empty_beat_rate(notes([(2.5, 1, 60), (3.5, 1, 62)])) == 0.0
+    assert ms.empty_beat_rate(notes([(2, 1, 60), (5, 1, 60)])) == pytest.approx(0.5)
 
 
 def test_groove_consistency():
@@ -82,3 +85,76 @@ def test_empty_table_gives_nan_everywhere_and_accepts_dataframes():
     assert all(math.isnan(v) for k, v in stats.items() if k != "n_notes")
     df = pd.DataFrame(C_MAJOR_SCALE)
     assert ms.all_stats(df)["pitch_range"] == 12.0
+
+
+def test_categories_hold_atoms_intervals_and_undefined():
+    edges = ms.category_edges(np.array([0.0, 0.0, 0.0, 1.0, 2.0, np.nan]), bins=4)
+    assert edges.tolist() == [0.0, 1.0, 2.0]  # quantiles of the finite values, unique
+    codes = ms.categorise(np.array([-1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, np.nan, np.inf]), edges)
+    assert codes.tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 7]
+    # degenerate reference (a monophonic corpus: polyphony exactly 1): 1.0 is its own atom
+    one = ms.category_edges(np.ones(5), bins=10)
+    assert ms.categorise(np.array([1.0, 1.2, 0.9]), one).tolist() == [1, 2, 0]
+    assert ms.categorise(np.array([1.0, np.nan]), np.zeros(0)).tolist() == [0, 1]
+
+
+def _table(rng: np.random.Generator, n: int, kind: str = "human") -> dict[str, np.ndarray]:
+    """Per-sequence statistics of n made-up sequences: human-like, noise-like or silent."""
+    if kind == "silent":
+        return {s: np.full(n, np.nan) for s in ms.STATS}
+    if kind == "noise":
+        return {"pitch_class_entropy": rng.normal(3.5, 0.03, n),
+                "pitch_range": rng.integers(80, 100, n).astype(float),
+                "polyphony": rng.normal(9.0, 1.0, n), "note_density": rng.normal(12, 1, n),
+                "scale_consistency": rng.normal(0.62, 0.03, n),
+                "empty_beat_rate": rng.uniform(0.2, 0.5, n),
+                "groove_consistency": rng.normal(0.3, 0.05, n)}
+    return {"pitch_class_entropy": rng.normal(2.95, 0.15, n),
+            "pitch_range": rng.integers(26, 40, n).astype(float),
+            "polyphony": rng.normal(4.0, 0.3, n), "note_density": rng.normal(4.5, 0.7, n),
+            "scale_consistency": np.minimum(rng.normal(0.93, 0.03, n), 1.0),
+            "empty_beat_rate": np.where(rng.random(n) < 0.7, 0.0, rng.uniform(0, 0.1, n)),
+            "groove_consistency": rng.normal(0.78, 0.05, n)}
+
+
+@pytest.mark.parametrize(("kind", "passes"), [("human", True), ("noise", False),
+                                               ("silent", False)])
+def test_quality_guard_passes_human_and_fails_noise_and_silence(kind, passes):
+    rng = np.random.default_rng(0)
+    reference, calibration = _table(rng, 150), _table(rng, 80)
+    q = ms.quality_guard(_table(rng, 64, kind), reference, calibration,
+                         rng=np.random.default_rng(1), n_boot=500)
+    assert q["n"] == 64 and q["n_stats"] == len(ms.STATS)
+    assert (q["score"] >= 0.7) is passes
+    assert q["score"] == 1 - q["n_outside"] / q["n_stats"]
+    assert q["score_band_low"] >= 0.7  # what human-like sets of 64 reach
+    if kind == "silent":
+        assert q["score"] == 0 and all(v["undefined"] == 1 for v in q["stats"].values())
+
+
+def test_quality_guard_undefined_samples_cost_overlap_and_mean_shift_is_caught():
+    rng = np.random.default_rng(3)
+    reference, calibration = _table(rng, 150), _table(rng, 80)
+    good = _table(rng, 64)
+    half = {s: np.where(np.arange(64) < 32, v, np.nan) for s, v in good.items()}
+    g = ms.quality_guard(good, reference, calibration, rng=np.random.default_rng(1), n_boot=300)
+    h = ms.quality_guard(half, reference, calibration, rng=np.random.default_rng(1), n_boot=300)
+    for s in ms.STATS:  # half undecodable: at most half the overlap, below the band
+        assert h["stats"][s]["overlap"] <= 0.5 + 1e-9 < g["stats"][s]["overlap"]
+    assert h["score"] == 0
+    shifted = {**good, "empty_beat_rate": good["empty_beat_rate"] + 0.15}  # the transformer's
+    sh = ms.quality_guard(shifted, reference, calibration, rng=np.random.default_rng(1),
+                          n_boot=300)
+    assert not sh["stats"]["empty_beat_rate"]["inside"]
+    assert sh["n_outside"] == g["n_outside"] + 1
+
+
+def test_quality_guard_is_deterministic_and_empty_safe():
+    rng = np.random.default_rng(4)
+    args = (_table(rng, 20), _table(rng, 50), _table(rng, 30))
+    a = ms.quality_guard(*args, rng=np.random.default_rng(7), n_boot=200)
+    b = ms.quality_guard(*args, rng=np.random.default_rng(7), n_boot=200)
+    assert a == b
+    none = ms.quality_guard({s: np.zeros(0) for s in ms.STATS}, args[1], args[2],
+                            rng=np.random.default_rng(7))
+    assert none["score"] is None and none["n"] == 0

@@ -13,6 +13,7 @@ from pipeline.scoring.power import (
     minimum_detectable_effect,
     one_sided_alpha,
     pass_probability,
+    power_summary,
     rel_improvement_se,
 )
 
@@ -83,3 +84,45 @@ def test_pass_probability_matches_simulated_experiments(true_rel, threshold):
     assert abs(observed - predicted) <= tol, (observed, predicted, tol)
     wrong = pass_probability(true_rel, se, threshold + 0.03, 0.95)
     assert abs(observed - wrong) > tol
+
+
+def _eval_json(se: float | None, n_groups: int = 36) -> dict:
+    """The ``power`` block of eval.json as ``symkit evaluate`` writes it (NaN becomes null)."""
+    return {"power": {"ngram_minus_transformer": {
+        "se": se, "mde": None if se is None else minimum_detectable_effect(se),
+        "n_groups": n_groups, "n_groups_observed": 22, "power": 0.8, "alpha": 0.025,
+        "estimated_from": "val", "n_groups_of": "test (scored)"}}}
+
+
+def test_power_summary_states_the_issue_figures():
+    se = 0.039 / (1.959964 + 0.841621)
+    s = power_summary(_eval_json(se), "ngram_minus_transformer", 0.02, 0.95)
+    assert s is not None and s.mde == pytest.approx(0.039, rel=1e-5)
+    assert s.p_clear_zero == pytest.approx(0.30, abs=0.005)
+    assert s.effect_for_power == pytest.approx(0.059, rel=1e-4)
+    assert pass_probability(s.effect_for_power, s.se, 0.02, 0.95) == pytest.approx(0.8)
+    assert s.warning is not None and "\n" not in s.warning
+    assert "0.02" in s.warning and "0.039" in s.warning and "0.30" in s.warning
+
+
+@pytest.mark.parametrize("factor", [0.5, 0.999, 1.0, 1.001, 2.0])
+def test_power_summary_warns_exactly_below_the_mde(factor):
+    se = 0.01
+    mde = minimum_detectable_effect(se, 0.8, 0.9)
+    s = power_summary(_eval_json(se), "ngram_minus_transformer", factor * mde, 0.9)
+    assert s is not None and s.mde == pytest.approx(mde)
+    assert (s.warning is not None) == (factor * mde < mde)
+
+
+def test_power_summary_rescales_and_handles_missing_blocks():
+    block = _eval_json(0.01, n_groups=16)
+    s = power_summary(block, "ngram_minus_transformer", 0.02, n_groups=64)
+    assert s is not None and s.n_groups == 64
+    assert s.se == pytest.approx(0.005)  # 1 / sqrt(G)
+    assert s.mde == pytest.approx(minimum_detectable_effect(0.005))
+    wider = power_summary(block, "ngram_minus_transformer", 0.02, 0.99)
+    assert wider is not None and wider.mde > power_summary(block, "ngram_minus_transformer",
+                                                           0.02, 0.95).mde
+    assert power_summary(block, "a_minus_b", 0.02) is None
+    assert power_summary({}, "ngram_minus_transformer", 0.02) is None
+    assert power_summary(_eval_json(None), "ngram_minus_transformer", 0.02) is None

@@ -314,3 +314,19 @@ def test_repository_params_sections_parse():
     audit = load_section("audit", repo, AuditConfig)
     load_section("report", repo, ReportConfig)
     assert audit.human_window == gen.max_new_tokens  # humans audited on a sample's span
+
+
+def test_power_of_the_comparison_rule_is_stated(tmp_path):
+    p = make_inputs(tmp_path)
+    rules = [{"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
+              "threshold": 0.02, "judge": "interval", "rationale": "r"}]
+    params = write_params(tmp_path, rules=rules)
+    eval_json = artifacts.read_json(p.eval)
+    eval_json["power"] = {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36,
+                                                      "power": 0.8}}
+    artifacts.write_json(p.eval, eval_json)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    # lower bound >= 2% at 95%: needs 2% + (1.96 + 0.84) * 0.0136 = 5.8%; a true 2% passes 2.5%
+    assert "the true gain must be about 5.81%" in md
+    assert "a true gain of exactly 2.00% passes with probability 2.5%" in md

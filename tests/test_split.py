@@ -12,9 +12,16 @@ from hypothesis import strategies as st
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.core.splits import split_hash
+from pipeline.stages import split as split_stage
 from pipeline.stages.dedupe import DedupeConfig
 from pipeline.stages.dedupe import run as run_dedupe
-from pipeline.stages.split import SplitConfig, moved_pieces, split_table
+from pipeline.stages.split import (
+    SplitConfig,
+    SplitInvariantError,
+    check_invariants,
+    moved_pieces,
+    split_table,
+)
 from pipeline.stages.split import run as run_split
 from tests.test_dedupe import planted_corpus, write_corpus
 
@@ -205,3 +212,29 @@ def test_empty_corpus_gives_empty_artifacts(tmp_path):
                   leakage_report=tmp_path / "l.json", figure=tmp_path / "f.png")
     assert s.pieces == 0 and len(artifacts.read_parquet(tmp_path / "s.parquet")) == 0
     assert artifacts.read_json(tmp_path / "l.json")["grouped_crossing_pairs"] == 0
+
+
+@pytest.mark.parametrize("key", ["crossing_groups", "crossing_metadata_groups", "crossing_pairs"])
+def test_invariant_check_names_the_count(key):
+    counts = {"crossing_groups": 0, "crossing_metadata_groups": 0, "crossing_pairs": 0,
+              "pairs_with_a_dropped_piece": 3}
+    check_invariants(counts)  # dropped pieces are not a crossing
+    with pytest.raises(SplitInvariantError, match=f"{key}=2"):
+        check_invariants({**counts, key: 2})
+
+
+def test_stage_refuses_a_split_that_puts_one_group_in_two_splits(tmp_path, monkeypatch):
+    pieces, _ = planted_corpus(seed=2, families=4, singles=10)
+    real = split_stage.split_table
+
+    def buggy(files, clusters, cfg):  # one piece of a multi-piece group moves to another split
+        table = real(files, clusters, cfg)
+        sizes = table["group_id"].map(table["group_id"].value_counts())
+        i = int((sizes > 1).to_numpy().argmax())
+        table.loc[i, "split"] = "val" if table.loc[i, "split"] != "val" else "test"
+        return table
+
+    monkeypatch.setattr(split_stage, "split_table", buggy)
+    with pytest.raises(SplitInvariantError, match=r"crossing_groups=1\b"):
+        _stage(tmp_path, pieces)
+    assert not (tmp_path / "splits.parquet").exists()  # nothing written for a broken split

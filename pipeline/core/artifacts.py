@@ -235,7 +235,7 @@ def stable_int(text: str) -> int:
 
 
 RESULT_PACKAGES = ("miditok", "symusic", "music21", "numpy", "scipy", "pandas", "pyarrow",
-                   "torch", "scikit-learn", "datasketch", "safetensors")
+                   "torch", "scikit-learn", "datasketch", "rapidfuzz", "safetensors")
 """Packages whose versions can change results (the pre-registration freezes them)."""
 ENV_PACKAGES = ("symkit", *RESULT_PACKAGES, "dvc")
 

@@ -2,15 +2,26 @@
 
 Checks, from the raw evidence rather than from the split's own bookkeeping:
 
-- ``crossing_groups``: split groups (``group_id``) present in more than one split — must be 0;
-- ``crossing_metadata_groups``: metadata ``group`` labels whose kept pieces span splits — must be 0;
-- ``crossing_pairs``: dedupe's confirmed pairs whose kept ends lie in different splits — must be 0;
+- ``crossing_groups``: split groups (``group_id``) present in more than one split;
+- ``crossing_metadata_groups``: metadata ``group`` labels whose kept pieces span splits;
+- ``crossing_pairs``: dedupe's confirmed pairs whose kept ends lie in different splits.
+  These three are 0 *by construction* (the split is a function of groups built from those labels
+  and pairs): they are invariants the split stage asserts, reported as counts, not evidence;
 - nearest-training-neighbour similarity of each test piece (exact shingle Jaccard, the measure
   dedupe uses), against the nearest *other test* piece for scale;
+- ``independent``: the evidence. Each test and val piece is compared with *every* train piece,
+  without dedupe's pairs or LSH candidates: a **near copy** is a train piece with exact shingle
+  Jaccard >= dedupe's ``near_jaccard`` or containment >= ``near_containment`` (both pieces with
+  at least ``min_shingles`` shingles, as in dedupe), or, for melodies of ``min_melody_notes`` to
+  ``max_melody_notes`` notes, a top-voice interval sequence with normalised Indel similarity >=
+  :attr:`NearCopyRule.melody` (see there for why that threshold). Within-train neighbours of
+  *other* groups show how often the rule fires between pieces the split may separate;
 - the same numbers for a plain seeded random split of the same pieces, for contrast.
 
 Similarity is exact: pieces are rows of a sparse piece × shingle incidence matrix and one sparse
-product gives every intersection size, processed in blocks of test rows to bound memory.
+product gives every intersection size, processed in blocks of query rows to bound memory;
+melodies are aligned with rapidfuzz ``cdist`` in blocks of queries sorted by length, against the
+train melodies whose length alone does not rule out the threshold.
 """
 
 from __future__ import annotations
@@ -19,13 +30,27 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from rapidfuzz import process
+from rapidfuzz.distance import Indel
 from scipy.sparse import csr_array
 
 from pipeline.core.splits import SPLIT_NAMES
 from pipeline.music import fingerprints as fp
+from pipeline.music import melody
 from pipeline.report.figures import histograms_png
 
 BLOCK_ROWS = 256
+MELODY_BLOCK = 64
+"""Query melodies per ``cdist`` call (memory: this × candidate train melodies × 8 bytes)."""
+MIN_MELODY_NOTES = 12
+"""dedupe's ``min_melody_notes`` default, used when ``fingerprint.json`` does not carry it."""
+MAX_MELODY_NOTES = 256
+"""Melodies of fewer notes are aligned; longer pieces are judged by their shingles alone (which
+bounds an alignment's cost, and at that length a shingle set is large enough to judge)."""
+MAX_EXAMPLES = 10
+_EPS = 1e-9  # a similarity equal to the threshold in exact arithmetic counts as reaching it
+_CODE = 128  # interval i (|i| <= 127) -> chr(_CODE + i): exact, and a one-byte string is
+# rapidfuzz's fastest input (about 1.6x faster than characters above 255)
 
 
 @dataclass(frozen=True)
@@ -44,6 +69,72 @@ class ShingleMatrix:
         m = csr_array((np.ones(column.size, dtype=np.float32), column.astype(np.int64), offsets),
                       shape=(notes.n_pieces, n_cols))
         return cls(notes.sha256, m, np.diff(offsets))
+
+    def shingle_set(self, i: int) -> np.ndarray:
+        """Column ids of piece ``i``'s shingles (sorted)."""
+        return self.matrix.indices[self.matrix.indptr[i] : self.matrix.indptr[i + 1]]
+
+
+@dataclass(frozen=True)
+class Melodies:
+    """Top-voice pitch-interval sequences of each piece (rows in ``sha256`` order) in the two views
+    of :func:`pipeline.music.melody.melody_intervals` (skyline, top track); each interval is one
+    character, so a melody is a string."""
+
+    sha256: np.ndarray
+    views: tuple[tuple[str, ...], tuple[str, ...]]
+    lengths: np.ndarray  # (2, P) intervals per view and piece (= melody notes - 1)
+    same: np.ndarray  # (P,) both views are one melody (a single voice, no crossing)
+
+    @classmethod
+    def build(cls, notes: fp.NoteArrays) -> Melodies:
+        views, lengths = [], []
+        for off, interval in melody.melody_intervals(notes):
+            text = (np.clip(interval, -127, 127) + _CODE).astype(np.uint8).tobytes()
+            text = text.decode("latin-1")
+            views.append(tuple(text[a:b] for a, b in zip(off[:-1].tolist(), off[1:].tolist(),
+                                                        strict=True)))
+            lengths.append(np.diff(off))
+        same = np.fromiter((a == b for a, b in zip(*views, strict=True)), dtype=bool,
+                           count=notes.n_pieces)
+        return cls(notes.sha256, (views[0], views[1]), np.stack(lengths), same)
+
+    def select(self, rows: np.ndarray) -> Melodies:
+        """The melodies of pieces ``rows``, in that order."""
+        return Melodies(self.sha256[rows], tuple(tuple(v[i] for i in rows) for v in self.views),
+                        self.lengths[:, rows], self.same[rows])
+
+
+@dataclass(frozen=True)
+class NearCopyRule:
+    """When a held-out piece counts as a near copy of a train piece.
+
+    ``jaccard``, ``containment``, ``min_shingles`` and ``shingle_k`` are dedupe's own settings
+    (``data/dedupe/fingerprint.json``): the project's definition of a near duplicate. The melody
+    threshold is derived from the same definition, see :attr:`melody`.
+    """
+
+    jaccard: float
+    containment: float
+    min_shingles: int
+    shingle_k: int
+    min_melody_notes: int = MIN_MELODY_NOTES
+    max_melody_notes: int = MAX_MELODY_NOTES
+
+    @property
+    def edit_rate(self) -> float:
+        """Share of changed notes of a melodic line at which its shingle Jaccard falls to
+        ``jaccard``: a changed note alters two interval tokens, so k + 1 shingles of each copy,
+        and with ``b`` of ``n`` shingles changed Jaccard is (n - b) / (n + b)."""
+        return (1 - self.jaccard) / ((1 + self.jaccard) * (self.shingle_k + 1))
+
+    @property
+    def melody(self) -> float:
+        """Indel similarity the same edit rate leaves at worst on an interval sequence: a changed
+        note replaces two intervals, 4 insertions/deletions out of the 2(n - 1) symbols of both
+        copies, so the similarity is 1 - 2·edit_rate (0.867 for Jaccard 0.5, k = 4). A 60-note
+        melody with 5% (3) changed notes keeps >= 0.898; a dropped note costs 3, not 4."""
+        return 1.0 - 2.0 * self.edit_rate
 
 
 def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self: bool = False
@@ -73,6 +164,206 @@ def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self
         np.maximum.at(best_j, start + r, jac)
         np.maximum.at(best_c, start + r, con)
     return best_j, best_c
+
+
+@dataclass(frozen=True)
+class NearCopies:
+    """Per query piece: the best similarities to any pool piece and the pool row of its strongest
+    near copy by each measure (-1: none)."""
+
+    jaccard: np.ndarray
+    containment: np.ndarray
+    melody: np.ndarray
+    shingle_partner: np.ndarray
+    melody_partner: np.ndarray
+
+    @property
+    def near(self) -> np.ndarray:
+        return (self.shingle_partner >= 0) | (self.melody_partner >= 0)
+
+    @property
+    def partner(self) -> np.ndarray:
+        return np.where(self.shingle_partner >= 0, self.shingle_partner, self.melody_partner)
+
+
+def _shingle_copies(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
+                    groups: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Best Jaccard, best containment and strongest near copy (highest Jaccard, then containment,
+    then lowest row) of each query over ``pool``; pieces under ``rule.min_shingles`` take no
+    part, and pairs with equal ``groups`` codes are skipped when ``groups`` is given."""
+    best_j, best_c = np.zeros(query.size), np.zeros(query.size)
+    partner = np.full(query.size, -1, dtype=np.int64)
+    qpos = np.flatnonzero(sm.sizes[query] >= rule.min_shingles)
+    pool = pool[sm.sizes[pool] >= rule.min_shingles]
+    if qpos.size == 0 or pool.size == 0:
+        return best_j, best_c, partner
+    pool_t = sm.matrix[pool].T.tocsc()
+    pool_sizes = sm.sizes[pool].astype(np.float64)
+    for start in range(0, qpos.size, BLOCK_ROWS):
+        pos = qpos[start : start + BLOCK_ROWS]
+        rows = query[pos]
+        inter = (sm.matrix[rows] @ pool_t).tocoo()
+        r, c, v = inter.row, inter.col, inter.data.astype(np.float64)
+        if groups is not None:
+            other = groups[rows[r]] != groups[pool[c]]
+            r, c, v = r[other], c[other], v[other]
+        qs, ps = sm.sizes[rows][r].astype(np.float64), pool_sizes[c]
+        jac = v / np.maximum(qs + ps - v, 1.0)
+        con = v / np.maximum(np.minimum(qs, ps), 1.0)
+        np.maximum.at(best_j, pos[r], jac)
+        np.maximum.at(best_c, pos[r], con)
+        fired = (jac >= rule.jaccard) | (con >= rule.containment)
+        r, c, jac, con = r[fired], c[fired], jac[fired], con[fired]
+        order = np.lexsort((pool[c], -con, -jac, r))
+        first = np.ones(order.size, dtype=bool)
+        first[1:] = r[order][1:] != r[order][:-1]
+        partner[pos[r[order][first]]] = pool[c[order][first]]
+    return best_j, best_c, partner
+
+
+def _melody_copies(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
+                   groups: np.ndarray | None, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best melody similarity (either view) of each query over ``pool`` and the pool row of the
+    best pair if it reaches ``rule.melody`` (-1 otherwise).
+
+    Only query melodies of ``min_melody_notes`` to ``max_melody_notes - 1`` notes are aligned,
+    against pool melodies of at least ``min_melody_notes``. Indel similarity is at most
+    2·min(a, b) / (a + b) for lengths a, b, so pool melodies outside
+    [a·t / (2 - t), a·(2 - t) / t] cannot reach the threshold t and are left out: the best
+    similarity is the best over the pairs whose lengths allow t (exact where it reaches t).
+    """
+    best = np.zeros(query.size)
+    partner = np.full(query.size, -1, dtype=np.int64)
+    t = rule.melody
+    lo_len, hi_len = rule.min_melody_notes - 1, rule.max_melody_notes - 1
+    qall = np.arange(query.size)
+    q_same = mel.same[query]
+    # the top-track view adds something only where one side's two views differ
+    tasks = [(0, qall, pool), (1, qall[~q_same], pool), (1, qall[q_same], pool[~mel.same[pool]])]
+    for v, qsub, psub in tasks:
+        view, lengths = mel.views[v], mel.lengths[v]
+        qlen = lengths[query]
+        qpos = qsub[(qlen[qsub] >= lo_len) & (qlen[qsub] < hi_len)]
+        qpos = qpos[np.argsort(qlen[qpos], kind="stable")]
+        cand = psub[lengths[psub] >= lo_len]
+        cand = cand[np.argsort(lengths[cand], kind="stable")]
+        clen = lengths[cand]
+        for start in range(0, qpos.size, MELODY_BLOCK):
+            pos = qpos[start : start + MELODY_BLOCK]
+            rows = query[pos]
+            a = np.searchsorted(clen, qlen[pos].min() * t / (2 - t) - _EPS, side="left")
+            b = np.searchsorted(clen, qlen[pos].max() * (2 - t) / t + _EPS, side="right")
+            if a >= b:
+                continue
+            sim = process.cdist([view[i] for i in rows], [view[i] for i in cand[a:b]],
+                                scorer=Indel.normalized_similarity, dtype=np.float64,
+                                workers=workers)
+            ql, cl = qlen[pos][:, None], clen[a:b][None, :]
+            sim[2 * np.minimum(ql, cl) / (ql + cl) < t - _EPS] = -1.0  # outside this row's band
+            if groups is not None:
+                sim[groups[rows][:, None] == groups[cand[a:b]][None, :]] = -1.0
+            col = sim.argmax(axis=1)
+            top = sim[np.arange(pos.size), col]
+            better = top > best[pos]
+            best[pos[better]] = top[better]
+            hit = better & (top >= t - _EPS)
+            partner[pos[hit]] = cand[a:b][col[hit]]
+    return best, partner
+
+
+def near_copies(sm: ShingleMatrix, mel: Melodies, query: np.ndarray, pool: np.ndarray,
+                rule: NearCopyRule, *, groups: np.ndarray | None = None, workers: int = 1
+                ) -> NearCopies:
+    """Exhaustive near-copy search of every ``query`` row against every ``pool`` row (no
+    candidates, no sampling); ``groups``: skip pairs of one group (within-train neighbours)."""
+    j, c, sp = _shingle_copies(sm, query, pool, rule, groups)
+    m, mp = _melody_copies(mel, query, pool, rule, groups, workers)
+    return NearCopies(j, c, m, sp, mp)
+
+
+def pair_record(sm: ShingleMatrix, mel: Melodies, q: int, p: int, rule: NearCopyRule) -> dict:
+    """Similarities of one (held-out, train) pair and which criteria of ``rule`` it meets."""
+    big = min(sm.sizes[q], sm.sizes[p]) >= rule.min_shingles
+    jac, con = fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p))
+    sims = []
+    for view, lengths in zip(mel.views, mel.lengths, strict=True):
+        ok = (rule.min_melody_notes - 1 <= lengths[q] < rule.max_melody_notes - 1
+              and lengths[p] >= rule.min_melody_notes - 1)
+        sims.append((Indel.normalized_similarity(view[q], view[p]), ok))
+    fired = [name for name, hit in (("containment", big and con >= rule.containment),
+                                    ("jaccard", big and jac >= rule.jaccard),
+                                    ("melody", any(ok and s >= rule.melody - _EPS
+                                                   for s, ok in sims)))
+             if hit]
+    return {"test_sha256": str(sm.sha256[q]), "train_sha256": str(sm.sha256[p]),
+            "jaccard": round(jac, 6), "containment": round(con, 6),
+            "melody_similarity": round(max(s for s, _ in sims), 6), "fired": fired}
+
+
+def _sample(idx: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
+    return np.sort(rng.choice(idx, size=cap, replace=False)) if idx.size > cap else idx
+
+
+def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, rule: NearCopyRule, *,
+                test: dict[str, np.ndarray], seed: int, max_test: int, workers: int = 1) -> dict:
+    """The ``independent`` block of the report: near copies in train of held-out pieces.
+
+    ``test``: the measured test rows per split column (``split``, ``random``), every test piece
+    unless there are more than ``max_test`` (then the audit's seeded sample). Val pieces and
+    train pieces (for within-train, other-group neighbours) are capped and sampled the same way.
+    """
+    rng = np.random.default_rng([seed, 2])
+    split = pieces["split"].to_numpy()
+    train = np.flatnonzero(split == "train")
+    out: dict = {
+        "method": "each test/val piece vs every train piece, exhaustively, no dedupe pairs or "
+                  "LSH: exact shingle Jaccard/containment (sparse incidence product) or top-voice "
+                  "interval Indel similarity (rapidfuzz) for short melodies",
+        "jaccard_threshold": rule.jaccard, "containment_threshold": rule.containment,
+        "melody_threshold": round(rule.melody, 6), "min_shingles": rule.min_shingles,
+        "melody_min_notes": rule.min_melody_notes, "melody_max_notes": rule.max_melody_notes,
+        "max_pieces_per_split": max_test,
+    }
+    for name, col, rows in (("test", "split", test["split"]),
+                            ("val", "split", _sample(np.flatnonzero(split == "val"), max_test,
+                                                     rng)),
+                            ("random", "random", test["random"])):
+        splits = pieces[col].to_numpy()
+        pool = np.flatnonzero(splits == "train")
+        found = near_copies(sm, mel, rows, pool, rule, workers=workers)
+        n_all = int((splits == ("val" if name == "val" else "test")).sum())
+        share = round(float(found.near.sum() / rows.size), 6) if rows.size else None
+        if name == "random":
+            out["random_split"] = {"test_pieces": n_all, "test_measured": int(rows.size),
+                                   "test_near_train": int(found.near.sum()),
+                                   "test_near_train_share": share}
+            continue
+        out.update({f"{name}_pieces": n_all, f"{name}_measured": int(rows.size),
+                    f"{name}_near_train": int(found.near.sum()),
+                    f"{name}_near_train_share": share})
+        if name == "test":
+            too_short = ((sm.sizes[rows] < rule.min_shingles)
+                         & (mel.lengths[:, rows].max(axis=0) < rule.min_melody_notes - 1))
+            out["test_near_train_by_shingles"] = int((found.shingle_partner >= 0).sum())
+            out["test_near_train_by_melody"] = int((found.melody_partner >= 0).sum())
+            out["test_too_short_to_measure"] = int(too_short.sum())
+            hits = np.flatnonzero(found.near)
+            records = sorted((pair_record(sm, mel, int(rows[h]), int(found.partner[h]), rule)
+                              for h in hits), key=lambda x: (x["test_sha256"], x["train_sha256"]))
+            out["examples"] = records[:MAX_EXAMPLES]
+    # how often the rule fires between train pieces the split may separate (other groups)
+    rows = _sample(train, max_test, rng)
+    codes = np.unique(pieces["group_id"].to_numpy().astype(str), return_inverse=True)[1]
+    found = near_copies(sm, mel, rows, train, rule, groups=codes, workers=workers)
+    out["within_train"] = {
+        "pieces": int(train.size), "measured": int(rows.size),
+        "near_other_group": int(found.near.sum()),
+        "near_other_group_share": (round(float(found.near.sum() / rows.size), 6)
+                                   if rows.size else None),
+        "jaccard_max": round(float(found.jaccard.max(initial=0.0)), 6),
+        "melody_max": round(float(found.melody.max(initial=0.0)), 6),
+    }
+    return out
 
 
 def crossing_counts(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str = "split"
@@ -120,20 +411,24 @@ def random_split(n: int, ratios: tuple[float, float, float], seed: int) -> np.nd
     return np.asarray(SPLIT_NAMES, dtype=object)[np.searchsorted(cut[:-1], u, side="right")]
 
 
-def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, *, seed: int,
-          ratios: tuple[float, float, float], max_test: int, near_jaccard: float,
-          near_containment: float) -> tuple[dict, bytes]:
+def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, *,
+          seed: int, ratios: tuple[float, float, float], max_test: int, rule: NearCopyRule,
+          workers: int = 1) -> tuple[dict, bytes]:
     """Leakage metrics and the figure (PNG bytes).
 
     ``pieces``: one row per kept piece in ``sm`` order with ``sha256``, ``split``, ``group_id``,
-    ``group`` (metadata label, "" if none) and ``cluster_id``. ``pairs``: dedupe's pairs.
+    ``group`` (metadata label, "" if none) and ``cluster_id``. ``pairs``: dedupe's pairs (used
+    for the crossing counts and the ``*_with_pair_in_train`` counts only, never by
+    ``independent``). ``workers``: threads for the melody alignment (results do not depend on it).
     """
-    if list(pieces["sha256"]) != list(sm.sha256):
-        raise ValueError("audit: pieces and shingle matrix rows must list the same sha256 in order")
+    if list(pieces["sha256"]) != list(sm.sha256) or list(sm.sha256) != list(mel.sha256):
+        raise ValueError("audit: pieces, shingle matrix and melodies must list the same sha256 "
+                         "in order")
     rng = np.random.default_rng(seed)
     pieces = pieces.assign(random=random_split(len(pieces), ratios, seed + 1))
     report: dict = {}
     curves = {}
+    measured = {}
     for name, col in (("grouped", "split"), ("random", "random")):
         counts = crossing_counts(pieces, pairs, col)
         if name == "random":
@@ -141,14 +436,13 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, *, seed:
         report.update({f"{name}_{k}": v for k, v in counts.items()})
         report.update({f"{name}_{k}": v for k, v in partner_in_train(pieces, pairs, col).items()})
         splits = pieces[col].to_numpy()
-        test = np.flatnonzero(splits == "test")
-        if test.size > max_test:
-            test = np.sort(rng.choice(test, size=max_test, replace=False))
+        test = _sample(np.flatnonzero(splits == "test"), max_test, rng)
+        measured[col] = test
         train = np.flatnonzero(splits == "train")
         all_test = np.flatnonzero(splits == "test")
         j_train, c_train = nearest(sm, test, train)
         j_test, _ = nearest(sm, test, all_test, exclude_self=True)
-        near = (j_train >= near_jaccard) | (c_train >= near_containment)
+        near = (j_train >= rule.jaccard) | (c_train >= rule.containment)
         report[f"{name}_test_audited"] = int(test.size)
         report[f"{name}_test_near_duplicate_in_train"] = int(near.sum())
         for label, v in (("nearest_train", j_train), ("nearest_test", j_test)):
@@ -159,6 +453,8 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, *, seed:
         if name == "grouped":
             curves["grouped: test → nearest other test"] = j_test
     report = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in report.items()}
+    report["independent"] = independent(pieces, sm, mel, rule, test=measured, seed=seed,
+                                        max_test=max_test, workers=workers)
     png = histograms_png(curves, xlabel="exact shingle Jaccard of the nearest neighbour",
                          title="Leakage: similarity of test pieces to their nearest neighbour")
     return report, png

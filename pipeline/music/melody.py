@@ -106,8 +106,9 @@ def top_track_mask(notes: NoteArrays) -> np.ndarray:
     return nd & np.isin(key, uniq[order][first])
 
 
-def _melody_key(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resolution: int
-                ) -> tuple[np.ndarray, np.ndarray]:
+def _top_voice(notes: NoteArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Skyline with repeated pitches merged: ``(offsets, time, interval, first)`` flat per piece;
+    ``interval`` is 0 at a piece's first note (``first``)."""
     offsets, time, pitch = skyline(notes)
     piece = np.repeat(np.arange(notes.n_pieces), np.diff(offsets))
     first = np.zeros(pitch.size, dtype=bool)
@@ -120,6 +121,13 @@ def _melody_key(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resoluti
     np.cumsum(counts, out=m_off[1:])
     interval = np.diff(pitch, prepend=0).astype(np.int64)
     interval[first] = 0
+    return m_off, time, interval, first
+
+
+def _melody_key(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resolution: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    m_off, time, interval, first = _top_voice(notes)
+    counts = np.diff(m_off)
     cols = [interval]
     if rhythm:
         cols.append(ioi_classes(time, first, ioi_resolution))
@@ -140,3 +148,17 @@ def melody_keys(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resoluti
     sky, _ = _melody_key(notes, **kw)
     top, _ = _melody_key(notes.select(top_track_mask(notes)), **kw)
     return np.stack([sky, top], axis=1)
+
+
+def melody_intervals(notes: NoteArrays) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The two top-voice views of :func:`melody_keys` (skyline, top track) as pitch-interval
+    sequences: per view ``(offsets, intervals)``, piece ``i``'s melody of ``n`` notes (repeated
+    pitches merged) giving ``n - 1`` intervals ``intervals[offsets[i]:offsets[i+1]]``."""
+    out = []
+    for view in (notes, notes.select(top_track_mask(notes))):
+        m_off, _, interval, first = _top_voice(view)
+        counts = np.diff(m_off) - (np.diff(m_off) > 0)
+        offsets = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        out.append((offsets, interval[~first]))
+    return out

@@ -127,7 +127,15 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
         "eval.paired.ngram_minus_transformer.test.rel_improvement.median_piece_effect",),
     "test.nll_per_note.rel_improvement.without_top3_groups": (
         "eval.paired.ngram_minus_transformer.test.rel_improvement.without_top3_groups.value",),
-    "train.overfit_gap": ("train.overfit_gap",),
+    # test pieces with a near copy in train, found by exhaustive comparison (not dedupe's LSH)
+    "leakage.test_near_train": ("leakage.independent.test_near_train",),
+    "leakage.test_near_train_share": ("leakage.independent.test_near_train_share",),
+    "leakage.random_split_test_near_train_share": (
+        "leakage.independent.random_split.test_near_train_share",),
+    # val NLL − NLL of a same-sized train subset, both scored by evaluate (eval mode)
+    "generalisation.gap.transformer": ("eval.gap.transformer.nats_per_token.value",),
+    "generalisation.gap.transformer.ci_low": ("eval.gap.transformer.nats_per_token.ci_low",),
+    "generalisation.gap.transformer.ci_high": ("eval.gap.transformer.nats_per_token.ci_high",),
     "train.best_val_loss": ("train.best_val_loss",),
     "train.final_train_loss": ("train.final_train_loss",),
     "memorisation.flag_rate_samples": ("audit.flag_rate.samples",),
@@ -135,6 +143,24 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     "memorisation.flag_rate_excess": ("audit.flag_rate.excess",),
 }
 """Canonical metric -> candidate keys in the flattened stage reports (``<report stem>.<path>``)."""
+
+
+def _judged_aliases(models: tuple[str, ...] = ("ngram", "transformer")) -> dict[str, tuple]:
+    """Per-model audit judgements (audit.json ``judged.<model>``), each with its interval."""
+    out: dict[str, tuple] = {}
+    for m in models:
+        judged = f"audit.judged.{m}"
+        for name, path in ((f"memorisation.{m}.flag_excess", "flag_rate.excess"),
+                           (f"memorisation.{m}.membership_auc", "membership_auc"),
+                           (f"memorisation.{m}.extraction_excess", "extraction_rate.excess")):
+            out[name] = (f"{judged}.{path}.value",)
+            out[f"{name}.ci_low"] = (f"{judged}.{path}.ci_low",)
+            out[f"{name}.ci_high"] = (f"{judged}.{path}.ci_high",)
+        out[f"quality.{m}.score"] = (f"{judged}.quality.score",)
+    return out
+
+
+METRIC_ALIASES.update(_judged_aliases())
 
 
 def flatten(obj: Any, prefix: str = "", max_list: int = 50) -> dict[str, Any]:
@@ -165,7 +191,7 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
     Canonical keys come from :data:`METRIC_ALIASES`; when eval.json lacks the paired blocks,
     ``test.nll_per_note.diff`` and ``test.nll_per_note.rel_improvement`` are derived from the two
     models' means, without an interval (dividing the difference's interval by a point value would
-    not be one). ``train.overfit_gap`` = best val loss − final train loss.
+    not be one).
     """
     flat: dict[str, Any] = {}
     for stem in sorted(reports):
@@ -183,9 +209,6 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
     diff = _number(flat.get("test.nll_per_note.diff"))
     if _number(flat.get("test.nll_per_note.rel_improvement")) is None and diff is not None and ng:
         flat["test.nll_per_note.rel_improvement"] = diff / ng  # no interval: none is honest
-    val, trn = _number(flat.get("train.best_val_loss")), _number(flat.get("train.final_train_loss"))
-    if _number(flat.get("train.overfit_gap")) is None and val is not None and trn is not None:
-        flat["train.overfit_gap"] = val - trn
     return dict(sorted(flat.items()))
 
 

@@ -122,10 +122,12 @@ def metrics_section(doc: Document, cfg: ReportConfig, metrics: Mapping[str, Any]
     rows = []
     for name in ("test.nll_per_note.ngram", "test.nll_per_note.transformer",
                  "test.nll_per_note.diff", "test.nll_per_note.rel_improvement",
-                 "train.overfit_gap"):
+                 "generalisation.gap.transformer"):
         rows.append([name, fmt(metrics.get(name), d), fmt(metrics.get(f"{name}.ci_low"), d),
                      fmt(metrics.get(f"{name}.ci_high"), d)])
-    doc.add(Table(["metric", "value", "95% CI low", "95% CI high"], rows),
+    level = metrics.get("eval.protocol.bootstrap.ci_level")  # evaluate.ci_level, as scored
+    level = level if isinstance(level, float) else 0.95
+    doc.add(Table(["metric", "value", f"{level:.0%} CI low", f"{level:.0%} CI high"], rows),
             Table(["eval.json", "value"],
                   [[k, fmt(v, d)] for k, v in metrics.items() if k.startswith("eval.")]))
     log = read_table_or_none(inputs["train_log"])

@@ -12,6 +12,10 @@ value. :func:`hierarchical_paired_ci` also resamples training seeds, so its inte
 training variance. Two robustness summaries of a paired effect need no resampling:
 :func:`median_piece_effect` and :func:`effect_without_top_groups`.
 
+Two different sets of groups (val against a train subset, for the generalisation gap) share no
+pieces and are resampled independently, each with its own replicates
+(:func:`independent_diff_ci`).
+
 Hand-written rather than ``scipy.stats.bootstrap``: that resamples observations, not groups, and
 would re-draw per statistic instead of sharing one set of replicates across models.
 """
@@ -73,6 +77,27 @@ def paired_diff_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_
     finite = diffs[np.isfinite(diffs)]
     share = float(np.mean(finite < 0)) if finite.size else float("nan")
     return {"value": float(value), "ci_low": lo, "ci_high": hi, "share_a_lower": share}
+
+
+def independent_diff_ci(num_a: np.ndarray, den_a: np.ndarray, weights_a: np.ndarray,
+                        num_b: np.ndarray, den_b: np.ndarray, weights_b: np.ndarray,
+                        level: float) -> dict[str, float]:
+    """Difference of two ratio metrics (A − B) over *different* groups, each resampled on its own.
+
+    ``num_a``/``den_a`` are group sums of one set of pieces (e.g. val) and ``num_b``/``den_b`` of
+    another (e.g. a train subset), with their own replicate counts ``weights_a`` (n_boot, G_a)
+    and ``weights_b`` (n_boot, G_b), drawn by independent generators: replicate ``b`` is
+    ``ratio_a[b] − ratio_b[b]``. Nothing is shared between the sets, so nothing cancels (unlike
+    :func:`paired_diff_ci`); the interval holds the sampling spread of both.
+    """
+    if len(weights_a) != len(weights_b):
+        raise ValueError(f"replicate counts differ: {len(weights_a)} and {len(weights_b)}")
+    value = _ratio(np.asarray(num_a.sum()), np.asarray(den_a.sum())) - _ratio(
+        np.asarray(num_b.sum()), np.asarray(den_b.sum()))
+    diffs = _ratio(weights_a @ num_a, weights_a @ den_a) - _ratio(weights_b @ num_b,
+                                                                  weights_b @ den_b)
+    lo, hi = percentile_interval(diffs, level)
+    return {"value": float(value), "ci_low": lo, "ci_high": hi}
 
 
 def _rel(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray,

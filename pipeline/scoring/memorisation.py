@@ -11,6 +11,10 @@
   shingle sets (pitch interval + inter-onset-ratio k-grams), its notion of "same tune".
 - :func:`extraction_test` — greedy continuation of prefixes vs the true continuation.
 - :func:`membership_auc` — how well per-piece loss separates training from held-out pieces.
+- :func:`window_offsets` — where the length-matched human windows start in a held-out piece.
+- Judging against a baseline, each value with an interval: :func:`judge_flag_rate` (a model's
+  flag rate against the human windows' rate), :func:`judge_extraction` (train against test
+  pieces) and :func:`judge_membership` (AUC against 0.5).
 
 Hand-written because no maintained suffix-array package is in the environment (pydivsufsort,
 suffix-tree packages are not installed); construction is numpy prefix doubling (O(N log² N),
@@ -23,10 +27,12 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
 from models.base import SequenceModel
+from pipeline.scoring.bootstrap import bootstrap_weights, percentile_interval
 
 _SEP_TOP = 2**32 - 1  # separators count down from here; real ids stay below 2**31
 
@@ -195,6 +201,8 @@ class Extraction:
     """Fraction of prefixes whose greedy continuation equals the true next m ids exactly."""
     token_match: float
     """Mean fraction of the m positions predicted correctly."""
+    exact_each: tuple[bool, ...] = ()
+    """Per sequence (in input order, those long enough): was the continuation exact."""
 
 
 def extraction_test(model: SequenceModel, seqs: Sequence[np.ndarray], prefix_len: int, m: int,
@@ -215,7 +223,7 @@ def extraction_test(model: SequenceModel, seqs: Sequence[np.ndarray], prefix_len
         got[: len(g)] = g[:m]
         exact.append(bool(np.array_equal(got, truth)))
         match.append(float((got == truth).mean()))
-    return Extraction(len(seqs), float(np.mean(exact)), float(np.mean(match)))
+    return Extraction(len(seqs), float(np.mean(exact)), float(np.mean(match)), tuple(exact))
 
 
 def membership_auc(train_loss: Sequence[float], heldout_loss: Sequence[float]) -> float:
@@ -237,3 +245,143 @@ def mean_token_nll(model: SequenceModel, seqs: Sequence[np.ndarray]) -> np.ndarr
     if not seqs:
         return np.zeros(0)
     return np.asarray([float(np.mean(v)) for v in model.token_nll(list(seqs))])
+
+
+# --- human windows ------------------------------------------------------------------------------
+
+
+def window_offsets(n: int, width: int, stride: int, max_windows: int) -> np.ndarray:
+    """Start offsets of the windows of ``width`` ids cut from a sequence of ``n`` ids.
+
+    Windows start every ``stride`` ids and lie wholly inside the sequence; when there are more
+    than ``max_windows``, that many are kept, evenly spread from the first to the last (so a long
+    piece cannot dominate a quantile). A sequence of at most ``width`` ids is one window: itself.
+    """
+    if n <= width:
+        return np.zeros(1, dtype=np.int64)
+    starts = np.arange(0, n - width + 1, stride, dtype=np.int64)
+    if starts.size > max_windows:
+        keep = np.unique(np.round(np.linspace(0, starts.size - 1, max_windows)).astype(np.int64))
+        starts = starts[keep]
+    return starts
+
+
+# --- judging: intervals against a baseline ----------------------------------------------------
+#
+# Single proportions of independent units (a model's samples, each with its own generator;
+# extraction pieces) get a Wilson score interval: it stays inside [0, 1] and is not degenerate at
+# 0 or n events, where a percentile bootstrap collapses to a point. Differences and the AUC get a
+# percentile bootstrap, resampling the units that are independent: samples within their kind
+# (stratified), human *pieces* with all their windows (windows of one piece are correlated, so
+# resampling windows would make the interval too narrow), train and test pieces separately.
+
+
+def wilson_interval(k: int, n: int, level: float) -> tuple[float, float]:
+    """Wilson score interval of the proportion ``k / n`` at central coverage ``level``."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends, not rounding residue
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return float(lo), float(hi)
+
+
+def resampled_rate(values: np.ndarray, groups: np.ndarray, n_boot: int, rng: np.random.Generator,
+                   strata: np.ndarray | None = None) -> np.ndarray:
+    """``(n_boot,)`` bootstrap replicates of the mean of ``values`` (one per unit).
+
+    Units sharing a group are drawn together (a cluster bootstrap); groups are drawn with
+    replacement within each stratum, keeping each stratum's group count, and a replicate's mean
+    is (sum of drawn values) / (number of drawn units). NaN replicates when there are no units.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    groups = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    strata = np.zeros(values.size, dtype=np.int64) if strata is None else \
+        np.unique(np.asarray(strata), return_inverse=True)[1].reshape(-1)
+    n_groups = int(groups.max()) + 1 if values.size else 0
+    sums = np.bincount(groups, weights=values, minlength=n_groups)
+    sizes = np.bincount(groups, minlength=n_groups).astype(np.float64)
+    group_stratum = np.zeros(n_groups, dtype=np.int64)
+    group_stratum[groups] = strata
+    num, den = np.zeros(n_boot), np.zeros(n_boot)
+    for s in np.unique(group_stratum):
+        members = np.flatnonzero(group_stratum == s)
+        w = bootstrap_weights(members.size, n_boot, rng)
+        num += w @ sums[members]
+        den += w @ sizes[members]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _interval(value: float, replicates: np.ndarray, level: float) -> dict[str, float]:
+    lo, hi = percentile_interval(replicates, level)
+    return {"value": float(value), "ci_low": lo, "ci_high": hi}
+
+
+def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_flags: np.ndarray,
+                    human_pieces: np.ndarray, *, n_boot: int, level: float,
+                    rng: np.random.Generator) -> dict[str, dict[str, float]]:
+    """A model's flag rate against the human test windows' rate, each with its interval.
+
+    Returns ``value``/``ci_low``/``ci_high`` (Wilson over the samples), ``n``, ``n_flagged``,
+    ``human`` (rate over the windows; interval by resampling pieces with all their windows;
+    ``n_windows``, ``n_pieces``) and ``excess`` = model − human (percentile interval of the
+    difference of the two bootstraps: samples resampled within their kind, pieces with their
+    windows).
+    """
+    f = np.asarray(sample_flags, dtype=np.float64)
+    h = np.asarray(human_flags, dtype=np.float64)
+    lo, hi = wilson_interval(int(f.sum()), f.size, level)
+    model = resampled_rate(f, np.arange(f.size), n_boot, rng, strata=np.asarray(sample_kinds))
+    human = resampled_rate(h, np.asarray(human_pieces), n_boot, rng)
+    value = float(f.mean()) if f.size else float("nan")
+    human_value = float(h.mean()) if h.size else float("nan")
+    return {
+        "value": value, "ci_low": lo, "ci_high": hi, "n": int(f.size), "n_flagged": int(f.sum()),
+        "human": {**_interval(human_value, human, level), "n_windows": int(h.size),
+                  "n_pieces": int(np.unique(np.asarray(human_pieces)).size)},
+        "excess": _interval(value - human_value, model - human, level),
+    }
+
+
+def judge_extraction(train: Extraction, test: Extraction, *, n_boot: int, level: float,
+                     rng: np.random.Generator) -> dict[str, dict[str, float]]:
+    """Exact-extraction rate on train pieces against test pieces (the chance level: what the
+    model reproduces of music it never saw): ``train`` and ``test`` with Wilson intervals and
+    ``excess`` = train − test with the percentile interval of independent piece bootstraps."""
+    out: dict[str, dict[str, float]] = {}
+    reps = []
+    for name, e in (("train", train), ("test", test)):
+        x = np.asarray(e.exact_each, dtype=np.float64)
+        lo, hi = wilson_interval(int(x.sum()), x.size, level)
+        out[name] = {"value": float(x.mean()) if x.size else float("nan"), "ci_low": lo,
+                     "ci_high": hi, "n": int(x.size)}
+        reps.append(resampled_rate(x, np.arange(x.size), n_boot, rng))
+    out["excess"] = _interval(out["train"]["value"] - out["test"]["value"], reps[0] - reps[1],
+                              level)
+    return out
+
+
+def judge_membership(train_loss: Sequence[float], heldout_loss: Sequence[float], *, n_boot: int,
+                     level: float, rng: np.random.Generator) -> dict[str, float]:
+    """Membership-inference AUC ("lower loss ⇒ training member") with a percentile interval
+    from resampling train and held-out pieces independently; ``chance`` = 0.5.
+
+    All replicates come from one pairwise matrix ``C[i, j]`` (1 when train piece ``i`` has the
+    lower loss than held-out piece ``j``, 0.5 on ties): a replicate's AUC is
+    ``w_train @ C @ w_heldout / (n_train n_heldout)`` with its draw counts.
+    """
+    a = np.asarray(train_loss, dtype=np.float64)
+    b = np.asarray(heldout_loss, dtype=np.float64)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    out: dict[str, float] = {"chance": 0.5, "n_train": int(a.size), "n_test": int(b.size)}
+    if a.size == 0 or b.size == 0:
+        return {**out, "value": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+    c = (a[:, None] < b[None, :]) + 0.5 * (a[:, None] == b[None, :])
+    wa = bootstrap_weights(a.size, n_boot, rng)
+    wb = bootstrap_weights(b.size, n_boot, rng)
+    reps = ((wa @ c) * wb).sum(axis=1) / (a.size * b.size)
+    return {**out, **_interval(float(c.mean()), reps, level)}

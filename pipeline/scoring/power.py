@@ -22,12 +22,18 @@ groups (sizes, effect spread) and ignores training-seed variance, which adds to 
 bootstrap of :func:`pipeline.scoring.bootstrap.paired_rel_ci` on the same groups gives nearly the
 same spread (``(G − 1) / G`` of this variance).
 
+``symkit evaluate`` records :func:`detectable_effect` from val's group sums under
+``power.<a>_minus_<b>`` in ``reports/eval.json``; :func:`power_summary` reads that block back
+for a registered threshold and says, in one line, when the threshold lies below the MDE.
+
 Quantiles come from ``scipy.stats.norm``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -82,3 +88,61 @@ def detectable_effect(nll_a_g: np.ndarray, nll_b_g: np.ndarray, n_groups: int, *
     return {"se": se, "mde": minimum_detectable_effect(se, power, level),
             "n_groups": int(n_groups), "n_groups_observed": len(nll_a_g), "power": power,
             "alpha": one_sided_alpha(level)}
+
+
+@dataclass(frozen=True)
+class PowerSummary:
+    """What a registered threshold can detect on the split the rule judges (see
+    :func:`power_summary`)."""
+
+    pair: str
+    threshold: float
+    level: float
+    power: float
+    se: float
+    mde: float
+    n_groups: int
+    p_clear_zero: float
+    """Probability that the interval's lower bound clears 0 when the true effect equals the
+    threshold (the issue's "a true 2% gain passes about 30% of the time")."""
+    effect_for_power: float
+    """``threshold + mde``: the true effect for which "lower bound ≥ threshold" passes with
+    probability ``power``."""
+    warning: str | None
+    """One line when ``threshold < mde``, else None."""
+
+
+def power_summary(eval_json: Mapping[str, Any], pair: str, threshold: float,
+                  level: float = 0.95, *, n_groups: int | None = None) -> PowerSummary | None:
+    """The power of a rule on ``pair``'s relative improvement, from eval.json's
+    ``power.<pair>`` block (written by ``symkit evaluate`` from val's per-group sums).
+
+    ``level`` is the interval level the rule uses (``evaluate.ci_level``); the MDE is recomputed
+    from the block's ``se`` at that level and the block's power. ``n_groups`` rescales ``se`` by
+    ``sqrt(block n_groups / n_groups)`` for a split of another size (e.g. the test groups in
+    ``data/splits.parquet`` at registration). ``warning`` is set exactly when
+    ``threshold < mde``. Returns None when the block is missing or its ``se`` is not a finite
+    number (fewer than two val groups).
+    """
+    block = (eval_json.get("power") or {}).get(pair) if isinstance(eval_json, Mapping) else None
+    se = block.get("se") if isinstance(block, Mapping) else None
+    if isinstance(se, bool) or not isinstance(se, int | float) or not math.isfinite(se):
+        return None
+    groups = int(block.get("n_groups") or 0)
+    if n_groups is not None:
+        if groups < 1 or n_groups < 1:
+            return None
+        se, groups = se * math.sqrt(groups / n_groups), int(n_groups)
+    power = float(block.get("power", 0.8))
+    mde = minimum_detectable_effect(se, power, level)
+    p_zero = pass_probability(threshold, se, 0.0, level)
+    warning = None
+    if threshold < mde:
+        warning = (f"{pair}: the threshold {threshold:.3g} is below the minimum detectable "
+                   f"effect {mde:.3g} ({power:.0%} power, {level:.0%} interval, {groups} "
+                   f"groups, se {se:.3g} from val): a true effect equal to the threshold "
+                   f"clears 0 with probability {p_zero:.2f}; \"lower bound >= threshold\" "
+                   f"passes with probability {power:.0%} only from a true effect of "
+                   f"{threshold + mde:.3g}")
+    return PowerSummary(pair, float(threshold), float(level), power, float(se), mde, groups,
+                        p_zero, float(threshold + mde), warning)

@@ -1,27 +1,38 @@
-"""``symkit audit``: memorisation audit and music statistics, with human pieces as the baseline.
+"""``symkit audit``: memorisation audit, per-model judgements and the sample quality guard, with
+held-out human music as the baseline.
 
-Every measure is computed for generated samples *and* for held-out human pieces (val and test)
-against the training set, so "how much does a model copy" is read against "how much does a new
-human piece overlap with training anyway". Human pieces are cut to their first ``human_window``
-ids, the span an unconditional sample covers; samples are audited on their generated part only
-(``ids[prompt_len:]``: a continuation's prompt is a test piece, not the model's work).
+Every measure is computed for generated samples *and* for held-out human windows (val and test)
+against the training set, so "how much does a model copy" is read against "how much does new
+human music overlap with training anyway". The unit is a window of ``human_window`` ids, the span
+a sample covers: a sample's generated part (``ids[prompt_len:]``, a continuation's prompt is a
+test piece, not the model's work) cut to its first ``human_window`` ids, and from each held-out
+piece windows starting every ``human_stride`` ids, at most ``human_windows`` per piece (evenly
+spread; :func:`pipeline.scoring.memorisation.window_offsets`). Several windows per piece make the
+calibration thresholds quantiles of many values rather than the maximum of a few pieces; windows
+of one piece are correlated, so every human interval resamples pieces, not windows.
 
 Inputs: ``data/samples/samples.parquet``, ``data/tokens/tokens.parquet``, ``data/tokens/info.json``,
 ``data/tokenizer.json``, the models (extraction test and membership inference).
 Outputs:
 
 - ``reports/audit/per_sample.parquet``: one row per audited sequence, sorted by (source, model,
-  kind, index): ``source`` (sample | human), ``model`` (``human`` for human rows), ``kind``
-  (unconditional | continuation | val | test), ``index``, ``sha256`` (human piece, or a sample's
-  prompt), ``track``, ``n_tokens``, ``decode_ok``, ``lcs_tokens``, ``lcs_bars``,
-  ``lcs_train_sha256``, ``novelty_tok_<n>``, ``novelty_int_<n>``, ``nn_sha256``, ``nn_jaccard``,
-  ``nn_containment``, ``flagged``, and the music statistics of :mod:`pipeline.music.stats`.
+  kind, index, offset): ``source`` (sample | human), ``model`` (``human`` for human rows),
+  ``kind`` (unconditional | continuation | val | test), ``index`` (the sample's, or the piece's
+  row in its split), ``offset`` (where the audited ids start: the window's offset, or the
+  sample's ``prompt_len``), ``sha256`` (human piece, or a sample's prompt), ``track``,
+  ``n_tokens``, ``decode_ok``, ``lcs_tokens``, ``lcs_bars``, ``lcs_train_sha256``,
+  ``novelty_tok_<n>``, ``novelty_int_<n>``, ``nn_sha256``, ``nn_jaccard``, ``nn_containment``,
+  ``flagged``, and the music statistics of :mod:`pipeline.music.stats`.
 - ``reports/audit.json``: thresholds, summaries per group, flag rates, extraction test,
-  membership AUC, music statistics (see docs/report.md for the keys).
+  membership AUC, music statistics, and ``judged.<model>``: each judged quantity with its
+  interval and baseline (see docs/report.md for the keys).
 
-Flags: for each metric in ``flag_metrics`` the threshold is the ``flag_quantile`` of the val human
-pieces; a row is flagged when any metric exceeds its threshold. The test human pieces, flagged by
-the same thresholds, give the human flag rate that samples are compared with.
+Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
+``flag_quantile`` of the val human windows. :func:`judge` then judges each model against its
+baseline, with intervals: the flag rate against the test windows' rate, membership AUC against
+0.5, extraction on train against test pieces, and the quality guard
+(:func:`pipeline.music.stats.quality_guard`), which fails silence, noise and undecodable output.
+Every random draw comes from a ``numpy.random.Generator`` seeded by (``seed``, purpose, model).
 """
 
 from __future__ import annotations
@@ -44,16 +55,21 @@ from pipeline.core.artifacts import stable_int
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.music.fingerprints import NoteArrays, shingles
 from pipeline.music.midi import score_notes
-from pipeline.music.stats import STATS, all_stats
+from pipeline.music.stats import STATS, all_stats, quality_guard
 from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
 from pipeline.scoring.memorisation import (
+    Extraction,
     ShingleIndex,
     SuffixIndex,
     extraction_test,
     intervals,
+    judge_extraction,
+    judge_flag_rate,
+    judge_membership,
     mean_token_nll,
     membership_auc,
     novelty,
+    window_offsets,
 )
 from pipeline.tokens.contract import TokenInfo, never_sampled
 from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
@@ -68,16 +84,22 @@ class AuditConfig(StageConfig):
         default_factory=lambda: ["ngram", "transformer"], min_length=1)
     ngram_sizes: list[int] = Field(default_factory=lambda: [8, 16, 32], min_length=1)
     interval_ngram_sizes: list[int] = Field(default_factory=lambda: [4, 8, 16], min_length=1)
-    human_window: int = Field(256, ge=8)
+    human_window: int = Field(128, ge=8)
+    human_stride: int = Field(64, ge=1)
+    human_windows: int = Field(4, ge=1)
     flag_metrics: list[FlagMetric] = Field(
         default_factory=lambda: ["lcs_tokens", "nn_jaccard"], min_length=1)
-    flag_quantile: float = Field(0.99, gt=0.0, le=1.0)
-    extraction_pieces: int = Field(16, ge=1)
+    flag_quantile: float = Field(0.95, gt=0.0, le=1.0)
+    extraction_pieces: int = Field(64, ge=1)
     extraction_prefix: int = Field(32, ge=1)
     extraction_tokens: int = Field(32, ge=1)
-    membership_pieces: int = Field(32, ge=2)
+    membership_pieces: int = Field(64, ge=2)
     beats_per_bar: int = Field(4, ge=1)
     groove_resolution: int = Field(4, ge=1)
+    n_boot: int = Field(2000, ge=100, le=100000)
+    ci_level: float = Field(0.95, gt=0.5, lt=1.0)
+    quality_bins: int = Field(10, ge=2, le=100)
+    quality_alpha: float = Field(0.05, gt=0.0, lt=0.5)
     seed: int = Field(1234, ge=0)
     device: str = "cpu"
 
@@ -265,7 +287,7 @@ def summarise(df: pd.DataFrame, cols: Sequence[str]) -> dict[str, Any]:
 
 def _schema(columns: Sequence[str]) -> pa.Schema:
     strings = {"source", "model", "kind", "sha256", "lcs_train_sha256", "nn_sha256"}
-    ints = {"index", "track", "n_tokens"}
+    ints = {"index", "offset", "track", "n_tokens"}
     bools = {"decode_ok", "flagged"}
     return pa.schema([(c, pa.string() if c in strings else pa.int64() if c in ints
                        else pa.bool_() if c in bools else pa.float64()) for c in columns])
@@ -277,9 +299,24 @@ def _pick(df: pd.DataFrame, n: int, rng: np.random.Generator, min_len: int) -> l
     return [np.asarray(df["ids"].iloc[int(r)], dtype=np.int64) for r in rows]
 
 
+def _rng(cfg: AuditConfig, purpose: str, name: str = "") -> np.random.Generator:
+    """The generator of one purpose (and model): adding a model leaves the others' draws alone."""
+    return np.random.default_rng([cfg.seed, stable_int(purpose), stable_int(name)])
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """What the extraction test and membership inference measured for one model."""
+
+    extraction_train: Extraction
+    extraction_test: Extraction
+    nll_train: np.ndarray
+    nll_test: np.ndarray
+
+
 def model_checks(models: Mapping[str, SequenceModel], train: pd.DataFrame, test: pd.DataFrame,
-                 cfg: AuditConfig, forbid: Sequence[int]) -> tuple[dict, dict]:
-    """Extraction test and membership AUC per model (same seeded pieces for every model)."""
+                 cfg: AuditConfig, forbid: Sequence[int]) -> dict[str, ModelCheck]:
+    """Extraction test and per-piece mean NLL per model (same seeded pieces for every model)."""
     need = cfg.extraction_prefix + cfg.extraction_tokens
     rng = np.random.default_rng([cfg.seed, stable_int("extraction")])
     ext_train, ext_test = _pick(train, cfg.extraction_pieces, rng, need), \
@@ -287,19 +324,66 @@ def model_checks(models: Mapping[str, SequenceModel], train: pd.DataFrame, test:
     rng = np.random.default_rng([cfg.seed, stable_int("membership")])
     mem_train, mem_test = _pick(train, cfg.membership_pieces, rng, 1), \
         _pick(test, cfg.membership_pieces, rng, 1)
-    extraction, membership = {}, {}
+    out = {}
     for name in sorted(models):
         m = models[name]
-        a = extraction_test(m, ext_train, cfg.extraction_prefix, cfg.extraction_tokens, forbid)
-        b = extraction_test(m, ext_test, cfg.extraction_prefix, cfg.extraction_tokens, forbid)
+        out[name] = ModelCheck(
+            extraction_test(m, ext_train, cfg.extraction_prefix, cfg.extraction_tokens, forbid),
+            extraction_test(m, ext_test, cfg.extraction_prefix, cfg.extraction_tokens, forbid),
+            mean_token_nll(m, mem_train), mean_token_nll(m, mem_test))
+    return out
+
+
+def checks_json(checks: Mapping[str, ModelCheck]) -> tuple[dict, dict]:
+    """The ``extraction`` and ``membership`` blocks of audit.json (point values)."""
+    extraction, membership = {}, {}
+    for name, c in sorted(checks.items()):
+        a, b = c.extraction_train, c.extraction_test
         extraction[name] = {"n_train": a.n, "n_test": b.n, "train_exact": a.exact_rate,
                             "test_exact": b.exact_rate, "exact_gap": a.exact_rate - b.exact_rate,
                             "train_token_match": a.token_match, "test_token_match": b.token_match,
                             "token_match_gap": a.token_match - b.token_match}
-        membership[name] = {"n_train": len(mem_train), "n_test": len(mem_test),
-                            "auc": membership_auc(mean_token_nll(m, mem_train),
-                                                  mean_token_nll(m, mem_test))}
+        membership[name] = {"n_train": len(c.nll_train), "n_test": len(c.nll_test),
+                            "auc": membership_auc(c.nll_train, c.nll_test)}
     return extraction, membership
+
+
+def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) -> dict[str, Any]:
+    """``judged.<model>``: flag rate against the human test windows, membership AUC against 0.5,
+    extraction on train against test pieces, and the sample quality guard; each with its
+    interval or band (see :mod:`pipeline.scoring.memorisation` and
+    :func:`pipeline.music.stats.quality_guard`)."""
+    human = df[df["source"] == "human"]
+    val, test = human[human["kind"] == "val"], human[human["kind"] == "test"]
+    samp = df[df["source"] == "sample"]
+
+    def stats(part: pd.DataFrame) -> dict[str, np.ndarray]:
+        ok = part["decode_ok"].to_numpy(dtype=bool)  # an undecodable sample has no statistics
+        return {s: np.where(ok, part[s].to_numpy(dtype=float), np.nan) for s in STATS}
+
+    boot = {"n_boot": cfg.n_boot, "level": cfg.ci_level}
+    out: dict[str, Any] = {}
+    for name in sorted(set(samp["model"].astype(str)) | set(checks)):
+        block: dict[str, Any] = {}
+        part = samp[samp["model"] == name]
+        if len(part):
+            block["flag_rate"] = judge_flag_rate(
+                part["flagged"].to_numpy(), part["kind"].to_numpy(), test["flagged"].to_numpy(),
+                test["index"].to_numpy(), rng=_rng(cfg, "flag_rate", name), **boot)
+            block["quality"] = {
+                **quality_guard(stats(part), stats(test), stats(val),
+                                rng=_rng(cfg, "quality", name), bins=cfg.quality_bins,
+                                alpha=cfg.quality_alpha, n_boot=cfg.n_boot),
+                "decode_rate": float(part["decode_ok"].astype(bool).mean())}
+        if name in checks:
+            c = checks[name]
+            block["membership_auc"] = judge_membership(
+                c.nll_train, c.nll_test, rng=_rng(cfg, "membership_auc", name), **boot)
+            block["extraction_rate"] = judge_extraction(
+                c.extraction_train, c.extraction_test, rng=_rng(cfg, "extraction_rate", name),
+                **boot)
+        out[name] = block
+    return out
 
 
 def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
@@ -313,19 +397,24 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     index = build_training_index(tok, split["train"], shingling or Shingling())
     bars = bar_tokens_per_id(tok)
 
+    width = cfg.human_window
     heads: list[dict[str, Any]] = []
     seqs: list[np.ndarray] = []
     for s in ("val", "test"):
         for i, r in split[s].iterrows():
-            heads.append({"source": "human", "model": "human", "kind": s, "index": int(i),
-                          "sha256": str(r["sha256"]), "track": int(r["track"]), "ok": True})
-            seqs.append(np.asarray(r["ids"], dtype=np.int64)[: cfg.human_window])
+            ids = np.asarray(r["ids"], dtype=np.int64)
+            for off in window_offsets(ids.size, width, cfg.human_stride, cfg.human_windows):
+                heads.append({"source": "human", "model": "human", "kind": s, "index": int(i),
+                              "offset": int(off), "sha256": str(r["sha256"]),
+                              "track": int(r["track"]), "ok": True})
+                seqs.append(ids[off: off + width])
     gen = artifacts.read_parquet(samples)
     for _, r in gen.iterrows():
+        start = int(r["prompt_len"])
         heads.append({"source": "sample", "model": str(r["model"]), "kind": str(r["kind"]),
-                      "index": int(r["index"]), "sha256": r["prompt_sha256"], "track": -1,
-                      "ok": bool(r["decode_ok"])})
-        seqs.append(np.asarray(r["ids"], dtype=np.int64)[int(r["prompt_len"]):])
+                      "index": int(r["index"]), "offset": start, "sha256": r["prompt_sha256"],
+                      "track": -1, "ok": bool(r["decode_ok"])})
+        seqs.append(np.asarray(r["ids"], dtype=np.int64)[start: start + width])
     rows = []
     for head, row in zip(heads, measure_all(seqs, index, tok, cfg, bars), strict=True):
         row["decode_ok"] = bool(row["decode_ok"] and head.pop("ok"))  # full sample must decode too
@@ -334,15 +423,17 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     human_val = df[(df["source"] == "human") & (df["kind"] == "val")]
     limits = thresholds(human_val, cfg.flag_metrics, cfg.flag_quantile)
     df["flagged"] = flag(df, limits)
-    df = df.sort_values(["source", "model", "kind", "index"], kind="stable").reset_index(drop=True)
+    df = df.sort_values(["source", "model", "kind", "index", "offset"],
+                        kind="stable").reset_index(drop=True)
     cols = [c for c in df.columns if c.startswith(("lcs_tokens", "lcs_bars", "novelty_", "nn_j",
                                                    "nn_c"))] + [*STATS, "n_notes"]
     artifacts.write_parquet(per_sample, pa.Table.from_pandas(df, schema=_schema(list(df.columns)),
                                                              preserve_index=False))
 
     forbid = never_sampled(TokenInfo.read(info), tok)
-    extraction, membership = model_checks(models, split["train"], split["test"], cfg, forbid)
-    result = audit_json(df, cols, limits, extraction, membership)
+    checks = model_checks(models, split["train"], split["test"], cfg, forbid)
+    result = audit_json(df, cols, limits, *checks_json(checks))
+    result["judged"] = judge(df, checks, cfg)
     artifacts.write_json(report, result)
     fr = result["flag_rate"]
     return AuditSummary(len(df), fr["samples"], fr["human_test"])
@@ -355,17 +446,21 @@ def audit_json(df: pd.DataFrame, cols: Sequence[str], limits: Mapping[str, float
     samp = df[df["source"] == "sample"]
     out: dict[str, Any] = {
         "thresholds": dict(limits),
-        "human": {k: summarise(human[human["kind"] == k], cols) for k in ("val", "test")},
+        "human": {},
         "samples": {"all": summarise(samp, cols)},
         "extraction": extraction,
         "membership": membership,
     }
+    for k in ("val", "test"):
+        part = human[human["kind"] == k]
+        out["human"][k] = {**summarise(part, cols), "n_pieces": int(part["index"].nunique())}
     for name in sorted(samp["model"].unique()):
         part = samp[samp["model"] == name]
         out["samples"][name] = {"all": summarise(part, cols)}
         for kind in sorted(part["kind"].unique()):
             out["samples"][name][kind] = summarise(part[part["kind"] == kind], cols)
-    human_rate = float(human[human["kind"] == "test"]["flagged"].mean()) if len(human) else None
+    test = human[human["kind"] == "test"]
+    human_rate = float(test["flagged"].mean()) if len(test) else None
     sample_rate = float(samp["flagged"].mean()) if len(samp) else None
     out["flag_rate"] = {
         "samples": sample_rate, "human_test": human_rate,

@@ -1,4 +1,4 @@
-"""``symkit evaluate``: score every model on val and test with one protocol.
+"""``symkit evaluate``: score every model on val and test with one protocol, and on a train subset.
 
 Scoring protocol (``docs/artifacts.md``; the same for every model):
 
@@ -18,12 +18,20 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
 - A pair's relative improvement ``(A − B) / A`` is formed inside each of those replicates, with
   two robustness summaries beside it (median piece effect, effect without the top 3 groups).
 - The transformer slides windows of ``max_seq_len`` tokens by ``evaluate.stride``.
+- Generalisation gap: every model also scores a fixed subset of train pieces, as many as val's
+  (:func:`draw_train_subset`), by the same scorers (the transformer's is in eval mode: no
+  dropout). ``gap.<model>`` is val minus that subset, per note and per token, with an interval
+  from independent group bootstraps of the two sets (:func:`generalisation`).
+- ``power.<a>_minus_<b>``: the minimum detectable effect of the relative improvement on the test
+  groups, estimated from val's per-group sums (:func:`pipeline.scoring.power.detectable_effect`).
 
 Inputs: ``data/tokens/tokens.parquet``, ``data/tokens/info.json``, ``data/manifest.parquet``,
 ``data/splits.parquet``, model folders (``data/ngram``, ``data/transformer``). Outputs:
 ``reports/eval/per_piece.parquet`` (``sha256``, ``split``, ``model``, ``group_id``,
-``nll_nats``, ``n_tokens``, ``n_notes``, ``duration_s``; sorted by model, split, sha256),
-``reports/eval.json`` (``protocol``, ``models``, ``paired``, ``unavailable``, ``excluded``) and
+``nll_nats``, ``n_tokens``, ``n_notes``, ``duration_s``; sorted by model, split, sha256; the
+train subset's rows have split ``train``),
+``reports/eval.json`` (``protocol``, ``models``, ``paired``, ``gap``, ``power``,
+``train_subset``, ``unavailable``, ``excluded``) and
 the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or does not load is
 listed under ``unavailable`` with the reason; the stage still scores the others.
 """
@@ -31,12 +39,11 @@ listed under ``unavailable`` with the reason; the stage still scores the others.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,15 +66,7 @@ from pipeline.core.config import (
     load_section,
     parse_section,
 )
-from pipeline.scoring.bootstrap import (
-    bootstrap_weights,
-    effect_without_top_groups,
-    group_sums,
-    median_piece_effect,
-    paired_diff_ci,
-    paired_rel_ci,
-    ratio_ci,
-)
+from pipeline.scoring.aggregate import aggregate, draw_train_subset, generalisation, power_blocks
 from pipeline.scoring.loading import (
     ModelSpec,
     add_model_arguments,
@@ -84,8 +83,6 @@ PER_PIECE_SCHEMA = pa.schema([
     ("group_id", pa.string()), ("nll_nats", pa.float64()), ("n_tokens", pa.int64()),
     ("n_notes", pa.int64()), ("duration_s", pa.float64()),
 ])
-
-
 class EvaluateConfig(StageConfig):
     """``evaluate`` section of params.yaml; each key is documented there, beside its value."""
 
@@ -119,6 +116,10 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
         "bootstrap": {"unit": "group_id (data/splits.parquet)", "method": "percentile",
                       "n_boot": cfg.n_boot, "ci_level": cfg.ci_level, "seed": cfg.seed},
         "splits": list(cfg.splits),
+        "train_subset": "as many train pieces as val's scored pieces (all when train has fewer): "
+                        "the first of a permutation of the sorted usable train sha256s drawn "
+                        "by default_rng([seed, 'train_subset' label, 0]); bootstrap replicates "
+                        "from [seed, label, 1], independent of val's",
         "vocab_size": info.vocab_size,
         "special_ids": {"bos_id": info.bos_id, "eos_id": info.eos_id, "pad_id": info.pad_id},
         "tokenizer_hash": info.tokenizer_hash,
@@ -149,75 +150,6 @@ def piece_table(rows: pd.DataFrame, nll: np.ndarray, pieces: pd.DataFrame, name:
     return out[PER_PIECE_SCHEMA.names]
 
 
-def split_metrics(pp: pd.DataFrame, weights: np.ndarray, codes: np.ndarray, n_groups: int,
-                  level: float) -> dict[str, Any]:
-    """Aggregates of one model on one split (``pp`` rows follow ``codes``)."""
-    nll = group_sums(codes, pp["nll_nats"], n_groups)
-    out: dict[str, Any] = {
-        "n_pieces": len(pp), "n_groups": int(np.count_nonzero(np.bincount(codes,
-                                                                           minlength=n_groups))),
-        "n_tokens": int(pp["n_tokens"].sum()), "n_notes": int(pp["n_notes"].sum()),
-        "duration_s": float(pp["duration_s"].sum()), "nll_nats": float(pp["nll_nats"].sum()),
-    }
-    for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes"),
-                     ("nats_per_second", "duration_s")):
-        out[key] = ratio_ci(nll, group_sums(codes, pp[col], n_groups), weights, level)
-    npt = out["nats_per_token"]
-    out["bits_per_token"] = {k: v / math.log(2) for k, v in npt.items()}
-    out["perplexity"] = {k: math.exp(v) if math.isfinite(v) else v for k, v in npt.items()}
-    return out
-
-
-def paired_metrics(a: pd.DataFrame, b: pd.DataFrame, weights: np.ndarray, codes: np.ndarray,
-                   group_names: np.ndarray, level: float) -> dict[str, Any]:
-    """A − B on the same pieces (rows aligned) and the same bootstrap replicates, and B's relative
-    improvement over A, ``(A − B) / A``, formed inside each replicate."""
-    n_groups = len(group_names)
-
-    def g(df: pd.DataFrame, col: str) -> np.ndarray:
-        return group_sums(codes, df[col], n_groups)
-
-    out: dict[str, Any] = {"n_pieces": len(a)}
-    for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes"),
-                     ("nats_per_second", "duration_s")):
-        out[key] = paired_diff_ci(g(a, "nll_nats"), g(a, col), g(b, "nll_nats"), g(b, col),
-                                  weights, level)
-    # Both models score the same pieces, so notes, seconds or tokens cancel in (A − B) / A:
-    # one relative improvement serves every unit (per note is computed).
-    rel = paired_rel_ci(g(a, "nll_nats"), g(a, "n_notes"), g(b, "nll_nats"), g(b, "n_notes"),
-                        weights, level)
-    rel["median_piece_effect"] = median_piece_effect(a["nll_nats"].to_numpy(),
-                                                     b["nll_nats"].to_numpy())
-    top = effect_without_top_groups(g(a, "nll_nats"), g(b, "nll_nats"), k=3)
-    rel["without_top3_groups"] = {"value": top["value"],
-                                  "dropped_groups": [str(group_names[i]) for i in top["dropped"]]}
-    out["rel_improvement"] = rel
-    return out
-
-
-def aggregate(per_piece: pd.DataFrame, cfg: EvaluateConfig, names: Sequence[str]
-              ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(models, paired)`` blocks of eval.json from the per-piece table."""
-    models: dict[str, Any] = {n: {} for n in names}
-    paired: dict[str, Any] = {f"{a}_minus_{b}": {} for a, b in itertools.combinations(names, 2)}
-    for i, split in enumerate(cfg.splits):
-        part = per_piece[per_piece["split"] == split]
-        shas = sorted(set(part["sha256"]))
-        groups = part.drop_duplicates("sha256").set_index("sha256").loc[shas, "group_id"]
-        group_names, codes = np.unique(groups.to_numpy(dtype=str), return_inverse=True)
-        # One Generator per split, from (seed, split index): adding a split changes no other.
-        rng = np.random.default_rng([cfg.seed, i])
-        weights = bootstrap_weights(len(group_names), cfg.n_boot, rng)
-        aligned = {n: part[part["model"] == n].set_index("sha256").loc[shas] for n in names}
-        for n in names:
-            models[n][split] = split_metrics(aligned[n], weights, codes, len(group_names),
-                                             cfg.ci_level)
-        for a, b in itertools.combinations(names, 2):
-            paired[f"{a}_minus_{b}"][split] = paired_metrics(
-                aligned[a], aligned[b], weights, codes, group_names, cfg.ci_level)
-    return models, paired
-
-
 def piece_facts(manifest: pd.DataFrame, splits: pd.DataFrame) -> pd.DataFrame:
     """sha256 -> split, group_id, n_notes, duration_s (manifest rows of equal bytes agree)."""
     man = manifest.assign(_ok=manifest["status"] != "ok") if "status" in manifest else manifest
@@ -233,6 +165,8 @@ class EvaluateSummary:
     scored: dict[str, dict[str, float]]
     unavailable: dict[str, str]
     n_excluded: int
+    gap: dict[str, float] = field(default_factory=dict)
+    """Val minus train subset, nats per token, by model."""
 
 
 def registration_check(path: Path | None, cfg: EvaluateConfig,
@@ -259,12 +193,18 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     """Score every available model on ``cfg.splits``; write the per-piece table and eval.json."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
-    rows = read_tokens(tokens, ["sha256", "split", "track", "ids"], splits=cfg.splits)
-    rows, excluded = clean_sequences(rows, tok_info)
+    all_rows = read_tokens(tokens, ["sha256", "split", "track", "ids"],
+                           splits=[*cfg.splits, "train"])
+    is_train = all_rows["split"] == "train"
+    rows, excluded = clean_sequences(all_rows[~is_train].reset_index(drop=True), tok_info)
     facts = piece_facts(read_parquet(manifest), read_parquet(splits))
     rows, more = _match_facts(rows, facts)
     excluded["pieces"] = sorted(excluded["pieces"] + more, key=lambda p: p["sha256"])
     pieces = facts[facts["sha256"].isin(set(rows["sha256"]))]
+    n_val = rows.loc[rows["split"] == "val", "sha256"].nunique()
+    train, train_block = _train_subset(all_rows[is_train].reset_index(drop=True), tok_info,
+                                       facts, n_val, cfg.seed)
+    train_pieces = facts[facts["sha256"].isin(set(train["sha256"]))]
 
     models, unavailable = load_models(specs, cfg.device, tok_info)
     set_torch_threads(runtime.torch_threads, list(models))  # results depend on it
@@ -274,12 +214,21 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
         nll = score_rows(models[name], list(rows["ids"]))
         tables.append(piece_table(rows, nll, pieces, name))
         seconds[name] = time.perf_counter() - t
+        if len(train):  # scored apart, so val/test scores never depend on the subset
+            t = time.perf_counter()
+            nll = score_rows(models[name], list(train["ids"]))
+            tables.append(piece_table(train, nll, train_pieces, name))
+            seconds[f"{name}.train_subset"] = time.perf_counter() - t
     table = (pd.concat(tables, ignore_index=True) if tables
              else pd.DataFrame({c: [] for c in PER_PIECE_SCHEMA.names}))
     table = table.sort_values(["model", "split", "sha256"]).reset_index(drop=True)
     write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
                                                   preserve_index=False))
     agg, paired = aggregate(table, cfg, sorted(models))
+    train_metrics, gap = generalisation(table, cfg, sorted(models))
+    for name, block in train_metrics.items():
+        agg[name]["train_subset"] = block
+    n_test_groups = facts.loc[facts["split"] == "test", "group_id"].nunique()
     excluded_counts: dict[str, int] = {}
     for p in excluded["pieces"]:
         excluded_counts[p["reason"]] = excluded_counts.get(p["reason"], 0) + 1
@@ -287,6 +236,9 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
         "protocol": protocol_block(cfg, tok_info),
         "models": agg,
         "paired": paired,
+        "gap": gap,
+        "power": power_blocks(table, cfg, sorted(models), n_test_groups),
+        "train_subset": train_block,
         "unavailable": unavailable,
         "excluded": {**excluded, "counts": excluded_counts},
         "preregistration": registration_check(preregistration, cfg, tok_info),
@@ -295,7 +247,22 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
                   {"seconds": {**seconds, "total": time.perf_counter() - t0},
                    "device": cfg.device, "torch_threads": runtime.torch_threads})
     scored = {n: {s: agg[n][s]["nats_per_token"]["value"] for s in cfg.splits} for n in agg}
-    return EvaluateSummary(scored, unavailable, len(excluded["pieces"]))
+    return EvaluateSummary(scored, unavailable, len(excluded["pieces"]),
+                           {n: g["nats_per_token"]["value"] for n, g in gap.items()})
+
+
+def _train_subset(rows: pd.DataFrame, info: TokenInfo, facts: pd.DataFrame, n: int, seed: int
+                  ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The train subset's token rows (the protocol's rules applied, as for val and test) and the
+    ``train_subset`` block of eval.json. Pieces are drawn among the usable ones, so the subset
+    has val's size whenever train has enough; excluded train pieces are counted, not listed."""
+    usable, excluded = clean_sequences(rows, info)
+    usable, more = _match_facts(usable, facts)
+    chosen = draw_train_subset(usable["sha256"], n, seed)
+    subset = usable[usable["sha256"].isin(set(chosen))].reset_index(drop=True)
+    return subset, {"n_pieces": len(chosen), "n_wanted": int(n),
+                    "n_usable": int(usable["sha256"].nunique()),
+                    "n_excluded": len(excluded["pieces"]) + len(more)}
 
 
 def _match_facts(rows: pd.DataFrame, facts: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
@@ -334,6 +301,8 @@ def main(args: argparse.Namespace) -> int:
                   preregistration=args.preregistration)
     for name, by_split in summary.scored.items():
         figures = ", ".join(f"{s} {v:.4f}" for s, v in by_split.items())
+        gap = summary.gap.get(name)
+        figures += "" if gap is None else f"; val - train subset {gap:+.4f}"
         print(f"evaluate: {name}: nats/token {figures}")
     for name, reason in summary.unavailable.items():
         print(f"evaluate: {name} not scored ({reason})", file=sys.stderr)

@@ -1,5 +1,9 @@
 """``symkit generate``: sample music from every trained model.
 
+Per model: ``n_samples`` unconditional samples (the unit the audit judges memorisation and
+quality on: 64 by default, enough for an interval) and ``n_continuations`` continuations of the
+first ``prompt_tokens`` ids of seeded test pieces (at most one per test piece).
+
 Inputs: ``data/tokens/tokens.parquet`` (test-piece prompts), ``data/tokens/info.json`` (special
 ids), ``data/tokenizer.json`` (decoding), the models (``data/ngram/``, ``data/transformer/``).
 Outputs:
@@ -53,8 +57,9 @@ class GenerateConfig(StageConfig):
 
     models: list[Literal["ngram", "transformer"]] = Field(
         default_factory=lambda: ["ngram", "transformer"], min_length=1)
-    n_samples: int = Field(4, ge=1, le=10000)
-    max_new_tokens: int = Field(256, ge=1, le=100000)
+    n_samples: int = Field(64, ge=1, le=10000)
+    n_continuations: int = Field(16, ge=0, le=10000)
+    max_new_tokens: int = Field(128, ge=1, le=100000)
     prompt_tokens: int = Field(64, ge=1, le=100000)
     temperature: float = Field(1.0, ge=0.0, le=100.0)
     top_k: int = Field(0, ge=0)
@@ -93,7 +98,7 @@ def select_prompts(tokens: Any, n: int, length: int, seed: int,
     df = tokens[(tokens["split"] == split) & (tokens["n_tokens"] > length)]
     sort_cols = [c for c in ("sha256", "track") if c in df.columns]
     df = df.sort_values(sort_cols, kind="stable").reset_index(drop=True)
-    if df.empty:
+    if df.empty or n == 0:
         return []
     rng = np.random.default_rng([seed, stable_int("prompts")])
     rows = np.sort(rng.choice(len(df), size=min(n, len(df)), replace=False))
@@ -131,7 +136,7 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
     tok_info = TokenInfo.read(info)
     tok = load_tokenizer(tokenizer)
     table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens"])
-    prompts = select_prompts(table, cfg.n_samples, cfg.prompt_tokens, cfg.seed)
+    prompts = select_prompts(table, cfg.n_continuations, cfg.prompt_tokens, cfg.seed)
     forbid = never_sampled(tok_info, tok)
     rows: list[dict[str, Any]] = []
     for name in cfg.models:

@@ -19,6 +19,12 @@ folds — but assigns folds by the same kind of hash instead of greedy size bala
 stable under additions. Test = ``test_fold``; val/train split the rest by ``val / (train + val)``.
 ``fold`` is -1 when folds are off.
 
+Invariants: no group, metadata label or dedupe pair spans splits (``crossing_*`` counts of the
+audit). They hold by construction, so the stage checks them before writing anything and raises
+:class:`SplitInvariantError` otherwise: a bug here (or dedupe pairs that disagree with its
+clusters), never a property of the data. The evidence about leakage is the audit's
+``independent`` block (:mod:`pipeline.music.leakage`).
+
 Moved pieces: the previous split is read from ``--previous FILE`` or, if that is not given, from the
 output path before it is overwritten. ``dvc repro`` deletes outputs before a stage runs, so to list
 moves under DVC pass the old table explicitly, e.g. ``dvc get . data/splits.parquet --rev HEAD -o
@@ -72,6 +78,24 @@ class SplitConfig(StageConfig):
         if self.folds >= 2 and self.train + self.val <= 0:
             raise ValueError("k-fold mode needs train + val > 0")
         return self
+
+
+class SplitInvariantError(RuntimeError):
+    """A group, metadata label or dedupe pair spans splits: a bug, not a property of the data."""
+
+
+INVARIANTS = ("crossing_groups", "crossing_metadata_groups", "crossing_pairs")
+
+
+def check_invariants(counts: dict[str, int]) -> None:
+    """Raise :class:`SplitInvariantError` naming the counts unless every crossing count is 0."""
+    bad = {k: counts.get(k, 0) for k in INVARIANTS if counts.get(k, 0) != 0}
+    if bad:
+        raise SplitInvariantError(
+            "split invariant violated: " + ", ".join(f"{k}={v}" for k, v in bad.items())
+            + " (must be 0). The split is a function of groups built from these labels and "
+            "pairs, so this is a bug in pipeline/stages/split.py, or data/dedupe/pairs.parquet "
+            "disagrees with clusters.parquet (re-run `dvc repro dedupe`).")
 
 
 @dataclass(frozen=True)
@@ -169,7 +193,6 @@ def moved_pieces(previous: pd.DataFrame | None, table: pd.DataFrame) -> list[str
 def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path,
         dedupe_dir: Path, splits: Path, report: Path, leakage_report: Path, figure: Path,
         previous: Path | None = None) -> SplitSummary:
-    del runtime  # the split is cheap and single-process
     man = artifacts.read_parquet(manifest, columns=["sha256", "status", "group", "n_notes"])
     man["group"] = man["group"].fillna("")
     files = man[man["status"].isin(["ok", "duplicate"])]
@@ -180,6 +203,11 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     prev_path = previous if previous is not None else (splits if splits.exists() else None)
     prev = artifacts.read_parquet(prev_path) if prev_path is not None else None
     table = split_table(files, clusters, cfg)
+    labels = files.drop_duplicates("sha256").set_index("sha256")["group"]
+    pieces = table.assign(group=labels.reindex(table["sha256"]).fillna("").to_numpy(),
+                          cluster_id=clusters.set_index("sha256")["cluster_id"]
+                          .reindex(table["sha256"]).to_numpy())
+    check_invariants(leakage.crossing_counts(pieces, pairs))
     moved = moved_pieces(prev, table)
     artifacts.write_parquet(splits, pa.Table.from_pandas(table, schema=SPLITS_SCHEMA,
                                                          preserve_index=False))
@@ -209,14 +237,14 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     # leakage audit over the kept pieces
     note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
     sm = leakage.ShingleMatrix.build(note_arrays, settings["shingle_k"], settings["ioi_resolution"])
-    labels = files.drop_duplicates("sha256").set_index("sha256")["group"]
-    pieces = table.assign(group=labels.reindex(table["sha256"]).fillna("").to_numpy(),
-                          cluster_id=clusters.set_index("sha256")["cluster_id"]
-                          .reindex(table["sha256"]).to_numpy())
-    metrics, png = leakage.audit(pieces, pairs, sm, seed=cfg.seed,
-                                 ratios=(cfg.train, cfg.val, cfg.test),
-                                 max_test=cfg.audit_max_test, near_jaccard=settings["near_jaccard"],
-                                 near_containment=settings["near_containment"])
+    rule = leakage.NearCopyRule(
+        jaccard=settings["near_jaccard"], containment=settings["near_containment"],
+        min_shingles=settings["min_shingles"], shingle_k=settings["shingle_k"],
+        min_melody_notes=settings.get("min_melody_notes", leakage.MIN_MELODY_NOTES))
+    metrics, png = leakage.audit(pieces, pairs, sm, leakage.Melodies.build(note_arrays),
+                                 seed=cfg.seed, ratios=(cfg.train, cfg.val, cfg.test),
+                                 max_test=cfg.audit_max_test, rule=rule,
+                                 workers=runtime.n_workers())
     artifacts.write_json(leakage_report, metrics)
     artifacts.write_bytes(figure, png)
     return SplitSummary(len(table), out["groups"], {s: out[f"{s}_pieces"] for s in SPLIT_NAMES},

@@ -1,0 +1,187 @@
+"""The audit's judgements (``judged.<model>`` in audit.json) end to end, on planted models in the
+synthetic world of tests/test_generate.py.
+
+- ``copier``: an order-12 count model of the training pieces, sampled: it replays training music;
+- ``fresh``: the same model of *other* human-like pieces (never in any split): new music from the
+  corpus's distribution, the "reasonable model that does not copy";
+- ``noise``: uniform over the vocabulary; ``silent``: EOS at once; ``undecodable``: the fresh
+  model's samples marked as failing to decode.
+
+Memorisation must fail the copier and only it; the quality guard must fail noise, silence and
+undecodable output and pass both models that make human music.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.core import artifacts
+from pipeline.stages.audit import AuditConfig
+from pipeline.stages.audit import run as run_audit
+from pipeline.stages.generate import (
+    SAMPLES_SCHEMA,
+    GenerateConfig,
+    generate_for_model,
+    select_prompts,
+)
+from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
+from tests.test_generate import EOS, CountLM, make_world, random_score, train_seqs
+
+QUALITY_PASS = 0.7  # at least 5 of the 7 statistics inside their band
+
+
+class Uniform:
+    """Noise: every id equally likely (the sampler still never draws PAD or BOS)."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size, self.eos_id = vocab_size, EOS
+
+    def next_logprobs(self, contexts) -> np.ndarray:
+        return np.full((len(contexts), self.vocab_size), -np.log(self.vocab_size))
+
+    def token_nll(self, seqs) -> list[np.ndarray]:
+        return [np.full(len(s) + 1, np.log(self.vocab_size)) for s in seqs]
+
+
+class Silent(Uniform):
+    """EOS at once: every sample is empty."""
+
+    def next_logprobs(self, contexts) -> np.ndarray:
+        row = np.full(self.vocab_size, -np.inf)
+        row[EOS] = 0.0
+        return np.tile(row, (len(contexts), 1))
+
+
+def planted_models(world: dict[str, Path], seed: int) -> dict[str, Any]:
+    vocab = artifacts.read_json(world["info"])["vocab_size"]
+    tok = load_tokenizer(world["tokenizer"])
+    rng = np.random.default_rng([seed, 99])
+    fresh = [np.asarray(tok.encode(random_score(rng))[0].ids) for _ in range(24)]
+    return {"copier": CountLM(12, vocab, alpha=1e-6).fit(train_seqs(world)),
+            "fresh": CountLM(12, vocab, alpha=1e-6).fit(fresh),
+            "noise": Uniform(vocab), "silent": Silent(vocab)}
+
+
+def audit(root: Path, world: dict[str, Path], models: dict[str, Any], seed: int) -> None:
+    """Audit root/samples.parquet; extraction and membership for the models that score."""
+    cfg = AuditConfig(human_window=64, human_stride=32, human_windows=4, extraction_pieces=8,
+                      membership_pieces=10, n_boot=500, seed=seed)
+    run_audit(cfg, {k: models[k] for k in ("copier", "fresh", "noise")},
+              samples=root / "samples.parquet", tokens=world["tokens"], info=world["info"],
+              tokenizer=world["tokenizer"], per_sample=root / "audit" / "per_sample.parquet",
+              report=root / "audit.json")
+
+
+def planted_audit(root: Path, seed: int = 0, n_samples: int = 24) -> dict[str, Any]:
+    """Build the world, sample every planted model, audit them all at once; return audit.json."""
+    world = make_world(root, seed=seed)
+    models = planted_models(world, seed)
+    tok = load_tokenizer(world["tokenizer"])
+    gcfg = GenerateConfig(n_samples=n_samples, n_continuations=8, max_new_tokens=64,
+                          prompt_tokens=24, seed=seed)
+    prompts = select_prompts(artifacts.read_parquet(world["tokens"]), gcfg.n_continuations,
+                             gcfg.prompt_tokens, gcfg.seed)
+    rows = []
+    for name, model in models.items():
+        rows += generate_for_model(model, name, gcfg, prompts, forbid=[0, 1])
+    for r in rows:
+        r["decode_error"] = decode_ids(tok, r["ids"])[1]
+        r["decode_ok"] = r["decode_error"] is None
+    rows += [{**r, "model": "undecodable", "decode_ok": False, "decode_error": "planted"}
+             for r in rows if r["model"] == "fresh"]
+    rows.sort(key=lambda r: (r["model"], r["kind"], r["index"]))
+    artifacts.write_parquet(root / "samples.parquet",
+                            pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA))
+    audit(root, world, models, seed)
+    return artifacts.read_json(root / "audit.json")
+
+
+@pytest.fixture(scope="module")
+def audit_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("planted")
+    planted_audit(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def judged(audit_dir) -> dict[str, Any]:
+    return artifacts.read_json(audit_dir / "audit.json")["judged"]
+
+
+def check_planted(judged: dict[str, Any]) -> None:
+    """Every planted outcome (shared by the fast test and the slow one over seeds)."""
+    copier, fresh = judged["copier"], judged["fresh"]
+    # the copier fails memorisation: the whole interval of each excess is above its margin
+    assert copier["flag_rate"]["excess"]["ci_low"] > 0.05
+    assert copier["membership_auc"]["ci_low"] > 0.5
+    assert copier["extraction_rate"]["excess"]["ci_low"] > 0
+    # new human-like music: flag rate, membership and extraction at chance
+    e = fresh["flag_rate"]["excess"]
+    assert e["ci_low"] <= 0 <= e["ci_high"]
+    auc = fresh["membership_auc"]
+    assert auc["ci_low"] <= 0.5 <= auc["ci_high"]
+    assert fresh["extraction_rate"]["excess"]["value"] == 0
+    # the quality guard judges the music, not its originality
+    for name in ("copier", "fresh"):
+        assert judged[name]["quality"]["score"] >= QUALITY_PASS, name
+    for name in ("noise", "silent", "undecodable"):
+        assert judged[name]["quality"]["score"] < 0.5, name
+
+
+def test_planted_models_pass_and_fail_as_they_should(judged):
+    check_planted(judged)
+
+
+def test_judged_blocks_have_the_documented_keys(judged):
+    fr = judged["copier"]["flag_rate"]
+    assert {"value", "ci_low", "ci_high", "n", "n_flagged", "human", "excess"} <= set(fr)
+    assert {"value", "ci_low", "ci_high", "n_windows", "n_pieces"} <= set(fr["human"])
+    assert fr["n"] == 24 + 8 and fr["human"]["n_pieces"] == 10 < fr["human"]["n_windows"]
+    assert fr["ci_low"] <= fr["value"] <= fr["ci_high"]
+    assert {"value", "ci_low", "ci_high", "chance", "n_train", "n_test"} <= set(
+        judged["copier"]["membership_auc"])
+    assert set(judged["copier"]["extraction_rate"]) == {"train", "test", "excess"}
+    q = judged["fresh"]["quality"]
+    assert {"score", "n_stats", "n_outside", "decode_rate", "n", "score_band_low",
+            "stats"} <= set(q)
+    assert q["n_stats"] == len(q["stats"]) == 7 and q["decode_rate"] == 1.0
+    assert {"overlap", "band_low", "inside", "sample_mean", "human_mean", "undefined"} <= set(
+        q["stats"]["pitch_range"])
+    assert "membership_auc" not in judged["silent"]  # not among the audited models
+
+
+def test_failures_are_failures_for_the_right_reason(judged):
+    silent, undecodable = judged["silent"]["quality"], judged["undecodable"]["quality"]
+    assert silent["score"] == 0 and all(s["undefined"] == 1 for s in silent["stats"].values())
+    assert undecodable["decode_rate"] == 0 and undecodable["score"] == 0
+    noise = judged["noise"]["quality"]["stats"]  # random ids rarely spell Pitch, Velocity, Duration
+    assert noise["note_density"]["undefined"] > 0.5
+    assert noise["note_density"]["sample_mean"] < 0.5 * noise["note_density"]["human_mean"]
+    # noise and silence copy nothing: memorisation alone would pass them
+    for name in ("noise", "silent"):
+        assert judged[name]["flag_rate"]["excess"]["value"] <= 0
+
+
+def test_report_keeps_its_keys_and_is_deterministic(audit_dir):
+    report = artifacts.read_json(audit_dir / "audit.json")
+    assert {"thresholds", "human", "samples", "music", "extraction", "membership",
+            "flag_rate", "judged"} <= set(report)
+    assert {"samples", "human_test", "excess", "by_model"} <= set(report["flag_rate"])
+    first = {p: (audit_dir / p).read_bytes() for p in ("audit.json", "audit/per_sample.parquet")}
+    world = {k: audit_dir / f for k, f in (("tokens", "tokens.parquet"), ("info", "info.json"),
+                                           ("tokenizer", "tokenizer.json"))}
+    audit(audit_dir, world, planted_models(world, 0), 0)
+    for p, data in first.items():
+        assert (audit_dir / p).read_bytes() == data, p
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_planted_outcomes_hold_for_other_worlds_and_seeds(tmp_path, seed):
+    """The fast test's outcomes are not one lucky draw: other worlds, samples and bootstraps."""
+    check_planted(planted_audit(tmp_path, seed=seed, n_samples=32)["judged"])

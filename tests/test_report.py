@@ -330,3 +330,14 @@ def test_power_of_the_comparison_rule_is_stated(tmp_path):
     # lower bound >= 2% at 95%: needs 2% + (1.96 + 0.84) * 0.0136 = 5.8%; a true 2% passes 2.5%
     assert "the true gain must be about 5.81%" in md
     assert "a true gain of exactly 2.00% passes with probability 2.5%" in md
+
+
+def test_long_metric_names_may_wrap_in_html_only():
+    from pipeline.report.document import Document, Table, render_html, render_markdown
+
+    doc = Document("t")
+    doc.add(Table(["metric", "value"], [["memorisation.transformer.flag_excess", "0.5"]]))
+    html, md = render_html(doc), render_markdown(doc)
+    assert "memorisation.<wbr>transformer.<wbr>flag_<wbr>excess" in html
+    assert ">0.5<" in html  # numbers are never split
+    assert "<wbr>" not in md and "memorisation.transformer.flag_excess" in md

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,12 @@ def render_markdown(doc: Document) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def _breakable(html_text: str) -> str:
+    """Let long dotted or underscored names (metric keys) wrap after ``.`` and ``_`` only when a
+    line is full, so a table fits the page without breaking words elsewhere."""
+    return re.sub(r"(?<=[A-Za-z][._])(?=[A-Za-z])", "<wbr>", html_text)
+
+
 _CSS = """
 body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;max-width:1100px;
 margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
@@ -134,7 +141,7 @@ def render_html(doc: Document) -> str:
                 cells = []
                 for i, c in enumerate(row):
                     cls = f' class="{e(str(c))}"' if i == b.status_col else ""
-                    cells.append(f"<td{cls}>{e(str(c))}</td>")
+                    cells.append(f"<td{cls}>{_breakable(e(str(c)))}</td>")
                 rows.append("<tr>" + "".join(cells) + "</tr>")
             out.append("<table>" + "".join(rows) + "</table>")
         elif isinstance(b, Figure):

@@ -341,3 +341,18 @@ def test_long_metric_names_may_wrap_in_html_only():
     assert "memorisation.<wbr>transformer.<wbr>flag_<wbr>excess" in html
     assert ">0.5<" in html  # numbers are never split
     assert "<wbr>" not in md and "memorisation.transformer.flag_excess" in md
+
+
+def test_power_note_warns_when_the_threshold_is_below_the_mde(tmp_path):
+    from pipeline.report.criteria import CriteriaConfig
+    from pipeline.report.registration import power_note
+
+    rule = {"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
+            "threshold": 0.02, "judge": "interval", "rationale": "r"}
+    criteria = CriteriaConfig.model_validate({"rules": [rule]})
+    small = {"power": {"ngram_minus_transformer": {"se": 0.005, "n_groups": 36, "power": 0.8}}}
+    large = {"power": {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36, "power": 0.8}}}
+    assert not power_note(criteria, small, 0.95).startswith("Warning")  # mde 1.4% < 2%
+    assert power_note(criteria, large, 0.95).startswith(
+        "Warning: the threshold 2.00% is below the minimum detectable effect 3.81%")
+    assert power_note(criteria, {}, 0.95) is None  # val not scored yet

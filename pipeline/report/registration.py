@@ -23,6 +23,7 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import RESULT_PACKAGES
 from pipeline.core.config import ParamsError, parse_section
 from pipeline.report.criteria import CriteriaConfig, flatten
+from pipeline.scoring.power import pass_probability, power_summary
 
 SCHEMA_VERSION = 2
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",
@@ -153,3 +154,30 @@ def _diff_flat(a: Any, b: Any, what: str) -> list[str]:
             key = f"{what}.{k}" if k else what
             out.append(f"{key}: registered {x!r}, now {y!r}")
     return out
+
+
+COMPARISON_METRIC = "test.nll_per_note.rel_improvement"
+COMPARISON_PAIR = "ngram_minus_transformer"
+
+
+def power_note(criteria: CriteriaConfig, eval_report: Any, level: float) -> str | None:
+    """What the model-comparison rule can detect, from eval.json's val-based power block (None
+    without an interval-judged comparison rule or without val scores). ``symkit preregister``
+    prints it when val has been scored before registration; the report always shows it."""
+    rule = next((r for r in criteria.rules
+                 if r.metric == COMPARISON_METRIC and r.judge == "interval"
+                 and r.op in (">", ">=")), None)
+    if rule is None or not isinstance(eval_report, dict):
+        return None
+    s = power_summary(eval_report, COMPARISON_PAIR, rule.threshold, level)
+    if s is None:
+        return None
+    at_threshold = pass_probability(rule.threshold, s.se, rule.threshold, level)
+    warn = (f"Warning: the threshold {rule.threshold:.2%} is below the minimum detectable effect "
+            f"{s.mde:.2%} ({s.power:.0%} power). " if s.warning else "")
+    return (f"{warn}Power of {rule.name}: from val's per-group spread scaled to {s.n_groups} test "
+            f"groups, the relative improvement has a standard error of about {s.se:.2g}. For "
+            f"its {level:.0%} interval's lower bound to clear {rule.threshold:.2%} with "
+            f"{s.power:.0%} probability, the true gain must be about {s.effect_for_power:.2%}; "
+            f"a true gain of exactly {rule.threshold:.2%} passes with probability "
+            f"{at_threshold:.1%}. This assumes test groups vary like val's.")

@@ -36,9 +36,8 @@ from pipeline.report.document import (
     render_markdown,
 )
 from pipeline.report.history import head_commit, registration_order
-from pipeline.report.registration import Check, check, identity
+from pipeline.report.registration import Check, check, identity, power_note
 from pipeline.report.sections import ReportConfig, add_sections
-from pipeline.scoring.power import pass_probability, power_summary
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                     fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, v.evidence]
                    for v in verdicts], status_col=5),
             Table(["criterion", "rationale"], [[r.name, r.rationale] for r in criteria.rules]))
-    power = power_sentence(criteria, reports["eval"], ci_level(params))
+    power = power_note(criteria, reports["eval"], ci_level(params))
     if power:
         doc.add(Para(power))
     inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
@@ -141,29 +140,6 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     artifacts.write_text(paths.md_out, render_markdown(doc))
     artifacts.write_text(paths.html_out, render_html(doc))
     return ReportSummary(decision, len(reg.deviations), len(metrics))
-
-
-COMPARISON_METRIC = "test.nll_per_note.rel_improvement"
-COMPARISON_PAIR = "ngram_minus_transformer"
-
-
-def power_sentence(criteria: CriteriaConfig, eval_report: Any, level: float) -> str | None:
-    """What the model-comparison rule can detect, from eval.json's val-based power block."""
-    rule = next((r for r in criteria.rules
-                 if r.metric == COMPARISON_METRIC and r.judge == "interval"
-                 and r.op in (">", ">=")), None)
-    if rule is None or not isinstance(eval_report, dict):
-        return None
-    s = power_summary(eval_report, COMPARISON_PAIR, rule.threshold, level)
-    if s is None:
-        return None
-    at_threshold = pass_probability(rule.threshold, s.se, rule.threshold, level)
-    return (f"Power of {rule.name}: from val's per-group spread scaled to {s.n_groups} test "
-            f"groups, the relative improvement has a standard error of about {s.se:.2g}. For "
-            f"its {level:.0%} interval's lower bound to clear {rule.threshold:.2%} with "
-            f"{s.power:.0%} probability, the true gain must be about {s.effect_for_power:.2%}; "
-            f"a true gain of exactly {rule.threshold:.2%} passes with probability "
-            f"{at_threshold:.1%}. This assumes test groups vary like val's.")
 
 
 def ci_level(params: Mapping[str, Any]) -> float:

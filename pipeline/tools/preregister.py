@@ -30,7 +30,7 @@ from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
 from pipeline.core.splits import split_hash_of
 from pipeline.report.criteria import CriteriaConfig
-from pipeline.report.registration import build, identity, test_scores_exist
+from pipeline.report.registration import build, identity, power_note, test_scores_exist
 
 
 class AlreadyScored(RuntimeError):
@@ -81,6 +81,11 @@ def main(args: argparse.Namespace) -> int:
     if ident["split_hash"] is None:
         print(f"preregister: warning: no split_hash in {args.split_report}; run `dvc repro "
               "split` and register again so the split can be verified", file=sys.stderr)
+    criteria = load_section("criteria", args.params, CriteriaConfig)
+    level = ((rec["identity"]["params"].get("evaluate") or {}).get("ci_level") or 0.95)
+    note = power_note(criteria, artifacts.read_json_or_none(args.eval_report), float(level))
+    print(f"preregister: {note}" if note else "preregister: the power of the comparison rule is "
+          "stated in the report once val is scored (from val's per-group spread)")
     if rec["registered_after_scoring"]:
         print("preregister: warning: registered after test scores existed; the report will "
               "show this as a deviation", file=sys.stderr)

@@ -108,6 +108,8 @@ def test_pipeline_produces_the_report_with_verdicts(project: Path):
                 "quality.transformer.score", "generalisation.gap.transformer"):
         assert isinstance(metrics.get(key), int | float), key  # every rule has its evidence
     assert metrics["decision.registration"] == "FOLLOWED"
+    assert metrics["eval.preregistration.split_hash_matches"] is True
+    assert metrics["eval.preregistration.protocol_matches"] is True
     assert "Deviations from the registration" not in report
     assert metrics["decision.overall"] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert "<img" in html and "http://" not in html and "https://" not in html

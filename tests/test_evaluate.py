@@ -291,12 +291,16 @@ def test_registration_check_compares_protocol_and_split(tmp_path):
                      split_hash="abc")
     assert registration_check(tmp_path / "none.json", cfg, info)["registered"] is False
     reg = tmp_path / "preregistration.json"
-    write_json(reg, {"split_hash": "abc", "protocol": {"params": {"n_boot": cfg.n_boot}}})
+    write_json(reg, {"schema": 2, "identity": {"split_hash": "abc",
+                                                "params": {"evaluate": {"n_boot": cfg.n_boot}}}})
     assert registration_check(reg, cfg, info) == {
         "registered": True, "split_hash_matches": True, "protocol_matches": True}
     changed = registration_check(reg, EvaluateConfig(n_boot=cfg.n_boot + 1),
                                  replace(info, split_hash="x"))
     assert changed["split_hash_matches"] is False and changed["protocol_matches"] is False
+    write_json(reg, {"schema": 1, "split_hash": "abc"})  # an old record says nothing checkable
+    assert registration_check(reg, cfg, info) == {
+        "registered": True, "split_hash_matches": None, "protocol_matches": None}
 
 
 def test_stride_reaches_the_scorer_and_a_too_large_one_names_the_key(setup):

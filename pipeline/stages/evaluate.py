@@ -171,19 +171,23 @@ class EvaluateSummary:
 
 def registration_check(path: Path | None, cfg: EvaluateConfig,
                        info: TokenInfo) -> dict[str, Any]:
-    """Does this evaluation follow ``reports/preregistration.json``? (Recorded, never enforced:
-    the report states any deviation prominently.)"""
+    """Does this evaluation follow ``reports/preregistration.json``'s identity (its split hash and
+    its ``evaluate`` section)? Recorded for readers of eval.json; the report's check
+    (:func:`pipeline.report.registration.check`) is the one that decides. ``None`` where the
+    registration does not say (no file, or a record without an identity)."""
     registered = read_json(path) if path is not None and Path(path).exists() else None
     if not isinstance(registered, dict):
         return {"registered": False, "split_hash_matches": None, "protocol_matches": None}
+    ident = registered.get("identity")
+    if not isinstance(ident, dict):
+        return {"registered": True, "split_hash_matches": None, "protocol_matches": None}
     try:
-        frozen = parse_section("evaluate", (registered.get("protocol") or {}).get("params"),
+        frozen = parse_section("evaluate", (ident.get("params") or {}).get("evaluate"),
                                EvaluateConfig)
         same_protocol = frozen.model_dump() == cfg.model_dump()
     except ParamsError:
         same_protocol = False
-    return {"registered": True,
-            "split_hash_matches": registered.get("split_hash") == info.split_hash,
+    return {"registered": True, "split_hash_matches": ident.get("split_hash") == info.split_hash,
             "protocol_matches": same_protocol}
 
 

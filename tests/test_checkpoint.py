@@ -32,7 +32,7 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 def _run(cfg, data, out: Path) -> dict:
     return run(cfg, RUNTIME, tokens=data["tokens"], info=data["info"], augmented=None,
-               out_dir=out / "model", summary=out / "train.json", log_tsv=out / "log.tsv",
+               out_dir=out / "model", summary=out / "train.json", log_dir=out / "log",
                env=out / "env.json")
 
 
@@ -82,7 +82,7 @@ def test_resume_after_kill_gives_identical_weights(data, tmp_path):
     for name in ("step-00000012/model.safetensors", "step-00000012/optimizer.safetensors"):
         _assert_same_weights(run_ckpt_dir(tmp_path / "straight" / "model") / name,
                              run_ckpt_dir(tmp_path / "resumed" / "model") / name)
-    for name in ("train.json", "log.tsv", "model/model.json"):
+    for name in ("train.json", "log/seed-7.tsv", "model/model.json"):
         a, b = tmp_path / "straight" / name, tmp_path / "resumed" / name
         assert a.read_bytes() == b.read_bytes(), name
     env = json.loads((tmp_path / "resumed" / "env.json").read_text())
@@ -111,7 +111,7 @@ def _assert_same_run(straight: Path, resumed: Path) -> None:
     for name in ("step-00000012/model.safetensors", "step-00000012/optimizer.safetensors"):
         _assert_same_weights(run_ckpt_dir(straight / "model") / name,
                              run_ckpt_dir(resumed / "model") / name)
-    for name in ("train.json", "log.tsv", "model/model.json"):
+    for name in ("train.json", "log/seed-7.tsv", "model/model.json"):
         assert (straight / name).read_bytes() == (resumed / name).read_bytes(), name
 
 

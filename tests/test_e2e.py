@@ -48,7 +48,9 @@ ARTIFACTS = [
     "data/manifest.parquet", "data/notes.parquet", "data/dedupe/pairs.parquet",
     "data/dedupe/clusters.parquet", "data/splits.parquet", "data/tokenizer.json",
     "data/tokens/tokens.parquet", "data/tokens/info.json", "data/ngram/model.npz",
-    "data/transformer/model.safetensors", "data/samples/samples.parquet", "reports/eval.json",
+    "data/transformer/model.safetensors", "data/transformer/replicates/index.json",
+    "data/transformer/replicates/seed-1236/model.safetensors",
+    "data/samples/samples.parquet", "reports/eval.json",
     "reports/eval/per_piece.parquet", "reports/audit.json", "reports/train.json",
     "reports/metrics.json",
 ]

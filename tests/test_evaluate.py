@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from models.ngram import NGramLM
-from pipeline.core.artifacts import read_json, read_parquet, write_parquet
+from pipeline.core.artifacts import read_json, read_parquet, write_json, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.scoring.aggregate import TRAIN_SUBSET_STREAM, draw_train_subset
 from pipeline.scoring.bootstrap import (
@@ -83,10 +83,12 @@ def test_missing_transformer_is_reported_not_fatal(setup):
 def test_per_piece_table_follows_the_protocol(setup):
     paths, root = setup
     _, report, table = evaluate(paths, root, two_models(root))
-    assert list(table.columns) == ["sha256", "split", "model", "group_id", "nll_nats",
+    assert list(table.columns) == ["sha256", "split", "model", "seed", "group_id", "nll_nats",
                                    "n_tokens", "n_notes", "duration_s"]
     assert set(table["split"]) == {"val", "test", "train"}  # train: the gap's subset
-    assert table.equals(table.sort_values(["model", "split", "sha256"]).reset_index(drop=True))
+    assert table["seed"].isna().all()  # n-grams have no training seed
+    assert table.equals(table.sort_values(["model", "seed", "split", "sha256"])
+                        .reset_index(drop=True))
     tokens = pq.read_table(paths["tokens"]).to_pandas()
     manifest = read_parquet(paths["manifest"]).set_index("sha256")
     model = NGramLM.load(root / "data" / "ngram")
@@ -499,3 +501,80 @@ def test_power_block_is_estimated_from_val(tmp_path):
     _, test_only, t = evaluate(paths, root, two_models(root), out="test_only", splits=["test"])
     assert test_only["power"] == {} and test_only["gap"] == {}
     assert set(t["split"]) == {"test"}  # no val to size the train subset by
+
+
+# -- training-seed replicates --------------------------------------------------------------------
+def _replicated(root: Path, paths: dict[str, Path], orders: dict[int, int]) -> ModelSpec:
+    """A model folder laid out like train_transformer's, ``replicates/index.json`` listing one
+    n-gram per "seed" (the order stands in for what a seed changes)."""
+    folder = root / "data" / "replicated"
+    for seed, order in orders.items():
+        _fit_and_save(paths, folder / "replicates" / f"seed-{seed}", order=order)
+    write_json(folder / "replicates" / "index.json",
+               {"seeds": sorted(orders), "folders": {str(s): f"seed-{s}" for s in orders}})
+    return ModelSpec("replicated", folder, load_ngram)
+
+
+def test_every_replicate_is_scored_and_averaged(setup):
+    paths, root = setup
+    spec = _replicated(root, paths, {7: 2, 8: 3})
+    specs = [ModelSpec("unigram", root / "data" / "unigram", load_ngram), spec]
+    _, report, table = evaluate(paths, root, specs)
+    rep = table[table["model"] == "replicated"]
+    assert sorted(rep["seed"].unique()) == [7, 8] and report["seeds"] == {
+        "replicated": [7, 8], "unigram": []}
+    by_seed = {s: rep[(rep["seed"] == s) & (rep["split"] == "test")].set_index("sha256")
+               for s in (7, 8)}
+    test = report["models"]["replicated"]["test"]
+    mean_nll = (by_seed[7]["nll_nats"] + by_seed[8]["nll_nats"]) / 2
+    assert test["n_seeds"] == 2 and test["n_pieces"] == len(by_seed[7])
+    assert test["nats_per_token"]["value"] == pytest.approx(
+        mean_nll.sum() / by_seed[7]["n_tokens"].sum())
+    for s in (7, 8):
+        assert test["per_seed"][str(s)]["nats_per_token"] == pytest.approx(
+            by_seed[s]["nll_nats"].sum() / by_seed[s]["n_tokens"].sum())
+    rel = report["paired"]["replicated_minus_unigram"]["test"]["rel_improvement"]
+    uni = table[(table["model"] == "unigram") & (table["split"] == "test")]
+    assert rel["per_seed_of"] == "a" and set(rel["per_seed"]) == {"7", "8"}
+    assert rel["per_seed"]["8"] == pytest.approx(1 - uni["nll_nats"].sum()
+                                                 / by_seed[8]["nll_nats"].sum())
+    assert rel["value"] == pytest.approx(1 - uni["nll_nats"].sum() / mean_nll.sum())
+    gap = report["gap"]["replicated"]["nats_per_token"]
+    assert set(gap["per_seed"]) == {"7", "8"}
+    assert min(gap["per_seed"].values()) <= gap["value"] <= max(gap["per_seed"].values())
+    assert report["power"]["replicated_minus_unigram"]["n_seeds"] == 2
+    assert report["power"]["replicated_minus_unigram"]["seed_sd"] > 0
+
+
+def test_agreeing_replicates_add_no_width_and_differing_ones_do(setup):
+    """Two replicates with the same scores give the single model's intervals; replicates that
+    differ widen the comparison's interval (training variance is part of it)."""
+    paths, root = setup
+    uni = ModelSpec("unigram", root / "data" / "unigram", load_ngram)
+    single = ModelSpec("replicated", root / "data" / "ngram", load_ngram)
+    _, one, _ = evaluate(paths, root, [uni, single], out="one")
+    _, same, _ = evaluate(paths, root, [uni, _replicated(root, paths, {1: 3, 2: 3})],
+                          out="same")
+    pair = "replicated_minus_unigram"
+    for key in ("nats_per_note", "rel_improvement"):
+        a, b = one["paired"][pair]["test"][key], same["paired"][pair]["test"][key]
+        assert (b["ci_low"], b["ci_high"]) == pytest.approx((a["ci_low"], a["ci_high"]))
+    differ = root / "differ"
+    _fit_and_save(paths, differ / "replicates" / "seed-1", order=3)
+    _fit_and_save(paths, differ / "replicates" / "seed-2", order=1, smoothing="add_k")
+    write_json(differ / "replicates" / "index.json", {"seeds": [1, 2], "folders": {}})
+    _, wide, _ = evaluate(paths, root, [uni, ModelSpec("replicated", differ, load_ngram)],
+                          out="differ")
+    a, b = one["paired"][pair]["test"]["nats_per_note"], wide["paired"][pair]["test"][
+        "nats_per_note"]
+    assert b["ci_high"] - b["ci_low"] > a["ci_high"] - a["ci_low"]
+
+
+def test_an_unloadable_replicate_is_named_and_the_others_scored(setup):
+    paths, root = setup
+    spec = _replicated(root, paths, {1: 2, 2: 3})
+    (spec.model_dir / "replicates" / "seed-2" / "model.json").write_text("{not json")
+    _, report, _ = evaluate(paths, root, [spec])
+    assert set(report["unavailable"]) == {"replicated@seed-2"}
+    assert report["seeds"] == {"replicated": [1]}
+    assert report["models"]["replicated"]["test"]["n_seeds"] == 1

@@ -15,6 +15,7 @@ from pipeline.cli import main as cli
 from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
 from pipeline.report.figures import piano_roll_png
+from pipeline.report.sections import piece_nll
 from pipeline.stages.report import ReportConfig, ReportPaths, run
 from pipeline.tools.preregister import AlreadyScored
 from pipeline.tools.preregister import run as preregister
@@ -356,3 +357,51 @@ def test_power_note_warns_when_the_threshold_is_below_the_mde(tmp_path):
     assert power_note(criteria, large, 0.95).startswith(
         "Warning: the threshold 2.00% is below the minimum detectable effect 3.81%")
     assert power_note(criteria, {}, 0.95) is None  # val not scored yet
+
+
+def test_training_seeds_are_shown_with_their_spread(tmp_path):
+    """Three training seeds: one row each with its figures, a mean and an sd row, one loss curve
+    per seed (a folder of seed-<s>.tsv), and per-piece NLL averaged over seeds for the plot."""
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    train = artifacts.read_json(p.train)
+    seeds = [11, 12, 13]
+    artifacts.write_json(p.train, {**train, "seeds": seeds, "replicates": {
+        str(s): {"best_val_loss": 1.4 + k / 10} for k, s in enumerate(seeds)}})
+    ev = artifacts.read_json(p.eval)
+    ev["models"]["transformer"]["test"]["per_seed"] = {
+        str(s): {"nats_per_note": 1.8 + k / 10} for k, s in enumerate(seeds)}
+    ev["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
+        "value": 0.05, "ci_low": 0.01, "ci_high": 0.09,
+        "per_seed": {"11": 0.1, "12": 0.05, "13": 0.0}, "per_seed_of": "b"}
+    artifacts.write_json(p.eval, ev)
+    p.train_log.unlink()
+    for s in seeds:
+        artifacts.write_text(p.train_log / f"seed-{s}.tsv",
+                             f"step\ttrain_loss\tval_loss\n1\t3.{s}\t\n2\t2.{s}\t2.5\n")
+    per_piece = artifacts.read_parquet(p.per_piece)
+    tr = per_piece[per_piece["model"] == "transformer"]
+    replicated = pd.concat([per_piece[per_piece["model"] == "ngram"].assign(seed=pd.NA),
+                            *(tr.assign(seed=s) for s in seeds)], ignore_index=True)
+    artifacts.write_parquet(p.per_piece, replicated.astype({"seed": "Int64"}))
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    section = md[md.index("Training seeds"):md.index("Loss curves")]
+    assert "seeds 11, 12, 13" in section and "first seed's model (seed 11)" in section
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines()
+            if line.startswith("|")}
+    assert {"11", "12", "13", "mean", "sd"} <= set(rows)
+    assert "0.1" in rows["11"] and "1.5" in rows["12"]  # gain of seed 11, best val of seed 12
+    assert "0.05" in rows["mean"] and "0.05" in rows["sd"]  # gains 0.1, 0.05, 0: mean, sd .05
+    assert "per training seed" in md
+    nll = piece_nll(artifacts.read_parquet(p.per_piece), "test", "n_notes")
+    assert len(nll["transformer"]) == 10  # each piece once, not once per seed
+    np.testing.assert_allclose(nll["transformer"], tr.sort_values("sha256")["nll_nats"] / 40)
+
+
+def test_one_training_seed_says_what_the_interval_leaves_out(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    artifacts.write_json(p.train, {**artifacts.read_json(p.train), "seeds": [5]})
+    report(tmp_path, params, p)
+    assert "trained once (seed 5)" in p.md_out.read_text()

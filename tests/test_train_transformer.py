@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -52,27 +53,27 @@ def data(tmp_path_factory) -> dict[str, Path]:
 def _run(cfg, data, out: Path, augmented: bool = False) -> dict:
     return run(cfg, RUNTIME, tokens=data["tokens"], info=data["info"],
                augmented=data["augmented"] if augmented else None, out_dir=out / "model",
-               summary=out / "train.json", log_tsv=out / "log.tsv", env=out / "env.json")
+               summary=out / "train.json", log_dir=out / "log", env=out / "env.json")
 
 
 # --------------------------------------------------------------------------------------- outputs
 def test_outputs_are_complete_and_deterministic(data, tmp_path):
     a = _run(tiny_config(), data, tmp_path / "a")
     _run(tiny_config(), data, tmp_path / "b")
-    for name in ("model/model.safetensors", "model/model.json", "train.json", "log.tsv"):
+    for name in ("model/model.safetensors", "model/model.json", "train.json", "log/seed-7.tsv"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     assert a["steps"] == 12 and a["stop_reason"] == "max_steps" and a["reproducible"] is True
     assert a["effective_batch"] == 8 and a["examples"] == 96 and a["tokens"] > 0
     assert a["epochs"] == pytest.approx(96 / a["n_train_examples"])
     assert a["best_val_loss"] < math.log(64)  # it learned something
-    rows = (tmp_path / "a" / "log.tsv").read_text().splitlines()
+    rows = (tmp_path / "a" / "log" / "seed-7.tsv").read_text().splitlines()
     assert rows[0].split("\t") == ["step", "train_loss", "val_loss", "lr", "grad_norm"]
     assert len(rows) == 13
     assert [r.split("\t")[2] != "" for r in rows[1:]] == [s % 4 == 0 for s in range(1, 13)]
     meta = json.loads((tmp_path / "a" / "model" / "model.json").read_text())
     assert meta["bos_id"] == BOS and meta["eos_id"] == EOS and meta["pad_id"] == PAD
     assert meta["tokenizer_hash"] == "tok-hash" and meta["split_hash"] == "split-hash"
-    assert meta["params"]["total"] == a["params"]["total"]
+    assert meta["params"]["total"] == a["params"]["total"] and meta["seed"] == 7
     env = json.loads((tmp_path / "a" / "env.json").read_text())
     assert env["device"] == "cpu" and env["tokens_per_s"] > 0 and "environment" in env
     assert "seconds" not in json.dumps(a)
@@ -88,15 +89,31 @@ def test_cli_writes_dvc_paths(data, tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(
-        {"runtime": {"torch_threads": 1}, "transformer": {**TINY_PARAMS,
-                                                         "train": {**TINY_PARAMS["train"],
-                                                                   "max_steps": 3}}}))
+        {"runtime": {"torch_threads": 1},
+         "transformer": {**TINY_PARAMS, "replicates": 2,
+                         "train": {**TINY_PARAMS["train"], "max_steps": 3}}}))
     rc = cli_main(["train-transformer", "--tokens", str(data["tokens"]), "--info",
                    str(data["info"])])
     assert rc == 0
     for p in ("data/transformer/model.safetensors", "data/transformer/model.json",
-              "reports/train.json", "reports/plots/train_log.tsv", "reports/train.env.json"):
+              "data/transformer/replicates/index.json",
+              "data/transformer/replicates/seed-7/model.safetensors",
+              "data/transformer/replicates/seed-8/model.json",
+              "reports/train.json", "reports/plots/train_log/seed-7.tsv",
+              "reports/plots/train_log/seed-8.tsv", "reports/train.env.json"):
         assert (tmp_path / p).exists(), p
+    # the paths are dvc.yaml's (outs and plots of the stage)
+    import pipeline.stages.train_transformer as stage
+
+    parser = argparse.ArgumentParser()
+    stage.add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    spec = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())
+    declared = {next(iter(o)) if isinstance(o, dict) else o
+                for kind in ("outs", "metrics", "plots")
+                for o in spec["stages"]["train_transformer"][kind]}
+    assert {(defaults["out"] / "replicates").as_posix(), defaults["summary"].as_posix(),
+            defaults["log"].as_posix(), defaults["env"].as_posix()} <= declared
 
 
 def test_cli_fresh_discards_checkpoints(data, tmp_path, monkeypatch):
@@ -187,7 +204,8 @@ def test_wall_clock_guard_flags_and_resumes(data, tmp_path):
     out = _run(tiny_config(), data, tmp_path)  # same result config: resumes, finishes
     ref = _run(tiny_config(), data, tmp_path / "ref")
     assert out == ref and out["reproducible"] is True
-    assert (tmp_path / "log.tsv").read_bytes() == (tmp_path / "ref" / "log.tsv").read_bytes()
+    assert (tmp_path / "log/seed-7.tsv").read_bytes() == (
+        tmp_path / "ref" / "log/seed-7.tsv").read_bytes()
     assert (tmp_path / "model" / "model.safetensors").read_bytes() == (
         tmp_path / "ref" / "model" / "model.safetensors").read_bytes()
 

@@ -2,8 +2,9 @@
 
 Every artifact is written to a temporary file in its destination folder and renamed over the
 target, so a stage killed at any moment leaves either the old file or the new one, never half of
-one. Parquet files carry no pandas metadata and JSON has sorted keys and no NaN, so the same data
-gives the same bytes on every run.
+one; a folder written whole (:func:`atomic_dir`) is built beside its target and renamed over it.
+Parquet files carry no pandas metadata and JSON has sorted keys and no NaN, so the same data gives
+the same bytes on every run.
 
 :func:`read_parquet` and :func:`read_json` turn a missing or unreadable input into an
 :class:`ArtifactError` of one line naming the file and the ``dvc.yaml`` stage that writes it
@@ -19,8 +20,11 @@ import json
 import math
 import os
 import platform
+import re
+import shutil
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,37 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` whole, so
+    nothing of the old folder survives. A kill leaves the old folder (or, between the two renames,
+    none); the temporary folders of a killed write are deleted by the next one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stale = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.(tmp|old)")
+    for p in sorted(path.parent.iterdir()):
+        if p.is_dir() and stale.fullmatch(p.name):
+            shutil.rmtree(p)
+    tag = uuid.uuid4().hex[:8]
+    tmp = path.with_name(f".{path.name}.{tag}.tmp")
+    tmp.mkdir()
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.{tag}.old")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:  # a file where the folder goes (an older layout)
+                old.unlink()
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
 
 
 def write_bytes(path: Path | str, data: bytes) -> None:

@@ -55,21 +55,28 @@ def piano_roll_png(notes: Mapping, title: str = "") -> bytes:
     return png_bytes(fig)
 
 
-def line_plot_png(x: np.ndarray, series: Mapping[str, np.ndarray], xlabel: str, ylabel: str,
-                  title: str = "") -> bytes:
-    """One line per named series over a shared x (NaNs leave gaps)."""
+def loss_curves_png(logs: Mapping[str, Mapping[str, np.ndarray]], ylabel: str) -> bytes:
+    """Training curves of several runs (e.g. training seeds): per run, the per-step training loss
+    as a thin line and the validation loss as a line with markers, in the run's colour. Each log
+    maps ``step``, ``train_loss`` and ``val_loss`` to arrays (NaN where not measured)."""
     fig, ax = _figure()
-    for name in sorted(series):
-        y = np.asarray(series[name], dtype=float)
-        ok = np.isfinite(y)
-        if ok.any():
-            ax.plot(np.asarray(x, dtype=float)[ok], y[ok], label=name, linewidth=1.2)
-    ax.set_xlabel(xlabel)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, name in enumerate(sorted(logs)):
+        log, colour = logs[name], colours[k % len(colours)]
+        step = np.asarray(log["step"], dtype=float)
+        for col, style in (("train_loss", {"linewidth": 0.6, "alpha": 0.45}),
+                           ("val_loss", {"linewidth": 1.4, "marker": "o", "markersize": 3})):
+            if col not in log:
+                continue
+            y = np.asarray(log[col], dtype=float)
+            ok = np.isfinite(y)
+            if ok.any():
+                label = f"{name} {col.removesuffix('_loss')}".strip()
+                ax.plot(step[ok], y[ok], color=colour, label=label, **style)
+    ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    if series:
-        ax.legend(loc="best", frameon=False)
+    if logs:
+        ax.legend(loc="upper right", frameon=False, ncols=2)
     return png_bytes(fig)
 
 

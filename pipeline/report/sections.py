@@ -18,7 +18,7 @@ from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
 from pipeline.report.criteria import flatten
 from pipeline.report.document import NA, Document, Figure, Heading, Para, Table, fmt
-from pipeline.report.figures import grouped_bars_png, histograms_png, line_plot_png
+from pipeline.report.figures import grouped_bars_png, histograms_png, loss_curves_png
 
 
 class ReportConfig(StageConfig):
@@ -102,21 +102,24 @@ def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     doc.add(Heading("Models"))
     train = reports.get("train") or {}
     env = train_env if isinstance(train_env, dict) else {}
+    seeds = train.get("seeds") if isinstance(train.get("seeds"), list) else []
     rows = [["transformer parameters", fmt(train.get("params"), d) if not isinstance(
         train.get("params"), dict) else ", ".join(f"{k}={fmt(v, d)}" for k, v in
                                                   sorted(train["params"].items()))],
-            ["tokens seen", fmt(train.get("tokens"), d)], ["steps", fmt(train.get("steps"), d)],
-            ["best val loss", fmt(train.get("best_val_loss"), d)],
-            ["final train loss", fmt(train.get("final_train_loss"), d)],
-            ["compute time (s, this run)", fmt(env.get("seconds"), d)],
+            ["training seeds", ", ".join(str(x) for x in seeds) if seeds else NA],
+            ["tokens seen (first seed)", fmt(train.get("tokens"), d)],
+            ["steps (first seed)", fmt(train.get("steps"), d)],
+            ["best val loss (first seed)", fmt(train.get("best_val_loss"), d)],
+            ["final train loss (first seed)", fmt(train.get("final_train_loss"), d)],
+            ["compute time (s, this run, all seeds)", fmt(env.get("seconds"), d)],
             ["device", fmt(env.get("cuda_device") or env.get("device"), d)],
             ["tokens / s", fmt(env.get("tokens_per_s"), d)]]
     doc.add(Table(["transformer", "value"], rows),
             kv_block(reports.get("ngram"), "ngram", d))
 
 
-def metrics_section(doc: Document, cfg: ReportConfig, metrics: Mapping[str, Any],
-                    inputs: Mapping[str, Path]) -> None:
+def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
+                    metrics: Mapping[str, Any], inputs: Mapping[str, Path]) -> None:
     d = cfg.digits
     doc.add(Heading("Metrics"))
     rows = []
@@ -130,32 +133,105 @@ def metrics_section(doc: Document, cfg: ReportConfig, metrics: Mapping[str, Any]
     doc.add(Table(["metric", "value", f"{level:.0%} CI low", f"{level:.0%} CI high"], rows),
             Table(["eval.json", "value"],
                   [[k, fmt(v, d)] for k, v in metrics.items() if k.startswith("eval.")]))
-    log = read_table_or_none(inputs["train_log"])
+    training_seeds(doc, cfg, reports)
+    logs = train_logs(inputs["train_log"])
     doc.add(Heading("Loss curves", 3))
-    if log is not None and "step" in log.columns:
-        series = {c: pd.to_numeric(log[c], errors="coerce").to_numpy()
-                  for c in ("train_loss", "val_loss") if c in log.columns}
-        doc.add(Figure("training and validation loss (nats per token)",
-                       line_plot_png(log["step"].to_numpy(), series, "step", "loss")))
+    if logs:
+        doc.add(Figure("training (thin) and validation (markers) loss, nats per token, per "
+                       "training seed", loss_curves_png(logs, "loss")))
     else:
-        _na(doc, "reports/plots/train_log.tsv")
+        _na(doc, "reports/plots/train_log/")
     per_piece = read_table_or_none(inputs["per_piece"])
     doc.add(Heading("NLL distributions", 3))
     den = {"note": "n_notes", "token": "n_tokens", "second": "duration_s"}[cfg.nll_unit]
     need = {"model", "nll_nats", den}
     if per_piece is not None and need <= set(per_piece.columns):
-        part = per_piece[per_piece["split"] == cfg.nll_split] if "split" in per_piece.columns \
-            else per_piece
-        groups = {}
-        for m in sorted(part["model"].astype(str).unique()):
-            sel = part[part["model"].astype(str) == m]
-            d_ = sel[den].to_numpy(dtype=float)
-            groups[m] = np.where(d_ > 0, sel["nll_nats"].to_numpy(dtype=float) /
-                                 np.where(d_ > 0, d_, 1.0), np.nan)
+        groups = piece_nll(per_piece, cfg.nll_split, den)
         doc.add(Figure(f"per-piece NLL per {cfg.nll_unit} (nats) on {cfg.nll_split}",
                        histograms_png(groups, f"nats per {cfg.nll_unit}")))
     else:
         _na(doc, f"reports/eval/per_piece.parquet with columns {', '.join(sorted(need))}")
+
+
+def piece_nll(per_piece: pd.DataFrame, split: str, den: str) -> dict[str, np.ndarray]:
+    """Per-piece NLL divided by column ``den``, by model, on ``split``; a model scored under
+    several training seeds contributes each piece once, its NLL averaged over the seeds."""
+    part = per_piece[per_piece["split"] == split] if "split" in per_piece.columns else per_piece
+    if {"seed", "sha256"} <= set(part.columns):
+        part = part.groupby(["model", "sha256"], sort=True, as_index=False).agg(
+            nll_nats=("nll_nats", "mean"), **{den: (den, "first")})
+    groups = {}
+    for m in sorted(part["model"].astype(str).unique()):
+        sel = part[part["model"].astype(str) == m]
+        d_ = sel[den].to_numpy(dtype=float)
+        groups[m] = np.where(d_ > 0, sel["nll_nats"].to_numpy(dtype=float) /
+                             np.where(d_ > 0, d_, 1.0), np.nan)
+    return groups
+
+
+def train_logs(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """The per-step training logs: a folder of ``seed-<s>.tsv`` (one per training seed, labelled
+    ``seed <s>``) or one TSV file (unlabelled). Unreadable files are left out."""
+    path = Path(path)
+    files = (sorted(path.glob("seed-*.tsv"), key=lambda f: (len(f.stem), f.stem))
+             if path.is_dir() else [path])
+    out = {}
+    for f in files:
+        log = read_table_or_none(f)
+        if log is None or "step" not in log.columns:
+            continue
+        label = f.stem.replace("seed-", "seed ") if path.is_dir() else ""
+        out[label] = {c: pd.to_numeric(log[c], errors="coerce").to_numpy(dtype=float)
+                      for c in ("step", "train_loss", "val_loss") if c in log.columns}
+    return out
+
+
+def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]) -> None:
+    """The spread over training seeds: per seed, the transformer's best val loss, test NLL,
+    relative improvement over the n-gram and generalisation gap."""
+    d = cfg.digits
+    doc.add(Heading("Training seeds", 3))
+    train = reports.get("train") if isinstance(reports.get("train"), dict) else {}
+    ev = reports.get("eval") if isinstance(reports.get("eval"), dict) else {}
+    seeds = [str(x) for x in train.get("seeds") or []]
+    if not seeds:
+        _na(doc, "reports/train.json: seeds")
+        return
+    if len(seeds) == 1:
+        doc.add(Para(f"The transformer was trained once (seed {seeds[0]}): its intervals cover "
+                     "the sampling of test pieces, not training variance. Set "
+                     "`transformer.replicates` to 2 or more to measure it."))
+        return
+
+    def get(obj: Any, *keys: str) -> Any:
+        for k in keys:
+            obj = obj.get(k) if isinstance(obj, dict) else None
+        return obj
+
+    per_note = get(ev, "models", "transformer", "test", "per_seed") or {}
+    rel = get(ev, "paired", "ngram_minus_transformer", "test", "rel_improvement") or {}
+    gap = get(ev, "gap", "transformer", "nats_per_token", "per_seed") or {}
+    replicates = train.get("replicates") if isinstance(train.get("replicates"), dict) else {}
+    columns = {
+        "best val loss (nats/token)": {s: get(replicates, s, "best_val_loss") for s in seeds},
+        "test NLL (nats/note)": {s: get(per_note, s, "nats_per_note") for s in seeds},
+        "gain over n-gram (test)": {s: get(rel, "per_seed", s) for s in seeds},
+        "val − train gap (nats/token)": {s: gap.get(s) for s in seeds},
+    }
+    rows = [[s, *(fmt(col[s], d) for col in columns.values())] for s in seeds]
+    for label, fn in (("mean", np.mean), ("sd", lambda v: np.std(v, ddof=1))):
+        cells = []
+        for col in columns.values():
+            v = [x for x in col.values() if isinstance(x, int | float)]
+            cells.append(fmt(float(fn(v)), d) if len(v) >= 2 else NA)
+        rows.append([label, *cells])
+    doc.add(Para(f"The transformer was trained {len(seeds)} times, with seeds "
+                 f"{', '.join(seeds)} (`transformer.seed`, `transformer.replicates`) on the same "
+                 "split. Its test NLL and the comparison with the n-gram average each piece's NLL "
+                 "over the seeds, and their intervals resample seeds together with groups, so "
+                 "they include training variance. Samples and the memorisation audit use the "
+                 f"first seed's model (seed {seeds[0]})."),
+            Table(["seed", *columns], rows))
 
 
 def memorisation(doc: Document, cfg: ReportConfig, audit: Any,
@@ -284,7 +360,7 @@ def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     train_env = read_json_or_none(inputs["train_env"])
     data_card(doc, cfg, reports, inputs)
     models(doc, cfg, reports, train_env)
-    metrics_section(doc, cfg, metrics, inputs)
+    metrics_section(doc, cfg, reports, metrics, inputs)
     memorisation(doc, cfg, reports.get("audit"), inputs)
     music(doc, cfg, reports.get("audit"))
     samples(doc, cfg, reports.get("audit"), inputs)

@@ -1,7 +1,8 @@
 """Aggregates of the per-piece scores: the blocks of ``reports/eval.json``.
 
-From ``reports/eval/per_piece.parquet``'s rows (one per piece and model): each model's ratios of
-sums per split with group-bootstrap intervals (``models``), paired differences and the relative
+From ``reports/eval/per_piece.parquet``'s rows (one per piece, model and training seed): each
+model's ratios of sums per split, its NLL averaged over its seeds, with intervals from a bootstrap
+over groups and seeds (``models``), paired differences and the relative
 improvement on the same replicates (``paired``), the generalisation gap against a same-sized
 train subset (``gap``) and the minimum detectable effect (``power``). Every random draw comes from
 a Generator seeded by (``evaluate.seed``, a fixed label), so each block is a pure function of the
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,13 +22,15 @@ import pandas as pd
 
 from pipeline.scoring.bootstrap import (
     bootstrap_weights,
+    diff_summary,
     effect_without_top_groups,
     group_sums,
-    independent_diff_ci,
     median_piece_effect,
-    paired_diff_ci,
-    paired_rel_ci,
-    ratio_ci,
+    percentile_interval,
+    ratio_summary,
+    rel_summary,
+    replicate_sums,
+    seed_weights,
 )
 from pipeline.scoring.power import detectable_effect
 
@@ -50,48 +53,100 @@ MDE_POWER = 0.8
 
 
 
-def split_metrics(pp: pd.DataFrame, weights: np.ndarray, codes: np.ndarray, n_groups: int,
+UNITS = (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes"),
+         ("nats_per_second", "duration_s"))
+"""eval.json's per-unit keys and the per-piece columns they divide by."""
+
+
+def _seed_key(seed: Any) -> str:
+    return "none" if seed is None else str(int(seed))
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """One model on one set of pieces: NLL per training seed, and its bootstrap replicates.
+
+    ``pieces`` (S, n_pieces) per-piece NLL in the design's ``shas`` order, one row per seed
+    (``seeds``; ``[None]`` for a model without training seeds, e.g. the n-gram); ``units`` the
+    first seed's rows (tokens, notes, seconds: the same for every seed); ``groups`` (S, G) NLL
+    sums per group; ``rep`` (n_boot,) the replicate NLL totals, seeds resampled with the groups
+    (:func:`~pipeline.scoring.bootstrap.replicate_sums`)."""
+
+    seeds: list[Any]
+    pieces: np.ndarray
+    units: pd.DataFrame
+    groups: np.ndarray
+    rep: np.ndarray
+
+    @property
+    def total(self) -> float:
+        """Summed NLL of the seed-averaged model (every group and seed once)."""
+        return float(self.groups.sum(axis=1).mean()) if len(self.groups) > 1 \
+            else float(self.groups[0].sum())
+
+    @property
+    def mean_pieces(self) -> np.ndarray:
+        return self.pieces.mean(axis=0) if len(self.pieces) > 1 else self.pieces[0]
+
+    @property
+    def mean_groups(self) -> np.ndarray:
+        return self.groups.mean(axis=0) if len(self.groups) > 1 else self.groups[0]
+
+
+def split_metrics(sc: _Scores, weights: np.ndarray, codes: np.ndarray, n_groups: int,
                   level: float) -> dict[str, Any]:
-    """Aggregates of one model on one split (``pp`` rows follow ``codes``)."""
-    nll = group_sums(codes, pp["nll_nats"], n_groups)
+    """Aggregates of one model on one split (seed-averaged NLL; ``per_seed`` when it has several
+    training seeds)."""
+    pp = sc.units
     out: dict[str, Any] = {
         "n_pieces": len(pp), "n_groups": int(np.count_nonzero(np.bincount(codes,
                                                                            minlength=n_groups))),
         "n_tokens": int(pp["n_tokens"].sum()), "n_notes": int(pp["n_notes"].sum()),
-        "duration_s": float(pp["duration_s"].sum()), "nll_nats": float(pp["nll_nats"].sum()),
+        "duration_s": float(pp["duration_s"].sum()), "nll_nats": sc.total,
+        "n_seeds": len(sc.seeds),
     }
-    for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes"),
-                     ("nats_per_second", "duration_s")):
-        out[key] = ratio_ci(nll, group_sums(codes, pp[col], n_groups), weights, level)
+    for key, col in UNITS:
+        den = group_sums(codes, pp[col], n_groups)
+        out[key] = ratio_summary(sc.total, float(den.sum()), sc.rep, weights @ den, level)
     npt = out["nats_per_token"]
     out["bits_per_token"] = {k: v / math.log(2) for k, v in npt.items()}
     out["perplexity"] = {k: math.exp(v) if math.isfinite(v) else v for k, v in npt.items()}
+    if len(sc.seeds) > 1:
+        out["per_seed"] = {
+            _seed_key(s): {key: float(sc.groups[i].sum() / pp[col].sum()) for key, col in UNITS
+                           if pp[col].sum() > 0}
+            for i, s in enumerate(sc.seeds)}
     return out
 
 
-def paired_metrics(a: pd.DataFrame, b: pd.DataFrame, weights: np.ndarray, codes: np.ndarray,
+def paired_metrics(a: _Scores, b: _Scores, weights: np.ndarray, codes: np.ndarray,
                    group_names: np.ndarray, level: float) -> dict[str, Any]:
-    """A − B on the same pieces (rows aligned) and the same bootstrap replicates, and B's relative
-    improvement over A, ``(A − B) / A``, formed inside each replicate."""
+    """A − B on the same pieces and the same bootstrap replicates (seeds resampled too), and B's
+    relative improvement over A, ``(A − B) / A``, formed inside each replicate."""
     n_groups = len(group_names)
-
-    def g(df: pd.DataFrame, col: str) -> np.ndarray:
-        return group_sums(codes, df[col], n_groups)
-
-    out: dict[str, Any] = {"n_pieces": len(a)}
-    for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes"),
-                     ("nats_per_second", "duration_s")):
-        out[key] = paired_diff_ci(g(a, "nll_nats"), g(a, col), g(b, "nll_nats"), g(b, col),
-                                  weights, level)
+    out: dict[str, Any] = {"n_pieces": len(a.units)}
+    for key, col in UNITS:
+        den = group_sums(codes, a.units[col], n_groups)
+        out[key] = diff_summary(a.total, b.total, float(den.sum()), a.rep, b.rep,
+                                weights @ den, level)
     # Both models score the same pieces, so notes, seconds or tokens cancel in (A − B) / A:
     # one relative improvement serves every unit (per note is computed).
-    rel = paired_rel_ci(g(a, "nll_nats"), g(a, "n_notes"), g(b, "nll_nats"), g(b, "n_notes"),
-                        weights, level)
-    rel["median_piece_effect"] = median_piece_effect(a["nll_nats"].to_numpy(),
-                                                     b["nll_nats"].to_numpy())
-    top = effect_without_top_groups(g(a, "nll_nats"), g(b, "nll_nats"), k=3)
+    den = group_sums(codes, a.units["n_notes"], n_groups)
+    rel = rel_summary(a.total, b.total, float(den.sum()), a.rep, b.rep, weights @ den, level)
+    rel["median_piece_effect"] = median_piece_effect(a.mean_pieces, b.mean_pieces)
+    top = effect_without_top_groups(a.mean_groups, b.mean_groups, k=3)
     rel["without_top3_groups"] = {"value": top["value"],
                                   "dropped_groups": [str(group_names[i]) for i in top["dropped"]]}
+    # The spread over training seeds: each seed of the replicated model against the other
+    # model's seed average.
+    if len(b.seeds) > 1:
+        rel["per_seed"] = {_seed_key(s): float(1.0 - t / a.total)
+                           for s, t in zip(b.seeds, b.groups.sum(axis=1), strict=True)}
+        rel["per_seed_of"] = "b"
+    elif len(a.seeds) > 1:
+        rel["per_seed"] = {_seed_key(s): float(1.0 - b.total / t)
+                           for s, t in zip(a.seeds, a.groups.sum(axis=1), strict=True)}
+        rel["per_seed_of"] = "a"
     out["rel_improvement"] = rel
     return out
 
@@ -106,12 +161,32 @@ class _Design:
     codes: np.ndarray
     weights: np.ndarray
 
-    def aligned(self, name: str) -> pd.DataFrame:
-        """Model ``name``'s rows, in ``shas`` order (every model scores the same pieces)."""
-        return self.part[self.part["model"] == name].set_index("sha256").loc[self.shas]
+    def seeds(self, name: str) -> list[Any]:
+        """Model ``name``'s training seeds in this table, sorted (``[None]`` when it has none)."""
+        rows = self.part[self.part["model"] == name]
+        if "seed" not in rows or rows["seed"].isna().all():
+            return [None]
+        return sorted(int(s) for s in rows["seed"].dropna().unique())
+
+    def aligned(self, name: str, seed: Any = None) -> pd.DataFrame:
+        """Model ``name``'s rows of one seed, in ``shas`` order (every model scores the same
+        pieces)."""
+        rows = self.part[self.part["model"] == name]
+        if seed is not None:
+            rows = rows[rows["seed"] == seed]
+        return rows.set_index("sha256").loc[self.shas]
 
     def sums(self, df: pd.DataFrame, col: str) -> np.ndarray:
         return group_sums(self.codes, df[col], len(self.group_names))
+
+    def scores(self, name: str, seed_w: Callable[[int], np.ndarray | None]) -> _Scores:
+        """Model ``name``'s :class:`_Scores`; ``seed_w(S)`` gives its seed replicate counts."""
+        seeds = self.seeds(name)
+        rows = [self.aligned(name, s) for s in seeds]
+        pieces = np.stack([r["nll_nats"].to_numpy(dtype=np.float64) for r in rows])
+        groups = np.stack([self.sums(r, "nll_nats") for r in rows])
+        return _Scores(seeds, pieces, rows[0], groups,
+                       replicate_sums(self.weights, groups, seed_w(len(seeds))))
 
 
 def _design(per_piece: pd.DataFrame, split: str, n_boot: int,
@@ -131,21 +206,29 @@ def _split_rng(cfg: BootstrapPlan, split: str) -> np.random.Generator:
     return np.random.default_rng([cfg.seed, cfg.splits.index(split)])
 
 
+def _split_scores(per_piece: pd.DataFrame, cfg: BootstrapPlan, split: str,
+                  names: Sequence[str]) -> tuple[_Design, dict[str, _Scores]]:
+    """A split's design and every model's scores, all replicates from the split's Generator:
+    the group counts first, then each model's seed counts in ``names`` order (models with one
+    seed draw none, so with no replicated model the draws are the plain group bootstrap's)."""
+    rng = _split_rng(cfg, split)
+    d = _design(per_piece, split, cfg.n_boot, rng)
+    return d, {n: d.scores(n, lambda s: seed_weights(s, cfg.n_boot, rng)) for n in names}
+
+
 def aggregate(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[str]
               ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(models, paired)`` blocks of eval.json from the per-piece table (``cfg.splits`` only)."""
     models: dict[str, Any] = {n: {} for n in names}
     paired: dict[str, Any] = {f"{a}_minus_{b}": {} for a, b in itertools.combinations(names, 2)}
     for split in cfg.splits:
-        d = _design(per_piece, split, cfg.n_boot, _split_rng(cfg, split))
-        weights, codes, group_names = d.weights, d.codes, d.group_names
-        aligned = {n: d.aligned(n) for n in names}
+        d, scores = _split_scores(per_piece, cfg, split, names)
         for n in names:
-            models[n][split] = split_metrics(aligned[n], weights, codes, len(group_names),
+            models[n][split] = split_metrics(scores[n], d.weights, d.codes, len(d.group_names),
                                              cfg.ci_level)
         for a, b in itertools.combinations(names, 2):
             paired[f"{a}_minus_{b}"][split] = paired_metrics(
-                aligned[a], aligned[b], weights, codes, group_names, cfg.ci_level)
+                scores[a], scores[b], d.weights, d.codes, d.group_names, cfg.ci_level)
     return models, paired
 
 
@@ -169,28 +252,43 @@ def generalisation(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[
     """``(train_subset metrics by model, gap block)`` from the val and ``train`` rows.
 
     ``gap.<model>``: val minus train subset, per note and per token. Val reuses its replicates
-    (``[seed, val's index]``, the same as ``models.<m>.val``); the train subset's groups are
-    resampled by their own generator (``[seed, TRAIN_SUBSET_STREAM, 1]``), independently: the
-    two sets share no pieces, so there is nothing to pair. Both empty when val is not scored or
-    the train subset is empty.
+    (``[seed, val's index]``: the same group and seed counts as ``models.<m>.val``); the train
+    subset's groups are resampled by their own generator (``[seed, TRAIN_SUBSET_STREAM, 1]``),
+    independently: the two sets share no pieces, so there is nothing to pair. A model trained
+    with several seeds is a set of models, each with its own gap: a replicate draws the seeds once
+    and uses that draw on both sides, and ``per_seed`` lists each seed's gap. Both empty when val
+    is not scored or the train subset is empty.
     """
     if "val" not in cfg.splits or not (per_piece["split"] == "train").any():
         return {}, {}
-    val = _design(per_piece, "val", cfg.n_boot, _split_rng(cfg, "val"))
-    trn = _design(per_piece, "train", cfg.n_boot,
-                  np.random.default_rng([cfg.seed, TRAIN_SUBSET_STREAM, 1]))
+    rng = _split_rng(cfg, "val")
+    val = _design(per_piece, "val", cfg.n_boot, rng)
     if not val.shas:
         return {}, {}
+    seed_draws: dict[str, np.ndarray | None] = {}
+    val_scores = {}
+    for n in names:  # the same draws as aggregate()'s val split, in the same order
+        val_scores[n] = val.scores(n, lambda k, n=n: seed_draws.setdefault(
+            n, seed_weights(k, cfg.n_boot, rng)))
+    trn = _design(per_piece, "train", cfg.n_boot,
+                  np.random.default_rng([cfg.seed, TRAIN_SUBSET_STREAM, 1]))
     metrics, gap = {}, {}
     for n in names:
-        v, t = val.aligned(n), trn.aligned(n)
+        v = val_scores[n]
+        t = trn.scores(n, lambda _k, n=n: seed_draws[n])
         metrics[n] = split_metrics(t, trn.weights, trn.codes, len(trn.group_names),
                                    cfg.ci_level)
-        gap[n] = {"n_pieces_val": len(v), "n_pieces_train": len(t)}
+        gap[n] = {"n_pieces_val": len(v.units), "n_pieces_train": len(t.units)}
         for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes")):
-            gap[n][key] = independent_diff_ci(
-                val.sums(v, "nll_nats"), val.sums(v, col), val.weights,
-                trn.sums(t, "nll_nats"), trn.sums(t, col), trn.weights, cfg.ci_level)
+            den_v, den_t = val.sums(v.units, col), trn.sums(t.units, col)
+            value = v.total / den_v.sum() - t.total / den_t.sum()
+            reps = v.rep / (val.weights @ den_v) - t.rep / (trn.weights @ den_t)
+            lo, hi = percentile_interval(reps, cfg.ci_level)
+            gap[n][key] = {"value": float(value), "ci_low": lo, "ci_high": hi}
+            if len(v.seeds) > 1:
+                gap[n][key]["per_seed"] = {
+                    _seed_key(s): float(gv.sum() / den_v.sum() - gt.sum() / den_t.sum())
+                    for s, gv, gt in zip(v.seeds, v.groups, t.groups, strict=True)}
     return metrics, gap
 
 
@@ -198,9 +296,10 @@ def power_blocks(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[st
                  n_test_groups_listed: int) -> dict[str, Any]:
     """``power.<a>_minus_<b>``: the minimum detectable effect of the relative improvement
     ``(A − B) / A`` at ``MDE_POWER`` and ``evaluate.ci_level``, estimated from val's per-group
-    NLL sums for a split of ``n_groups`` groups: test's scored groups when test is scored, else
-    the test groups listed in ``data/splits.parquet`` (``n_test_groups_listed``), else val's.
-    Empty when val is not scored."""
+    NLL sums (seed-averaged) and, for a model trained with several seeds, the spread of the
+    per-seed effect on val, for a split of ``n_groups`` groups: test's scored groups when test is
+    scored, else the test groups listed in ``data/splits.parquet`` (``n_test_groups_listed``),
+    else val's. Empty when val is not scored."""
     val = per_piece[per_piece["split"] == "val"]
     if "val" not in cfg.splits or val.empty:
         return {}
@@ -212,10 +311,15 @@ def power_blocks(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[st
     else:
         n_groups, source = val["group_id"].nunique(), "val"
     d = _design(per_piece, "val", 0, None)
+    scores = {n: d.scores(n, lambda _k: None) for n in names}
     out = {}
     for a, b in itertools.combinations(names, 2):
-        record = detectable_effect(d.sums(d.aligned(a), "nll_nats"),
-                                   d.sums(d.aligned(b), "nll_nats"), int(n_groups),
-                                   power=MDE_POWER, level=cfg.ci_level)
+        sa, sb = scores[a], scores[b]
+        varied = sb if len(sb.seeds) > 1 else sa if len(sa.seeds) > 1 else None
+        effects = ([] if varied is None else
+                   [1.0 - t / sa.total for t in sb.groups.sum(axis=1)] if varied is sb else
+                   [1.0 - sb.total / t for t in sa.groups.sum(axis=1)])
+        record = detectable_effect(sa.mean_groups, sb.mean_groups, int(n_groups),
+                                   power=MDE_POWER, level=cfg.ci_level, seed_effects=effects)
         out[f"{a}_minus_{b}"] = {**record, "estimated_from": "val", "n_groups_of": source}
     return out

@@ -125,20 +125,58 @@ def paired_rel_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b
 
 
 # ---- several training seeds ----------------------------------------------------------------
-def _seed_sums(group_w: np.ndarray, seed_w: np.ndarray, per_seed: np.ndarray) -> np.ndarray:
+def seed_weights(n_seeds: int, n_boot: int, rng: np.random.Generator) -> np.ndarray | None:
+    """``(n_boot, n_seeds)`` counts of each training seed per replicate, or None for one seed
+    (nothing to resample; no draw is made, so a single-seed model leaves ``rng`` untouched)."""
+    return None if n_seeds <= 1 else bootstrap_weights(n_seeds, n_boot, rng)
+
+
+def replicate_sums(group_w: np.ndarray, per_seed: np.ndarray,
+                   seed_w: np.ndarray | None) -> np.ndarray:
     """Per replicate, the total over resampled groups of the NLL averaged over resampled seeds.
 
     ``group_w`` (n_boot, G) and ``seed_w`` (n_boot, S) are counts; ``per_seed`` (S, G) group
-    sums. One seed needs no mixing and gives exactly the plain bootstrap's ``group_w @ sums``.
+    sums. One seed (``seed_w`` None) needs no mixing and gives exactly the plain bootstrap's
+    ``group_w @ sums``.
     """
+    per_seed = np.atleast_2d(per_seed)
     n_seeds = per_seed.shape[0]
-    if n_seeds == 1:
-        return group_w @ per_seed[0]
     mean = per_seed.mean(axis=0)
+    if n_seeds == 1 or seed_w is None:
+        return group_w @ mean
     drawn = (seed_w @ per_seed) / n_seeds  # (n_boot, G): mean over the drawn seeds
     # The mean of S draws from S seeds varies (S − 1) / S times as much as a mean of S new seeds
     # would; widen the deviation by sqrt(S / (S − 1)) so seed variance is not understated.
     return np.sum(group_w * (mean + np.sqrt(n_seeds / (n_seeds - 1)) * (drawn - mean)), axis=1)
+
+
+def ratio_summary(num: float, den: float, rep_num: np.ndarray, rep_den: np.ndarray,
+                  level: float) -> dict[str, float]:
+    """``num / den`` with the percentile interval of the replicate ratios."""
+    lo, hi = percentile_interval(_ratio(rep_num, rep_den), level)
+    return {"value": float(_ratio(np.asarray(num), np.asarray(den))), "ci_low": lo,
+            "ci_high": hi}
+
+
+def diff_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b: np.ndarray,
+                 rep_den: np.ndarray, level: float) -> dict[str, float]:
+    """Paired ``A − B`` of two ratios over the same units, replicates given; ``share_a_lower``
+    as in :func:`paired_diff_ci`."""
+    value = _ratio(np.asarray(num_a), np.asarray(den)) - _ratio(np.asarray(num_b), np.asarray(den))
+    diffs = _ratio(rep_a, rep_den) - _ratio(rep_b, rep_den)
+    lo, hi = percentile_interval(diffs, level)
+    finite = diffs[np.isfinite(diffs)]
+    share = float(np.mean(finite < 0)) if finite.size else float("nan")
+    return {"value": float(value), "ci_low": lo, "ci_high": hi, "share_a_lower": share}
+
+
+def rel_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b: np.ndarray,
+                rep_den: np.ndarray, level: float) -> dict[str, float]:
+    """Relative improvement ``(A − B) / A`` of two ratios over the same units, formed inside each
+    replicate (as :func:`paired_rel_ci`, which it equals for one seed)."""
+    value = _rel(np.asarray(num_a), np.asarray(den), np.asarray(num_b), np.asarray(den))
+    lo, hi = percentile_interval(_rel(rep_a, rep_den, rep_b, rep_den), level)
+    return {"value": float(value), "ci_low": lo, "ci_high": hi}
 
 
 def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarray,
@@ -151,8 +189,9 @@ def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarr
     pieces, shared by both models; ``codes`` the pieces' group indices ``0..G-1``.
 
     Replicate ``b`` draws ``G`` groups with replacement and, independently, ``S_a`` of A's seeds
-    and ``S_b`` of B's seeds with replacement; each model's NLL is the mean over its drawn seeds,
-    summed over the drawn groups, and the statistics are ratios of those sums. The group weights
+    and ``S_b`` of B's seeds with replacement (a model with one seed draws nothing); each model's
+    NLL is the mean over its drawn seeds, summed over the drawn groups, and the statistics are
+    ratios of those sums. The group weights
     are drawn first, so with one seed per model the result equals :func:`paired_diff_ci` and
     :func:`paired_rel_ci` on ``bootstrap_weights(G, n_boot, rng)`` from the same generator state.
 
@@ -174,25 +213,22 @@ def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarr
     gb = np.stack([group_sums(codes, s, n_groups) for s in per_b])  # (S_b, G)
     gu = group_sums(codes, units, n_groups)
     group_w = bootstrap_weights(n_groups, n_boot, rng)  # first: one seed == plain bootstrap
-    rep_a = _seed_sums(group_w, bootstrap_weights(len(ga), n_boot, rng), ga)
-    rep_b = _seed_sums(group_w, bootstrap_weights(len(gb), n_boot, rng), gb)
+    rep_a = replicate_sums(group_w, ga, seed_weights(len(ga), n_boot, rng))
+    rep_b = replicate_sums(group_w, gb, seed_weights(len(gb), n_boot, rng))
     rep_u = group_w @ gu
 
-    total_u = np.asarray(gu.sum())
-    mean_a = np.asarray(ga.mean(axis=0).sum())
+    total_u = float(gu.sum())
+    mean_a = float(ga.sum(axis=1).mean()) if len(ga) > 1 else float(ga[0].sum())
+    mean_b = float(gb.sum(axis=1).mean()) if len(gb) > 1 else float(gb[0].sum())
     b_totals = gb.sum(axis=1)
-    diffs = _ratio(rep_a, rep_u) - _ratio(rep_b, rep_u)
-    rels = _rel(rep_a, rep_u, rep_b, rep_u)
-    finite = diffs[np.isfinite(diffs)]
     out: dict[str, Any] = {"n_seeds_a": len(ga), "n_seeds_b": len(gb)}
-    for key, reps, stat in (
-            ("diff", diffs, lambda b: _ratio(mean_a, total_u) - _ratio(b, total_u)),
-            ("rel_improvement", rels, lambda b: _rel(mean_a, total_u, b, total_u))):
-        lo, hi = percentile_interval(reps, level)
-        out[key] = {"value": float(stat(np.asarray(gb.mean(axis=0).sum()))),
-                    "ci_low": lo, "ci_high": hi,
-                    "per_seed": [float(stat(np.asarray(t))) for t in b_totals]}
-    out["diff"]["share_a_lower"] = float(np.mean(finite < 0)) if finite.size else float("nan")
+    u = np.asarray(total_u)
+    out["diff"] = {**diff_summary(mean_a, mean_b, total_u, rep_a, rep_b, rep_u, level),
+                   "per_seed": [float(_ratio(np.asarray(mean_a), u) - _ratio(np.asarray(t), u))
+                                for t in b_totals]}
+    out["rel_improvement"] = {
+        **rel_summary(mean_a, mean_b, total_u, rep_a, rep_b, rep_u, level),
+        "per_seed": [float(_rel(np.asarray(mean_a), u, np.asarray(t), u)) for t in b_totals]}
     return out
 
 

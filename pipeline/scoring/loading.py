@@ -34,11 +34,18 @@ class ModelUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model to load: its report name, its folder and how to load it."""
+    """A model to load: its report name, its folder, how to load it and, for one replicate of a
+    model trained over several seeds, its training seed."""
 
     name: str
     model_dir: Path
     loader: Loader
+    seed: int | None = None
+
+    @property
+    def key(self) -> str:
+        """``name``, or ``name@seed-<seed>`` for a replicate: unique among a stage's specs."""
+        return self.name if self.seed is None else f"{self.name}@seed-{self.seed}"
 
 
 def load_ngram(model_dir: Path, device: str = "cpu") -> SequenceModel:
@@ -75,6 +82,25 @@ def default_specs(ngram_dir: Path, transformer_dir: Path, names: Sequence[str] =
     loaders = {"ngram": (Path(ngram_dir), load_ngram),
                "transformer": (Path(transformer_dir), transformer)}
     return [ModelSpec(n, *loaders[n]) for n in names]
+
+
+REPLICATES_INDEX = Path("replicates") / "index.json"
+"""Inside a transformer output folder: the seeds trained and their model folders (written by
+``train_transformer``)."""
+
+
+def replicate_specs(spec: ModelSpec) -> list[ModelSpec]:
+    """One spec per training seed of ``spec``'s model: the folders listed in
+    ``<model_dir>/replicates/index.json``, in seed order. A folder without that index (a model
+    trained before replicates, or any single model folder) is one spec, unchanged."""
+    index_path = spec.model_dir / REPLICATES_INDEX
+    if not index_path.exists():
+        return [spec]
+    index = read_json(index_path)
+    folders = index.get("folders", {}) if isinstance(index, dict) else {}
+    return [ModelSpec(spec.name, index_path.parent / folders.get(str(s), f"seed-{s}"),
+                      spec.loader, int(s))
+            for s in sorted(int(s) for s in index.get("seeds", []))] or [spec]
 
 
 def _stale_reason(model_dir: Path, info: TokenInfo) -> str | None:
@@ -114,7 +140,8 @@ def _problem(spec: ModelSpec, device: str, info: TokenInfo | None
 
 def load_models(specs: Sequence[ModelSpec], device: str = "cpu", info: TokenInfo | None = None,
                 *, strict: bool = False) -> tuple[dict[str, SequenceModel], dict[str, str]]:
-    """Load each model: ``(models by name, unavailable: name -> reason)``.
+    """Load each model: ``(models by key, unavailable: key -> reason)``; a spec's key is its
+    name, or ``name@seed-<seed>`` for one replicate (:attr:`ModelSpec.key`).
 
     With ``strict`` the first unusable model raises :class:`ModelUnavailable` naming it and why.
     """
@@ -123,10 +150,10 @@ def load_models(specs: Sequence[ModelSpec], device: str = "cpu", info: TokenInfo
         model, reason = _problem(spec, device, info)
         if reason is not None:
             if strict:
-                raise ModelUnavailable(f"{spec.name} ({spec.model_dir.as_posix()}): {reason}")
-            unavailable[spec.name] = reason
+                raise ModelUnavailable(f"{spec.key} ({spec.model_dir.as_posix()}): {reason}")
+            unavailable[spec.key] = reason
         else:
-            models[spec.name] = model
+            models[spec.key] = model
     return models, unavailable
 
 
@@ -148,8 +175,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def set_torch_threads(threads: int, names: Sequence[str]) -> None:
     """Fix torch's CPU threads (``runtime.torch_threads``) when a transformer is among ``names``:
-    its results depend on the thread count."""
-    if "transformer" in names:
+    its results depend on the thread count. ``names`` may be keys (``transformer@seed-1234``)."""
+    if any(n.split("@")[0] == "transformer" for n in names):
         import torch
 
         torch.set_num_threads(threads)

@@ -18,9 +18,11 @@ so for ``G`` groups drawn like the observed ones::
 
 ``(R·A_g − B_g) / mean(A)`` is group ``g``'s effect weighted by its size; its between-group
 standard deviation scales with ``1 / sqrt(G)``. This assumes the test groups resemble the val
-groups (sizes, effect spread) and ignores training-seed variance, which adds to it. The group
-bootstrap of :func:`pipeline.scoring.bootstrap.paired_rel_ci` on the same groups gives nearly the
-same spread (``(G − 1) / G`` of this variance).
+groups (sizes, effect spread). Training-seed variance adds to it: with a model trained over
+``S`` seeds, the spread of the per-seed effects on val adds ``sd_seed² / S``
+(:func:`detectable_effect`). The group bootstrap of
+:func:`pipeline.scoring.bootstrap.paired_rel_ci` on the same groups gives nearly the same spread
+(``(G − 1) / G`` of this variance).
 
 ``symkit evaluate`` records :func:`detectable_effect` from val's group sums under
 ``power.<a>_minus_<b>`` in ``reports/eval.json``; :func:`power_summary` reads that block back
@@ -32,7 +34,7 @@ Quantiles come from ``scipy.stats.norm``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,14 +80,27 @@ def pass_probability(true_effect: float, se: float, threshold: float = 0.0,
 
 
 def detectable_effect(nll_a_g: np.ndarray, nll_b_g: np.ndarray, n_groups: int, *,
-                      power: float = 0.8, level: float = 0.95) -> dict[str, Any]:
+                      power: float = 0.8, level: float = 0.95,
+                      seed_effects: Sequence[float] = ()) -> dict[str, Any]:
     """The MDE on a split of ``n_groups`` groups, estimated from these groups (e.g. val's).
 
-    Returns ``{"se", "mde", "n_groups", "n_groups_observed", "power", "alpha"}``: a flat,
-    JSON-ready record for the pre-registration.
+    ``seed_effects``: the relative improvement of each training seed of a replicated model on the
+    same groups (empty or one value: no seed term). Their standard deviation ``sd_seed`` adds the
+    training variance of a mean over ``S`` seeds: ``se² = se_groups² + sd_seed² / S``. The seed
+    term is not rescaled with ``n_groups``: how much of a seed's effect is a shift of the whole
+    model rather than group-by-group noise is unknown, and the shift does not shrink with more
+    groups.
+
+    Returns ``{"se", "se_groups", "seed_sd", "n_seeds", "mde", "n_groups", "n_groups_observed",
+    "power", "alpha"}``: a flat, JSON-ready record for the pre-registration.
     """
-    se = rel_improvement_se(nll_a_g, nll_b_g, n_groups)
-    return {"se": se, "mde": minimum_detectable_effect(se, power, level),
+    se_groups = rel_improvement_se(nll_a_g, nll_b_g, n_groups)
+    effects = np.asarray(list(seed_effects), dtype=np.float64)
+    seed_sd = float(np.std(effects, ddof=1)) if effects.size > 1 else 0.0
+    se = math.sqrt(se_groups ** 2 + seed_sd ** 2 / effects.size) if effects.size > 1 else se_groups
+    return {"se": se, "se_groups": se_groups, "seed_sd": seed_sd,
+            "n_seeds": int(max(1, effects.size)),
+            "mde": minimum_detectable_effect(se, power, level),
             "n_groups": int(n_groups), "n_groups_observed": len(nll_a_g), "power": power,
             "alpha": one_sided_alpha(level)}
 
@@ -132,7 +147,11 @@ def power_summary(eval_json: Mapping[str, Any], pair: str, threshold: float,
     if n_groups is not None:
         if groups < 1 or n_groups < 1:
             return None
-        se, groups = se * math.sqrt(groups / n_groups), int(n_groups)
+        # Only the between-group part scales with the number of groups (see detectable_effect).
+        se_g, seed_sd = block.get("se_groups", se), float(block.get("seed_sd") or 0.0)
+        seeds = max(1, int(block.get("n_seeds") or 1))
+        se_g = se_g * math.sqrt(groups / n_groups)
+        se, groups = math.sqrt(se_g ** 2 + seed_sd ** 2 / seeds), int(n_groups)
     power = float(block.get("power", 0.8))
     mde = minimum_detectable_effect(se, power, level)
     p_zero = pass_probability(threshold, se, 0.0, level)

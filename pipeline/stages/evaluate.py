@@ -18,6 +18,10 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
 - A pair's relative improvement ``(A − B) / A`` is formed inside each of those replicates, with
   two robustness summaries beside it (median piece effect, effect without the top 3 groups).
 - The transformer slides windows of ``max_seq_len`` tokens by ``evaluate.stride``.
+- A model trained over several seeds (``data/transformer/replicates/index.json``) is scored once
+  per seed; aggregates average each piece's NLL over its seeds, and the bootstrap resamples the
+  seeds with the groups, so every interval includes training variance
+  (:mod:`pipeline.scoring.aggregate`).
 - Generalisation gap: every model also scores a fixed subset of train pieces, as many as val's
   (:func:`draw_train_subset`), by the same scorers (the transformer's is in eval mode: no
   dropout). ``gap.<model>`` is val minus that subset, per note and per token, with an interval
@@ -27,10 +31,10 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
 
 Inputs: ``data/tokens/tokens.parquet``, ``data/tokens/info.json``, ``data/manifest.parquet``,
 ``data/splits.parquet``, model folders (``data/ngram``, ``data/transformer``). Outputs:
-``reports/eval/per_piece.parquet`` (``sha256``, ``split``, ``model``, ``group_id``,
-``nll_nats``, ``n_tokens``, ``n_notes``, ``duration_s``; sorted by model, split, sha256; the
-train subset's rows have split ``train``),
-``reports/eval.json`` (``protocol``, ``models``, ``paired``, ``gap``, ``power``,
+``reports/eval/per_piece.parquet`` (``sha256``, ``split``, ``model``, ``seed`` (null without
+training seeds), ``group_id``, ``nll_nats``, ``n_tokens``, ``n_notes``, ``duration_s``; sorted by
+model, seed, split, sha256; the train subset's rows have split ``train``),
+``reports/eval.json`` (``protocol``, ``models``, ``paired``, ``gap``, ``power``, ``seeds``,
 ``train_subset``, ``unavailable``, ``excluded``) and
 the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or does not load is
 listed under ``unavailable`` with the reason; the stage still scores the others.
@@ -72,6 +76,7 @@ from pipeline.scoring.loading import (
     add_model_arguments,
     default_specs,
     load_models,
+    replicate_specs,
     set_torch_threads,
 )
 from pipeline.scoring.protocol import clean_sequences
@@ -80,8 +85,8 @@ from pipeline.tokens.contract import TokenInfo, read_tokens
 SPLITS = ("val", "test")
 PER_PIECE_SCHEMA = pa.schema([
     ("sha256", pa.string()), ("split", pa.string()), ("model", pa.string()),
-    ("group_id", pa.string()), ("nll_nats", pa.float64()), ("n_tokens", pa.int64()),
-    ("n_notes", pa.int64()), ("duration_s", pa.float64()),
+    ("seed", pa.int64()), ("group_id", pa.string()), ("nll_nats", pa.float64()),
+    ("n_tokens", pa.int64()), ("n_notes", pa.int64()), ("duration_s", pa.float64()),
 ])
 class EvaluateConfig(StageConfig):
     """``evaluate`` section of params.yaml; each key is documented there, beside its value."""
@@ -116,6 +121,10 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
         "bootstrap": {"unit": "group_id (data/splits.parquet)", "method": "percentile",
                       "n_boot": cfg.n_boot, "ci_level": cfg.ci_level, "seed": cfg.seed},
         "splits": list(cfg.splits),
+        "training_seeds": "every training seed of a model is scored; its aggregates average each "
+                          "piece's NLL over the seeds, and each bootstrap replicate also draws "
+                          "the seeds with replacement (group counts first, then each replicated "
+                          "model's seed counts in model-name order)",
         "train_subset": "as many train pieces as val's scored pieces (all when train has fewer): "
                         "the first of a permutation of the sorted usable train sha256s drawn "
                         "by default_rng([seed, 'train_subset' label, 0]); bootstrap replicates "
@@ -138,14 +147,16 @@ def score_rows(model: Any, ids: Sequence[np.ndarray]) -> np.ndarray:
     return np.array([math.fsum(t) for t in per], dtype=np.float64)
 
 
-def piece_table(rows: pd.DataFrame, nll: np.ndarray, pieces: pd.DataFrame, name: str
-                ) -> pd.DataFrame:
-    """Per-piece sums for one model: rows (one per sequence) -> one row per piece."""
+def piece_table(rows: pd.DataFrame, nll: np.ndarray, pieces: pd.DataFrame, name: str,
+                seed: int | None = None) -> pd.DataFrame:
+    """Per-piece sums for one model (one training seed of it): rows (one per sequence) -> one
+    row per piece."""
     df = pd.DataFrame({"sha256": rows["sha256"].to_numpy(), "nll_nats": nll,
                        "n_tokens": np.array([len(s) + 1 for s in rows["ids"]], dtype=np.int64)})
     agg = df.groupby("sha256", sort=True).sum().reset_index()
     out = agg.merge(pieces, on="sha256", how="inner", validate="one_to_one")
     out["model"] = name
+    out["seed"] = pd.array([seed] * len(out), dtype="Int64")
     out["n_notes"] = out["n_notes"].astype(np.int64)
     return out[PER_PIECE_SCHEMA.names]
 
@@ -210,26 +221,29 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
                                        facts, n_val, cfg.seed)
     train_pieces = facts[facts["sha256"].isin(set(train["sha256"]))]
 
+    specs = [r for spec in specs for r in replicate_specs(spec)]
+    set_torch_threads(runtime.torch_threads, [s.key for s in specs])  # results depend on it
     models, unavailable = load_models(specs, cfg.device, tok_info)
-    set_torch_threads(runtime.torch_threads, list(models))  # results depend on it
     tables, seconds = [], {}
-    for name in sorted(models):
+    for spec in sorted((s for s in specs if s.key in models), key=lambda s: s.key):
+        model, key = models[spec.key], spec.key
         t = time.perf_counter()
-        nll = score_rows(models[name], list(rows["ids"]))
-        tables.append(piece_table(rows, nll, pieces, name))
-        seconds[name] = time.perf_counter() - t
+        nll = score_rows(model, list(rows["ids"]))
+        tables.append(piece_table(rows, nll, pieces, spec.name, spec.seed))
+        seconds[key] = time.perf_counter() - t
         if len(train):  # scored apart, so val/test scores never depend on the subset
             t = time.perf_counter()
-            nll = score_rows(models[name], list(train["ids"]))
-            tables.append(piece_table(train, nll, train_pieces, name))
-            seconds[f"{name}.train_subset"] = time.perf_counter() - t
+            nll = score_rows(model, list(train["ids"]))
+            tables.append(piece_table(train, nll, train_pieces, spec.name, spec.seed))
+            seconds[f"{key}.train_subset"] = time.perf_counter() - t
     table = (pd.concat(tables, ignore_index=True) if tables
              else pd.DataFrame({c: [] for c in PER_PIECE_SCHEMA.names}))
-    table = table.sort_values(["model", "split", "sha256"]).reset_index(drop=True)
+    table = table.sort_values(["model", "seed", "split", "sha256"]).reset_index(drop=True)
+    names = sorted(set(table["model"]))
     write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
                                                   preserve_index=False))
-    agg, paired = aggregate(table, cfg, sorted(models))
-    train_metrics, gap = generalisation(table, cfg, sorted(models))
+    agg, paired = aggregate(table, cfg, names)
+    train_metrics, gap = generalisation(table, cfg, names)
     for name, block in train_metrics.items():
         agg[name]["train_subset"] = block
     n_test_groups = facts.loc[facts["split"] == "test", "group_id"].nunique()
@@ -241,7 +255,9 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
         "models": agg,
         "paired": paired,
         "gap": gap,
-        "power": power_blocks(table, cfg, sorted(models), n_test_groups),
+        "power": power_blocks(table, cfg, names, n_test_groups),
+        "seeds": {n: [int(x) for x in sorted(table.loc[table["model"] == n, "seed"].dropna()
+                                            .unique())] for n in names},
         "train_subset": train_block,
         "unavailable": unavailable,
         "excluded": {**excluded, "counts": excluded_counts},

@@ -2,7 +2,7 @@
 
 Inputs (all optional; a missing or unreadable one is shown as "not available"): every stage's
 ``reports/*.json``, ``reports/eval/per_piece.parquet``, ``reports/audit/per_sample.parquet``,
-``reports/plots/train_log.tsv``, ``reports/samples/``, ``data/manifest.parquet``,
+``reports/plots/train_log/``, ``reports/samples/``, ``data/manifest.parquet``,
 ``data/splits.parquet``, ``data/dedupe/pairs.parquet``, ``reports/preregistration.json``,
 ``reports/report.env.json``, and the ``criteria``/``evaluate``/``report`` sections of params.yaml.
 Outputs: ``reports/metrics.json`` (flat dotted keys, for ``dvc metrics show/diff``),
@@ -56,7 +56,7 @@ class ReportPaths:
     audit: Path = Path("reports/audit.json")
     per_piece: Path = Path("reports/eval/per_piece.parquet")
     per_sample: Path = Path("reports/audit/per_sample.parquet")
-    train_log: Path = Path("reports/plots/train_log.tsv")
+    train_log: Path = Path("reports/plots/train_log")
     samples_dir: Path = Path("reports/samples")
     manifest: Path = Path("data/manifest.parquet")
     splits: Path = Path("data/splits.parquet")

@@ -1,15 +1,19 @@
-"""Stage ``train_transformer``: train the decoder-only transformer, resumably.
+"""Stage ``train_transformer``: train the decoder-only transformer over several training seeds,
+resumably.
 
 Inputs: ``data/tokens/tokens.parquet`` (train and val rows), optional
 ``data/tokens/augmented.parquet``, ``data/tokens/info.json``.
-Outputs: best weights ``data/transformer/model.safetensors`` + ``model.json``; resumable
-checkpoints in ``data/transformer/checkpoints/`` (a persistent DVC output); the deterministic
-summary ``reports/train.json`` and per-step log ``reports/plots/train_log.tsv``; timings and
-environment in ``reports/train.env.json``.
+The seeds ``seed, seed+1, ..., seed+replicates-1`` are trained one after the other, each its own
+run with its own checkpoints (the split never changes; the seed sets init, data order and
+dropout). Outputs: the first seed's best weights ``data/transformer/model.safetensors`` +
+``model.json``; every seed's in ``data/transformer/replicates/seed-<s>/`` with an ``index.json``;
+resumable checkpoints in ``data/transformer/checkpoints/run-<id>/`` (a persistent DVC output);
+the deterministic summary ``reports/train.json`` and per-step logs
+``reports/plots/train_log/seed-<s>.tsv``; timings and environment in ``reports/train.env.json``.
 
 Under ``torchrun`` the same command trains with DistributedDataParallel (rank 0 writes). The
-training itself is ``pipeline.training.loop.train``; this module reads the inputs, calls it and
-writes the outputs.
+training itself is ``pipeline.training.loop.train``; this module reads the inputs, calls it once
+per seed and writes the outputs (``pipeline.training.outputs``).
 """
 
 from __future__ import annotations
@@ -27,30 +31,40 @@ from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import Corpus, load_corpus
 from pipeline.training.device import DistInfo, barrier, process_group
 from pipeline.training.loop import NonFiniteError, train
-from pipeline.training.outputs import summarise, write_outputs
+from pipeline.training.outputs import collect, stage_summary, summarise, write_outputs
 from pipeline.training.resume import checkpoint_dir
 
 
 def run(cfg: TransformerStageConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
-        augmented: Path | None, out_dir: Path, summary: Path, log_tsv: Path, env: Path,
+        augmented: Path | None, out_dir: Path, summary: Path, log_dir: Path, env: Path,
         fresh: bool = False) -> dict[str, Any]:
-    """Train and write every output; returns the summary dict (see ``reports/train.json``).
+    """Train every seed and write every output; returns the summary dict (``reports/train.json``).
 
-    ``fresh`` deletes every run's checkpoints under ``out_dir/checkpoints`` first."""
+    Seed ``s`` is the run of ``cfg`` with ``seed: s`` (:meth:`TransformerStageConfig.replicate`),
+    checkpointed in its own ``out_dir/checkpoints/run-<id>/``, so a rerun finds finished seeds
+    finished and resumes the interrupted one. ``fresh`` deletes every run's checkpoints under
+    ``out_dir/checkpoints`` first."""
     dist = DistInfo.from_env()
     threads = runtime.torch_threads
     with process_group(dist, cfg.device):
         tinfo = TokenInfo.read(info)
         corpus = _read_corpus(cfg, tokens, tinfo, augmented)
-        ckpt_dir = checkpoint_dir(out_dir, cfg, tinfo, threads, dist.world_size)
         if fresh and dist.is_main:
-            shutil.rmtree(ckpt_dir.parent, ignore_errors=True)
+            shutil.rmtree(Path(out_dir) / "checkpoints", ignore_errors=True)
         barrier(dist)  # no rank looks for checkpoints before --fresh has removed them
-        result = train(cfg, tinfo, corpus, ckpt_dir, threads=threads, dist=dist, echo=_echo)
-        out = summarise(cfg.train, tinfo, corpus, result)
+        reps = []
+        for i, seed in enumerate(cfg.seeds, 1):
+            if dist.is_main:
+                _echo(f"replicate {i}/{cfg.replicates} (seed {seed})")
+            rcfg = cfg.replicate(seed)
+            ckpt_dir = checkpoint_dir(out_dir, rcfg, tinfo, threads, dist.world_size)
+            result = train(rcfg, tinfo, corpus, ckpt_dir, threads=threads, dist=dist, echo=_echo)
+            reps.append(collect(seed, result, tinfo, summarise(rcfg.train, tinfo, corpus, result)))
+            del result  # the training state (optimiser, device copies) goes before the next seed
+        out = stage_summary(reps)
         if dist.is_main:
-            write_outputs(result, tinfo, out, out_dir=Path(out_dir), summary=summary,
-                          log_tsv=log_tsv, env=env, threads=threads, world_size=dist.world_size)
+            write_outputs(reps, out, out_dir=Path(out_dir), summary=summary, log_dir=log_dir,
+                          env=env, threads=threads, world_size=dist.world_size)
         return out
 
 
@@ -76,10 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("data/transformer"),
                         help="model folder; checkpoints go to OUT/checkpoints/")
     parser.add_argument("--summary", type=Path, default=Path("reports/train.json"))
-    parser.add_argument("--log", type=Path, default=Path("reports/plots/train_log.tsv"))
+    parser.add_argument("--log", type=Path, default=Path("reports/plots/train_log"),
+                        help="folder of per-step logs, one seed-<s>.tsv per training seed")
     parser.add_argument("--env", type=Path, default=Path("reports/train.env.json"))
     parser.add_argument("--fresh", action="store_true",
-                        help="delete OUT/checkpoints/ first instead of resuming")
+                        help="delete OUT/checkpoints/ (every seed's runs) first instead of "
+                             "resuming")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -87,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         run(cfg, runtime, tokens=args.tokens, info=args.info, augmented=args.augmented,
-            out_dir=args.out, summary=args.summary, log_tsv=args.log, env=args.env,
+            out_dir=args.out, summary=args.summary, log_dir=args.log, env=args.env,
             fresh=args.fresh)
     except ParamsError:
         raise

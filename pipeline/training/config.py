@@ -93,6 +93,7 @@ class TransformerStageConfig(StageConfig):
     """``transformer`` section of params.yaml; each key is documented there, beside its value."""
 
     seed: int = Field(1234, ge=0)
+    replicates: int = Field(3, ge=1)
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
@@ -103,6 +104,15 @@ class TransformerStageConfig(StageConfig):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     finetune: FinetuneSection = Field(default_factory=FinetuneSection)
 
+    @property
+    def seeds(self) -> list[int]:
+        """The training seeds, in training order: ``seed, seed+1, ..., seed+replicates-1``."""
+        return [self.seed + k for k in range(self.replicates)]
+
+    def replicate(self, seed: int) -> TransformerStageConfig:
+        """This config with ``seed`` as its training seed: one replicate's run."""
+        return self.model_copy(update={"seed": seed})
+
     @model_validator(mode="after")
     def _warmup_fits(self) -> TransformerStageConfig:
         if self.optim.warmup_steps >= self.train.max_steps:
@@ -111,8 +121,10 @@ class TransformerStageConfig(StageConfig):
         return self
 
 
-# Keys that never change the trained weights: excluded from the resume hash.
-NON_RESULT_KEYS = {"compile": None, "checkpoint": None,
+# Keys that never change the trained weights: excluded from the resume hash. ``replicates`` says
+# how many seeds the stage trains, not what one seed's run is: the run of seed s is the same run
+# (same checkpoints folder, same weights) whatever the number of replicates.
+NON_RESULT_KEYS = {"compile": None, "checkpoint": None, "replicates": None,
                    "train": {"log_every", "max_minutes"}}
 
 

@@ -357,6 +357,13 @@ def test_power_note_warns_when_the_threshold_is_below_the_mde(tmp_path):
     assert power_note(criteria, large, 0.95).startswith(
         "Warning: the threshold 2.00% is below the minimum detectable effect 3.81%")
     assert power_note(criteria, {}, 0.95) is None  # val not scored yet
+    assert "training seeds" not in power_note(criteria, small, 0.95)
+    seeds = {"power": {"ngram_minus_transformer": {
+        "se": 0.0117, "se_groups": 0.0056, "seed_sd": 0.0178, "n_seeds": 3, "n_groups": 36,
+        "power": 0.8}}}
+    note = power_note(criteria, seeds, 0.95)
+    assert "the spread of the gain over 3 training seeds on val (sd 1.78%)" in note
+    assert "standard error of about 0.012" in note  # the seed term is kept, not rescaled
 
 
 def test_training_seeds_are_shown_with_their_spread(tmp_path):

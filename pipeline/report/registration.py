@@ -175,8 +175,13 @@ def power_note(criteria: CriteriaConfig, eval_report: Any, level: float) -> str 
     at_threshold = pass_probability(rule.threshold, s.se, rule.threshold, level)
     warn = (f"Warning: the threshold {rule.threshold:.2%} is below the minimum detectable effect "
             f"{s.mde:.2%} ({s.power:.0%} power). " if s.warning else "")
-    return (f"{warn}Power of {rule.name}: from val's per-group spread scaled to {s.n_groups} test "
-            f"groups, the relative improvement has a standard error of about {s.se:.2g}. For "
+    block = (eval_report.get("power") or {}).get(COMPARISON_PAIR) or {}
+    seeds = int(block.get("n_seeds") or 1)
+    source = (f"from val's per-group spread scaled to {s.n_groups} test groups"
+              + (f" and the spread of the gain over {seeds} training seeds on val (sd "
+                 f"{float(block.get('seed_sd') or 0.0):.2%})" if seeds > 1 else ""))
+    return (f"{warn}Power of {rule.name}: {source}, the relative improvement has a standard "
+            f"error of about {s.se:.2g}. For "
             f"its {level:.0%} interval's lower bound to clear {rule.threshold:.2%} with "
             f"{s.power:.0%} probability, the true gain must be about {s.effect_for_power:.2%}; "
             f"a true gain of exactly {rule.threshold:.2%} passes with probability "

@@ -200,7 +200,7 @@ def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any])
     if len(seeds) == 1:
         doc.add(Para(f"The transformer was trained once (seed {seeds[0]}): its intervals cover "
                      "the sampling of test pieces, not training variance. Set "
-                     "`transformer.replicates` to 2 or more to measure it."))
+                     "transformer.replicates to 2 or more to measure it."))
         return
 
     def get(obj: Any, *keys: str) -> Any:
@@ -226,7 +226,7 @@ def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any])
             cells.append(fmt(float(fn(v)), d) if len(v) >= 2 else NA)
         rows.append([label, *cells])
     doc.add(Para(f"The transformer was trained {len(seeds)} times, with seeds "
-                 f"{', '.join(seeds)} (`transformer.seed`, `transformer.replicates`) on the same "
+                 f"{', '.join(seeds)} (transformer.seed, transformer.replicates) on the same "
                  "split. Its test NLL and the comparison with the n-gram average each piece's NLL "
                  "over the seeds, and their intervals resample seeds together with groups, so "
                  "they include training variance. Samples and the memorisation audit use the "

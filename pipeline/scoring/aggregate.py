@@ -70,27 +70,45 @@ class _Scores:
     (``seeds``; ``[None]`` for a model without training seeds, e.g. the n-gram); ``units`` the
     first seed's rows (tokens, notes, seconds: the same for every seed); ``groups`` (S, G) NLL
     sums per group; ``rep`` (n_boot,) the replicate NLL totals, seeds resampled with the groups
-    (:func:`~pipeline.scoring.bootstrap.replicate_sums`)."""
+    (:func:`~pipeline.scoring.bootstrap.replicate_sums`) drawn with the seed counts ``seed_w``
+    (None for one seed). Means over one seed are that seed's values exactly."""
 
     seeds: list[Any]
     pieces: np.ndarray
     units: pd.DataFrame
     groups: np.ndarray
     rep: np.ndarray
+    seed_w: np.ndarray | None
 
     @property
     def total(self) -> float:
         """Summed NLL of the seed-averaged model (every group and seed once)."""
-        return float(self.groups.sum(axis=1).mean()) if len(self.groups) > 1 \
-            else float(self.groups[0].sum())
+        return float(self.groups.sum(axis=1).mean())
 
     @property
     def mean_pieces(self) -> np.ndarray:
-        return self.pieces.mean(axis=0) if len(self.pieces) > 1 else self.pieces[0]
+        return self.pieces.mean(axis=0)
 
     @property
     def mean_groups(self) -> np.ndarray:
-        return self.groups.mean(axis=0) if len(self.groups) > 1 else self.groups[0]
+        return self.groups.mean(axis=0)
+
+    @property
+    def seed_totals(self) -> dict[str, float]:
+        """Each seed's summed NLL, by seed label."""
+        return {_seed_key(s): float(t) for s, t in zip(self.seeds, self.groups.sum(axis=1),
+                                                        strict=True)}
+
+
+def seed_effects(a: _Scores, b: _Scores) -> tuple[str, dict[str, float]] | None:
+    """The spread of B's relative improvement over A across training seeds: each seed of the
+    replicated model against the other model's seed average, as ``("a" | "b", seed -> effect)``;
+    None when neither model has several seeds (B's seeds are taken when both have)."""
+    if len(b.seeds) > 1:
+        return "b", {k: 1.0 - t / a.total for k, t in b.seed_totals.items()}
+    if len(a.seeds) > 1:
+        return "a", {k: 1.0 - b.total / t for k, t in a.seed_totals.items()}
+    return None
 
 
 def split_metrics(sc: _Scores, weights: np.ndarray, codes: np.ndarray, n_groups: int,
@@ -137,16 +155,9 @@ def paired_metrics(a: _Scores, b: _Scores, weights: np.ndarray, codes: np.ndarra
     top = effect_without_top_groups(a.mean_groups, b.mean_groups, k=3)
     rel["without_top3_groups"] = {"value": top["value"],
                                   "dropped_groups": [str(group_names[i]) for i in top["dropped"]]}
-    # The spread over training seeds: each seed of the replicated model against the other
-    # model's seed average.
-    if len(b.seeds) > 1:
-        rel["per_seed"] = {_seed_key(s): float(1.0 - t / a.total)
-                           for s, t in zip(b.seeds, b.groups.sum(axis=1), strict=True)}
-        rel["per_seed_of"] = "b"
-    elif len(a.seeds) > 1:
-        rel["per_seed"] = {_seed_key(s): float(1.0 - b.total / t)
-                           for s, t in zip(a.seeds, a.groups.sum(axis=1), strict=True)}
-        rel["per_seed_of"] = "a"
+    spread = seed_effects(a, b)
+    if spread is not None:
+        rel["per_seed_of"], rel["per_seed"] = spread
     out["rel_improvement"] = rel
     return out
 
@@ -185,8 +196,9 @@ class _Design:
         rows = [self.aligned(name, s) for s in seeds]
         pieces = np.stack([r["nll_nats"].to_numpy(dtype=np.float64) for r in rows])
         groups = np.stack([self.sums(r, "nll_nats") for r in rows])
+        draws = seed_w(len(seeds))
         return _Scores(seeds, pieces, rows[0], groups,
-                       replicate_sums(self.weights, groups, seed_w(len(seeds))))
+                       replicate_sums(self.weights, groups, draws), draws)
 
 
 def _design(per_piece: pd.DataFrame, split: str, n_boot: int,
@@ -261,21 +273,15 @@ def generalisation(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[
     """
     if "val" not in cfg.splits or not (per_piece["split"] == "train").any():
         return {}, {}
-    rng = _split_rng(cfg, "val")
-    val = _design(per_piece, "val", cfg.n_boot, rng)
+    val, val_scores = _split_scores(per_piece, cfg, "val", names)  # as aggregate() draws them
     if not val.shas:
         return {}, {}
-    seed_draws: dict[str, np.ndarray | None] = {}
-    val_scores = {}
-    for n in names:  # the same draws as aggregate()'s val split, in the same order
-        val_scores[n] = val.scores(n, lambda k, n=n: seed_draws.setdefault(
-            n, seed_weights(k, cfg.n_boot, rng)))
     trn = _design(per_piece, "train", cfg.n_boot,
                   np.random.default_rng([cfg.seed, TRAIN_SUBSET_STREAM, 1]))
     metrics, gap = {}, {}
     for n in names:
         v = val_scores[n]
-        t = trn.scores(n, lambda _k, n=n: seed_draws[n])
+        t = trn.scores(n, lambda _k, v=v: v.seed_w)
         metrics[n] = split_metrics(t, trn.weights, trn.codes, len(trn.group_names),
                                    cfg.ci_level)
         gap[n] = {"n_pieces_val": len(v.units), "n_pieces_train": len(t.units)}
@@ -315,11 +321,9 @@ def power_blocks(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[st
     out = {}
     for a, b in itertools.combinations(names, 2):
         sa, sb = scores[a], scores[b]
-        varied = sb if len(sb.seeds) > 1 else sa if len(sa.seeds) > 1 else None
-        effects = ([] if varied is None else
-                   [1.0 - t / sa.total for t in sb.groups.sum(axis=1)] if varied is sb else
-                   [1.0 - sb.total / t for t in sa.groups.sum(axis=1)])
+        spread = seed_effects(sa, sb)
         record = detectable_effect(sa.mean_groups, sb.mean_groups, int(n_groups),
-                                   power=MDE_POWER, level=cfg.ci_level, seed_effects=effects)
+                                   power=MDE_POWER, level=cfg.ci_level,
+                                   seed_effects=list(spread[1].values()) if spread else [])
         out[f"{a}_minus_{b}"] = {**record, "estimated_from": "val", "n_groups_of": source}
     return out

@@ -55,12 +55,42 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
+# One implementation of each statistic, on ratio values and their replicates; the functions
+# below only form the ratios from group sums and replicate counts.
+def _interval(value: Any, reps: np.ndarray, level: float) -> dict[str, float]:
+    lo, hi = percentile_interval(reps, level)
+    return {"value": float(value), "ci_low": lo, "ci_high": hi}
+
+
+def _difference(ratio_a: Any, ratio_b: Any, reps_a: np.ndarray, reps_b: np.ndarray,
+                level: float) -> dict[str, float]:
+    """``A − B`` with its interval and ``share_a_lower``: the fraction of replicates in which A's
+    ratio is below B's (for an NLL, how often A looks better)."""
+    diffs = reps_a - reps_b
+    finite = diffs[np.isfinite(diffs)]
+    share = float(np.mean(finite < 0)) if finite.size else float("nan")
+    return {**_interval(ratio_a - ratio_b, diffs, level), "share_a_lower": share}
+
+
+def _rel(ratio_a: Any, ratio_b: Any) -> Any:
+    """``(A − B) / A`` of two ratios (NaN where A ≤ 0)."""
+    return _ratio(ratio_a - ratio_b, ratio_a)
+
+
+def _relative(ratio_a: Any, ratio_b: Any, reps_a: np.ndarray, reps_b: np.ndarray,
+              level: float) -> dict[str, float]:
+    """``(A − B) / A``, formed inside each replicate."""
+    return _interval(_rel(ratio_a, ratio_b), _rel(reps_a, reps_b), level)
+
+
+def _sum_ratio(num_g: np.ndarray, den_g: np.ndarray) -> np.ndarray:
+    return _ratio(np.asarray(num_g.sum()), np.asarray(den_g.sum()))
+
+
 def ratio_ci(num_g: np.ndarray, den_g: np.ndarray, weights: np.ndarray,
              level: float) -> dict[str, float]:
     """``sum(num) / sum(den)`` over groups with its group-bootstrap interval."""
-    value = _ratio(np.asarray(num_g.sum()), np.asarray(den_g.sum()))
-    lo, hi = percentile_interval(_ratio(weights @ num_g, weights @ den_g), level)
-    return {"value": float(value), "ci_low": lo, "ci_high": hi}
+    return _interval(_sum_ratio(num_g, den_g), _ratio(weights @ num_g, weights @ den_g), level)
 
 
 def paired_diff_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b: np.ndarray,
@@ -70,13 +100,9 @@ def paired_diff_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_
     ``share_a_lower`` is the fraction of replicates in which A's ratio is below B's (for an NLL,
     how often A looks better).
     """
-    value = _ratio(np.asarray(num_a.sum()), np.asarray(den_a.sum())) - _ratio(
-        np.asarray(num_b.sum()), np.asarray(den_b.sum()))
-    diffs = _ratio(weights @ num_a, weights @ den_a) - _ratio(weights @ num_b, weights @ den_b)
-    lo, hi = percentile_interval(diffs, level)
-    finite = diffs[np.isfinite(diffs)]
-    share = float(np.mean(finite < 0)) if finite.size else float("nan")
-    return {"value": float(value), "ci_low": lo, "ci_high": hi, "share_a_lower": share}
+    return _difference(_sum_ratio(num_a, den_a), _sum_ratio(num_b, den_b),
+                       _ratio(weights @ num_a, weights @ den_a),
+                       _ratio(weights @ num_b, weights @ den_b), level)
 
 
 def independent_diff_ci(num_a: np.ndarray, den_a: np.ndarray, weights_a: np.ndarray,
@@ -92,19 +118,10 @@ def independent_diff_ci(num_a: np.ndarray, den_a: np.ndarray, weights_a: np.ndar
     """
     if len(weights_a) != len(weights_b):
         raise ValueError(f"replicate counts differ: {len(weights_a)} and {len(weights_b)}")
-    value = _ratio(np.asarray(num_a.sum()), np.asarray(den_a.sum())) - _ratio(
-        np.asarray(num_b.sum()), np.asarray(den_b.sum()))
-    diffs = _ratio(weights_a @ num_a, weights_a @ den_a) - _ratio(weights_b @ num_b,
-                                                                  weights_b @ den_b)
-    lo, hi = percentile_interval(diffs, level)
-    return {"value": float(value), "ci_low": lo, "ci_high": hi}
-
-
-def _rel(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray,
-         den_b: np.ndarray) -> np.ndarray:
-    """``(A − B) / A`` of the ratios ``A = num_a / den_a``, ``B = num_b / den_b`` (NaN if A ≤ 0)."""
-    ratio_a = _ratio(num_a, den_a)
-    return _ratio(ratio_a - _ratio(num_b, den_b), ratio_a)
+    out = _difference(_sum_ratio(num_a, den_a), _sum_ratio(num_b, den_b),
+                      _ratio(weights_a @ num_a, weights_a @ den_a),
+                      _ratio(weights_b @ num_b, weights_b @ den_b), level)
+    return {k: out[k] for k in ("value", "ci_low", "ci_high")}
 
 
 def paired_rel_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b: np.ndarray,
@@ -117,11 +134,9 @@ def paired_rel_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b
     models are scored on the same pieces (``den_a == den_b``) the units cancel: the value is
     ``1 − sum(num_b) / sum(num_a)`` per token, note or second alike.
     """
-    value = _rel(np.asarray(num_a.sum()), np.asarray(den_a.sum()), np.asarray(num_b.sum()),
-                 np.asarray(den_b.sum()))
-    lo, hi = percentile_interval(
-        _rel(weights @ num_a, weights @ den_a, weights @ num_b, weights @ den_b), level)
-    return {"value": float(value), "ci_low": lo, "ci_high": hi}
+    return _relative(_sum_ratio(num_a, den_a), _sum_ratio(num_b, den_b),
+                     _ratio(weights @ num_a, weights @ den_a),
+                     _ratio(weights @ num_b, weights @ den_b), level)
 
 
 # ---- several training seeds ----------------------------------------------------------------
@@ -152,31 +167,27 @@ def replicate_sums(group_w: np.ndarray, per_seed: np.ndarray,
 
 def ratio_summary(num: float, den: float, rep_num: np.ndarray, rep_den: np.ndarray,
                   level: float) -> dict[str, float]:
-    """``num / den`` with the percentile interval of the replicate ratios."""
-    lo, hi = percentile_interval(_ratio(rep_num, rep_den), level)
-    return {"value": float(_ratio(np.asarray(num), np.asarray(den))), "ci_low": lo,
-            "ci_high": hi}
+    """``num / den`` with the percentile interval of the replicate ratios ``rep_num / rep_den``
+    (replicate totals from :func:`replicate_sums`; as :func:`ratio_ci` for one seed)."""
+    return _interval(_ratio(np.asarray(num), np.asarray(den)), _ratio(rep_num, rep_den), level)
 
 
 def diff_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b: np.ndarray,
                  rep_den: np.ndarray, level: float) -> dict[str, float]:
-    """Paired ``A − B`` of two ratios over the same units, replicates given; ``share_a_lower``
-    as in :func:`paired_diff_ci`."""
-    value = _ratio(np.asarray(num_a), np.asarray(den)) - _ratio(np.asarray(num_b), np.asarray(den))
-    diffs = _ratio(rep_a, rep_den) - _ratio(rep_b, rep_den)
-    lo, hi = percentile_interval(diffs, level)
-    finite = diffs[np.isfinite(diffs)]
-    share = float(np.mean(finite < 0)) if finite.size else float("nan")
-    return {"value": float(value), "ci_low": lo, "ci_high": hi, "share_a_lower": share}
+    """Paired ``A − B`` of two ratios over the same units, replicates given (as
+    :func:`paired_diff_ci` for one seed)."""
+    d, r = np.asarray(den), rep_den
+    return _difference(_ratio(np.asarray(num_a), d), _ratio(np.asarray(num_b), d),
+                       _ratio(rep_a, r), _ratio(rep_b, r), level)
 
 
 def rel_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b: np.ndarray,
                 rep_den: np.ndarray, level: float) -> dict[str, float]:
     """Relative improvement ``(A − B) / A`` of two ratios over the same units, formed inside each
-    replicate (as :func:`paired_rel_ci`, which it equals for one seed)."""
-    value = _rel(np.asarray(num_a), np.asarray(den), np.asarray(num_b), np.asarray(den))
-    lo, hi = percentile_interval(_rel(rep_a, rep_den, rep_b, rep_den), level)
-    return {"value": float(value), "ci_low": lo, "ci_high": hi}
+    replicate (as :func:`paired_rel_ci` for one seed)."""
+    d, r = np.asarray(den), rep_den
+    return _relative(_ratio(np.asarray(num_a), d), _ratio(np.asarray(num_b), d),
+                     _ratio(rep_a, r), _ratio(rep_b, r), level)
 
 
 def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarray,
@@ -218,8 +229,7 @@ def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarr
     rep_u = group_w @ gu
 
     total_u = float(gu.sum())
-    mean_a = float(ga.sum(axis=1).mean()) if len(ga) > 1 else float(ga[0].sum())
-    mean_b = float(gb.sum(axis=1).mean()) if len(gb) > 1 else float(gb[0].sum())
+    mean_a, mean_b = float(ga.sum(axis=1).mean()), float(gb.sum(axis=1).mean())
     b_totals = gb.sum(axis=1)
     out: dict[str, Any] = {"n_seeds_a": len(ga), "n_seeds_b": len(gb)}
     u = np.asarray(total_u)
@@ -228,7 +238,8 @@ def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarr
                                 for t in b_totals]}
     out["rel_improvement"] = {
         **rel_summary(mean_a, mean_b, total_u, rep_a, rep_b, rep_u, level),
-        "per_seed": [float(_rel(np.asarray(mean_a), u, np.asarray(t), u)) for t in b_totals]}
+        "per_seed": [float(_rel(_ratio(np.asarray(mean_a), u), _ratio(np.asarray(t), u)))
+                     for t in b_totals]}
     return out
 
 
@@ -262,6 +273,5 @@ def effect_without_top_groups(nll_a_g: np.ndarray, nll_b_g: np.ndarray,
     direction = 1.0 if contrib.sum() >= 0 else -1.0
     order = np.lexsort((np.arange(len(a)), -direction * contrib))  # largest first, then index
     dropped, kept = order[:k], np.sort(order[k:])
-    value = _rel(np.asarray(a[kept].sum()), np.asarray(1.0), np.asarray(b[kept].sum()),
-                 np.asarray(1.0)) if kept.size else np.nan
+    value = _rel(np.asarray(a[kept].sum()), np.asarray(b[kept].sum())) if kept.size else np.nan
     return {"value": float(value), "dropped": [int(g) for g in dropped]}

@@ -37,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-params": ("pipeline.tools.check_params", "validate every section of params.yaml"),
     "check-deps": ("pipeline.tools.deps",
                    "check that dvc.yaml lists exactly the code each stage runs"),
+    "compare": ("pipeline.tools.compare",
+                "compare evaluated runs on the same pieces: is the difference real?"),
 }
 
 

@@ -14,7 +14,7 @@ TINY_PARAMS: dict[str, Any] = {
     "model": {"max_seq_len": 32, "n_layer": 2, "n_head": 2, "n_embd": 32, "dropout": 0.1},
     "optim": {"lr": 0.003, "min_lr": 0.0003, "warmup_steps": 2},
     "train": {"micro_batch": 4, "grad_accum": 2, "max_steps": 12, "eval_every": 4,
-              "log_every": 100},
+              "log_every": 100, "patience": 0},
     "checkpoint": {"every": 3, "keep_last": 2},
 }
 """A configuration that trains in well under a second per run on 2 CPU cores (one seed; tests of

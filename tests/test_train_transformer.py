@@ -267,7 +267,7 @@ def test_init_from_with_other_architecture_is_refused(data, base_model, tmp_path
 @pytest.mark.parametrize("raw", [
     {"finetune": {"freeze": ["wte"]}},
     {"finetune": {"lora_rank": 4}},
-    {"optim": {"warmup_steps": 500}},
+    {"optim": {"warmup_steps": 5000}},
     {"model": {"n_embd": 30, "n_head": 4}},
     {"optim": {"lr": 0.001, "min_lr": 0.01}},
     {"precision": "fp8"},

@@ -37,8 +37,8 @@ class DataSection(StageConfig):
 
 
 class OptimSection(StageConfig):
-    lr: float = Field(0.002, gt=0.0)
-    min_lr: float = Field(0.0002, ge=0.0)
+    lr: float = Field(0.001, gt=0.0)
+    min_lr: float = Field(0.0001, ge=0.0)
     weight_decay: float = Field(0.1, ge=0.0)
     beta1: float = Field(0.9, ge=0.0, lt=1.0)
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
@@ -55,18 +55,18 @@ class OptimSection(StageConfig):
 
 
 class TrainSection(StageConfig):
-    micro_batch: int = Field(16, ge=1)
+    micro_batch: int = Field(4, ge=1)
     grad_accum: int = Field(1, ge=1)
-    max_steps: int = Field(400, ge=1)
+    max_steps: int = Field(2000, ge=1)
     max_tokens: int = Field(0, ge=0)
-    eval_every: int = Field(50, ge=1)
-    patience: int = Field(0, ge=0)
-    log_every: int = Field(25, ge=1)
+    eval_every: int = Field(100, ge=1)
+    patience: int = Field(3, ge=0)
+    log_every: int = Field(100, ge=1)
     max_minutes: float | None = Field(None, gt=0.0)
 
 
 class CheckpointSection(StageConfig):
-    every: int = Field(50, ge=1)
+    every: int = Field(200, ge=1)
     keep_last: int = Field(2, ge=1)
     on_mismatch: Literal["refuse", "restart"] = "refuse"
 

@@ -1,4 +1,5 @@
-"""``symkit compare`` (pipeline.tools.compare) and its statistics (pipeline.scoring.compare).
+"""``symkit compare`` (pipeline.tools.compare), its statistics (pipeline.scoring.compare), words
+and figures (pipeline.report.compare).
 
 Arms are built in ``tmp_path`` from synthetic per-piece scores: never from the repository's own
 ``reports/``, which a pipeline run may be rewriting.
@@ -6,7 +7,9 @@ Arms are built in ``tmp_path`` from synthetic per-piece scores: never from the r
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +23,7 @@ import yaml
 from scipy.stats import binom
 
 from pipeline.cli import main
+from pipeline.report.compare import forest_rows, scatter_panels, seed_effects
 from pipeline.scoring.bootstrap import hierarchical_paired_ci
 from pipeline.scoring.compare import (
     arm_scores,
@@ -30,6 +34,9 @@ from pipeline.scoring.compare import (
     pair,
     params_diff,
 )
+from pipeline.tools.compare import Source, read_curves, resolve_source
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SPLIT_HASH = "5" * 64
 TOKENIZER_HASH = "7" * 64
@@ -455,3 +462,161 @@ def test_help_does_not_import_torch():
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     assert "--equivalence-margin" in done.stdout
+
+
+# ---- 12. figures -----------------------------------------------------------------------------
+FIGURE_NAMES = ("forest", "learning_curves", "scatter")
+LOG_HEADER = "step\ttrain_loss\tval_loss\tlr\tgrad_norm\n"
+
+
+def log_text(final: float, steps: int = 200, every: int = 50) -> str:
+    """A training log as train_transformer writes it: val loss only every ``every`` steps."""
+    rows = [LOG_HEADER]
+    for step in range(1, steps + 1):
+        loss = final + 3.0 / step ** 0.5
+        val = f"{loss + 0.05:.5f}" if step % every == 0 else ""
+        rows.append(f"{step}\t{loss:.5f}\t{val}\t0.001\t1.0\n")
+    return "".join(rows)
+
+
+def write_logs(root: Path, finals: dict[str, float]) -> None:
+    """``reports/plots/train_log/seed-<s>.tsv`` per seed, or, for the key ``""``, the single
+    ``reports/plots/train_log.tsv`` of runs made before training seeds."""
+    for seed, final in finals.items():
+        path = (root / "reports" / "plots" / "train_log.tsv" if seed == "" else
+                root / "reports" / "plots" / "train_log" / f"seed-{seed}.tsv")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(log_text(final))
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of a PNG, after checking its signature and IHDR chunk."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_figures_are_written_linked_embedded_and_byte_identical(tmp_path, monkeypatch, capsys,
+                                                                two_arms):
+    write_logs(tmp_path / "a", {"1": 3.9, "2": 3.95, "3": 3.92})
+    write_logs(tmp_path / "b", {"1": 3.8, "2": 3.85, "3": 3.82})
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "one") == 0
+    assert "figures/*.png" in capsys.readouterr().out
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "two") == 0
+    md = (tmp_path / "one" / "compare.md").read_text()
+    html = (tmp_path / "one" / "compare.html").read_text()
+    for name in FIGURE_NAMES:
+        data = (tmp_path / "one" / "figures" / f"{name}.png").read_bytes()
+        width, height = png_size(data)
+        assert 300 < width < 1200 and 150 < height < 1000
+        assert data == (tmp_path / "two" / "figures" / f"{name}.png").read_bytes()
+        assert f"](figures/{name}.png)" in md
+        assert base64.b64encode(data).decode("ascii") in html
+    assert "No training logs" not in md and ".tsv left out" not in md
+    assert "Points below the diagonal are pieces where the arm is better" in md  # caption shown
+    for name in ("compare.json", "compare.md", "compare.html"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_no_figures_writes_none_and_never_loads_matplotlib(tmp_path, two_arms):
+    code = ("import sys\nfrom pipeline.cli import main\ntry:\n    main(['compare', '--help'])\n"
+            "except SystemExit:\n    pass\nassert 'matplotlib' not in sys.modules\n"
+            "assert main(['compare', '--n-boot', '50', '--no-figures', '--out', 'plain', 'a', "
+            "'b']) == 0\nassert 'matplotlib' not in sys.modules, 'loaded'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "--no-figures" in done.stdout and "figures/*.png" not in done.stdout
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == [
+        "compare.html", "compare.json", "compare.md"]
+    assert "Figures" not in (tmp_path / "plain" / "compare.md").read_text()
+    assert "data:image/png" not in (tmp_path / "plain" / "compare.html").read_text()
+
+
+def test_learning_curves_from_directory_and_git_arms(tmp_path, monkeypatch):
+    """Folder layout and the single train_log.tsv of older runs, each from a directory and from
+    a commit (read with git, never from the working tree); an arm without logs is a note."""
+    a, b = simulate(np.random.default_rng(12), 0.02, seeds=(1, 2), seed_sd=0.005)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    write_arm(repo, a.assign(seed=None).drop_duplicates("sha256"))
+    write_logs(repo, {"": 3.9})
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "one run, one log file")
+    old = _git(repo, "rev-parse", "HEAD")
+    (repo / "reports" / "plots" / "train_log.tsv").unlink()
+    write_arm(repo, b)
+    write_logs(repo, {"10": 3.8, "2": 3.85})
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "two seeds, a folder of logs")
+    write_logs(repo, {"10": 9.0})  # the working tree is not read for a commit
+    (repo / "reports" / "plots" / "train_log" / "seed-99.tsv").write_text("not a log")
+    monkeypatch.chdir(repo)
+    from_old = read_curves(resolve_source(old[:10]))
+    assert list(from_old.seeds) == ["train_log.tsv"] and from_old.notes == ()
+    step, val = from_old.seeds["train_log.tsv"]
+    assert step.tolist() == [50, 100, 150, 200] and val[-1] == pytest.approx(3.9 + 3 / 200 ** .5
+                                                                               + 0.05, abs=1e-5)
+    from_head = read_curves(resolve_source("HEAD"))
+    assert list(from_head.seeds) == ["seed 2", "seed 10"]  # in seed order
+    assert from_head.seeds["seed 10"][1][-1] < 4.1
+    workspace = read_curves(resolve_source("workspace"))  # a directory: the working tree
+    assert workspace.seeds["seed 10"][1][-1] > 9.0
+    assert any("seed-99.tsv left out" in n for n in workspace.notes)
+    none = read_curves(Source("x", "directory", root=tmp_path))
+    assert not none.seeds and none.missing == ("reports/plots/train_log/seed-<s>.tsv or "
+                                               "reports/plots/train_log.tsv")
+    write_arm(tmp_path / "nologs", b)
+    assert main(["compare", "--n-boot", "50", "--out", "../out", old[:10], "HEAD",
+                 str(tmp_path / "nologs")]) == 0
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "](figures/learning_curves.png)" in md
+    assert f"reports/plots/train_log.tsv) in {tmp_path / 'nologs'}: not drawn" in md
+    assert png_size((tmp_path / "out" / "figures" / "learning_curves.png").read_bytes())
+
+
+def _arms_with_gains(tmp_path: Path, n_arms: int) -> None:
+    """base/ and arm1/ .. arm<n-1>/, arm k 1·k% better, 3 training seeds each."""
+    rng = np.random.default_rng(13)
+    p = pieces(rng, 12, 2)
+    write_arm(tmp_path / "base", scored(p, np.ones(len(p)), [1, 2, 3], rng, 0.01))
+    for k in range(1, n_arms):
+        write_arm(tmp_path / f"arm{k}", scored(p, np.full(len(p), 1 - 0.01 * k), [1, 2, 3], rng,
+                                               0.01))
+
+
+def test_forest_rows_and_scatter_panels_follow_the_comparisons(tmp_path, monkeypatch):
+    _arms_with_gains(tmp_path, 5)
+    heights = {}
+    for n in (2, 4, 5):
+        arms = ["base", *(f"arm{k}" for k in range(1, n))]
+        assert run_cli(tmp_path, monkeypatch, *arms, "--out", f"out{n}") == 0
+        out = result(tmp_path, f"out{n}")
+        rows = forest_rows(out, {})
+        assert len(rows) == len(out["comparisons"]) == n - 1
+        assert (rows[0].arm, rows[0].design) == ("arm1", "identical")
+        assert scatter_panels(out) == (arms[1:] if n <= 4 else ["arm1"])
+        figures = tmp_path / f"out{n}" / "figures"
+        heights[n] = png_size((figures / "forest.png").read_bytes())[1]
+        width = png_size((figures / "scatter.png").read_bytes())[0]
+        assert width > 600 if 2 < n <= 4 else width < 600
+    assert heights[2] < heights[4] < heights[5]  # one row more per comparison
+    assert "only the first, arm1, is drawn" in (tmp_path / "out5" / "compare.md").read_text()
+
+
+def test_seed_effects_paired_and_against_the_baseline_mean():
+    rng = np.random.default_rng(14)
+    p0 = pieces(rng)
+    a = scored(p0, np.ones(len(p0)), [1, 2, 3], rng, 0.02)
+    gains = {1: 0.01, 2: 0.02, 3: 0.04}
+    b = pd.concat([a[a["seed"] == s].assign(nll_nats=lambda d, g=g: d["nll_nats"] * (1 - g))
+                   for s, g in gains.items()])
+    sa, sb = arm_scores(a, "A"), arm_scores(b, "B")
+    # paired: seed s against seed s recovers each seed's planted gain
+    assert seed_effects(sa, sb, paired=True) == pytest.approx(list(gains.values()))
+    # unpaired: against A's mean over seeds; their mean is the comparison's point estimate
+    unpaired = seed_effects(sa, sb, paired=False)
+    st = compare_pair(pair(sa, sb, "A", "B", "val"), PER_NOTE, n_boot=50, level=0.95,
+                      rng=np.random.default_rng(0), margin=0.005)["nats_per_note"]
+    assert np.mean(unpaired) == pytest.approx(st["rel_improvement"]["value"], rel=1e-12)
+    assert seed_effects(sb, arm_scores(a[a["seed"] == 1], "A1"), paired=False) == []

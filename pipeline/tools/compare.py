@@ -8,22 +8,28 @@ the command says which parameters differ, whether the difference is significant 
 correction, and whether the arms are equivalent within a margin. See ``docs/compare.md``.
 
 An arm's files, relative to its root: ``params.yaml``, ``reports/eval.json``,
-``reports/eval/per_piece.parquet`` and, optionally, ``reports/train.json``. Outputs:
-``compare.json``, ``compare.md`` and ``compare.html`` in ``--out``; no timestamps or absolute
-paths (sources appear as the user gave them).
+``reports/eval/per_piece.parquet`` and, optionally, ``reports/train.json`` and the training logs
+(``reports/plots/train_log/``, for the learning curves). Outputs: ``compare.json``,
+``compare.md`` and ``compare.html`` in ``--out``, and the figures in ``figures/`` under it
+unless ``--no-figures``; no timestamps or absolute paths (sources appear as the user gave
+them). This module resolves, loads and compares the arms; the words, the document and the
+figures are :mod:`pipeline.report.compare`'s.
 
-A tool, not a DVC stage: no stage runs it and nothing here imports torch.
+A tool, not a DVC stage: no stage runs it, nothing here imports torch, and matplotlib is loaded
+only when figures are drawn.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import numpy as np
@@ -35,19 +41,21 @@ from ruamel.yaml import YAMLError
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import ParamsError, parse_yaml, read_params
-from pipeline.report.document import Document, Heading, Para, Table, render_html, render_markdown
+from pipeline.report.compare import Curves, build_document, draw_figures, render, verdict
 from pipeline.scoring import compare as stats
 from pipeline.scoring.compare import Refusal
 
 PARAMS, EVAL, PER_PIECE, TRAIN = ("params.yaml", "reports/eval.json",
                                   "reports/eval/per_piece.parquet", "reports/train.json")
 """An arm's files, relative to its root (a directory or a commit's tree)."""
+TRAIN_LOG_DIR, TRAIN_LOG_FILE = "reports/plots/train_log", "reports/plots/train_log.tsv"
+"""Training logs, read for the learning curves: ``seed-<s>.tsv`` per training seed in the
+folder, or, in runs made before training seeds existed, the one file."""
+FIGURES = "figures"
 COLUMNS = ["sha256", "split", "model", "group_id", "nll_nats", "n_tokens", "n_notes",
            "duration_s"]
 """per_piece.parquet columns an arm needs; ``seed`` too when present (results written before
 training seeds existed lack it: one model per name, as a null seed)."""
-METRIC_NAMES = {"nats_per_note": "NLL per note", "nats_per_second": "NLL per second",
-                "nats_per_token": "NLL per token"}
 TEST_WARNING = ("compared on test: test results must not be used to pick a winner among arms "
                 "(a sweep picks on val, then scores its one choice on test)")
 SCHEMA_VERSION = 1
@@ -83,6 +91,17 @@ class Source:
             return path.read_bytes() if path.is_file() else None
         done = _git("show", f"{self.commit}:{rel}")
         return done.stdout if done.returncode == 0 else None
+
+    def listdir(self, rel: str) -> list[str]:
+        """Names of the entries directly in folder ``rel``, sorted; [] when there is none
+        (``git ls-tree --full-tree``: paths from the repository's root, as ``git show``)."""
+        if self.kind == "directory":
+            path = self.root / rel  # type: ignore[operator]
+            return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        done = _git("ls-tree", "--full-tree", "--name-only", f"{self.commit}", f"{rel}/")
+        if done.returncode != 0:
+            return []
+        return sorted(PurePosixPath(line).name for line in done.stdout.decode().splitlines())
 
 
 def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -227,6 +246,48 @@ def model_rows(arm: Arm, model: str, split: str) -> pd.DataFrame:
     return rows
 
 
+def _val_curve(data: bytes) -> tuple[np.ndarray, np.ndarray] | str:
+    """``(step, val_loss)`` at the steps where val loss was measured, from a training log's
+    bytes (tab-separated, columns ``step, train_loss, val_loss, lr, grad_norm``), or why not."""
+    try:
+        log = pd.read_csv(io.BytesIO(data), sep="\t")
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError):
+        return "not a readable tab-separated file"
+    if not {"step", "val_loss"} <= set(log.columns):
+        return "no step or val_loss column"
+    step = pd.to_numeric(log["step"], errors="coerce").to_numpy(dtype=float)
+    val = pd.to_numeric(log["val_loss"], errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(step) & np.isfinite(val)
+    if not ok.any():
+        return "no val_loss value"
+    order = np.argsort(step[ok], kind="stable")
+    return step[ok][order], val[ok][order]
+
+
+def read_curves(src: Source) -> Curves:
+    """An arm's validation-loss curves, from the same source as its other files: every
+    ``seed-<s>.tsv`` in :data:`TRAIN_LOG_DIR` (labelled ``seed <s>``, in seed order), else the
+    single :data:`TRAIN_LOG_FILE`. A log that cannot be read is left out with a note."""
+    names = [n for n in src.listdir(TRAIN_LOG_DIR) if re.fullmatch(r"seed-.+\.tsv", n)]
+    if names:
+        files = [(f"{TRAIN_LOG_DIR}/{n}", f"seed {n.removeprefix('seed-').removesuffix('.tsv')}")
+                 for n in sorted(names, key=lambda n: (len(n), n))]
+    else:
+        files = [(TRAIN_LOG_FILE, Path(TRAIN_LOG_FILE).name)]
+    seeds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    notes: list[str] = []
+    for rel, label in files:
+        data = src.read(rel)
+        if data is None:  # only the single file can be missing
+            return Curves(missing=f"{TRAIN_LOG_DIR}/seed-<s>.tsv or {TRAIN_LOG_FILE}")
+        curve = _val_curve(data)
+        if isinstance(curve, str):
+            notes.append(f"{src.where(rel)} left out: {curve}")
+        else:
+            seeds[label] = curve
+    return Curves(seeds, tuple(notes))
+
+
 # ---- the comparison -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
@@ -316,168 +377,28 @@ def _conclusion(block: dict[str, Any]) -> str:
     return "equivalent" if block["equivalent"] else "inconclusive"
 
 
-# ---- words ----------------------------------------------------------------------------------
-def _value(v: Any, limit: int = 40) -> str:
-    """A parameter value as text, cut to ``limit`` characters in prose and tables (compare.json
-    keeps it whole)."""
-    text = v if isinstance(v, str) else stats.canonical(v)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _side(row: dict[str, Any], side: str) -> str:
-    """One side of a params-diff row as text (``(absent)`` where the key is missing)."""
-    return "(absent)" if row["absent"] == side else _value(row[side])
-
-
-def _change(row: dict[str, Any]) -> str:
-    return f"{row['key']} {_side(row, 'baseline')} → {_side(row, 'arm')}"
-
-
-def design_words(c: dict[str, Any]) -> str:
-    """``controlled: one param differs (transformer.train.max_steps 400 → 800)``; for a
-    confounded comparison the keys only (their values are in the table)."""
-    diff = c["params_diff"]
-    if not diff:
-        text = "identical: no param differs"
-    elif len(diff) == 1:
-        text = f"controlled: one param differs ({_change(diff[0])})"
-    else:
-        text = f"confounded: {len(diff)} params differ ({', '.join(r['key'] for r in diff)})"
-    if c["protocol_diff"]:
-        text += f"; scoring protocol differs ({'; '.join(map(_change, c['protocol_diff']))})"
-    return text
-
-
-def _pct(x: float) -> str:
-    return f"{abs(x) * 100:.1f}%"
-
-
-def _interval_words(lo: float, hi: float) -> str:
-    if lo >= 0:
-        return f"{_pct(lo)}–{_pct(hi)} lower"
-    if hi <= 0:
-        return f"{_pct(hi)}–{_pct(lo)} higher"
-    return f"{_pct(lo)} higher to {_pct(hi)} lower"
-
-
-def _p_words(p: float) -> str:
-    return "< 0.001" if p < 0.001 else f"= {p:.2g}"
-
-
-def finding(c: dict[str, Any], key: str, cfg: Settings, *, n_comparisons: int) -> str:
-    """What a comparison shows for one metric: the effect, its interval, p and the conclusion."""
-    m, a, b = c["metrics"][key], c["baseline"], c["arm"]
-    name, rel = METRIC_NAMES[key], m["rel_improvement"]
-    if n_comparisons > 1:
-        p_text = f"Holm p {_p_words(m['p_holm'])}, raw p {_p_words(m['p_value'])}"
-    else:
-        p_text = f"p {_p_words(m['p_value'])}"
-    if m["diff"]["value"] == 0 and m["diff"]["ci_low"] == 0 and m["diff"]["ci_high"] == 0:
-        head = f"{b}'s {name} equals {a}'s on every piece (difference 0, {p_text})"
-    else:
-        v = rel["value"]
-        direction = "lower" if v > 0 else "higher" if v < 0 else "the same as"
-        head = (f"{b}'s {name} is {_pct(v)} {direction} than {a}'s ({cfg.ci_level * 100:g}% CI "
-                f"{_interval_words(rel['ci_low'], rel['ci_high'])}, {p_text})")
-    alpha = f"alpha = {cfg.alpha:g}" + (" after Holm" if n_comparisons > 1 else "")
-    margin = f"±{cfg.equivalence_margin * 100:g}%"
-    return (f"{head}: " + (f"a real difference at {alpha}" if m["significant"]
-                           else f"no difference shown at {alpha}")
-            + (f", equivalent within {margin}" if m["equivalent"]
-               else f", not shown equivalent within {margin}"))
-
-
-def context(c: dict[str, Any], split: str) -> str:
-    """On which pieces, groups and seeds a comparison stands, and its design."""
-    a, b = c["baseline"], c["arm"]
-    sa, sb = c["n_seeds_baseline"], c["n_seeds_arm"]
-    if sa == sb:
-        seeds = "" if sa == 1 else f", {sa} training seeds each" + (
-            " (paired by seed)" if c["seed_pairing"] == "paired" else "")
-    else:
-        seeds = f", {a} {sa} training seed{'s' * (sa > 1)} and {b} {sb}"
-    return (f"on {c['n_pieces']} {split} pieces in {c['n_groups']} groups{seeds}; "
-            f"{design_words(c)}")
-
-
-def verdict(c: dict[str, Any], key: str, cfg: Settings, *, n_comparisons: int) -> str:
-    """One self-contained sentence on a comparison's metric, in plain words."""
-    return (f"{finding(c, key, cfg, n_comparisons=n_comparisons)}; "
-            f"{context(c, cfg.split)}.")
-
-
-def _ci(block: dict[str, Any], scale: float = 1.0, digits: int = 4) -> str:
-    f = f"{{:.{digits}g}}"
-    return (f"{f.format(block['value'] * scale)} [{f.format(block['ci_low'] * scale)}, "
-            f"{f.format(block['ci_high'] * scale)}]")
-
-
-def build_document(result: dict[str, Any], cfg: Settings) -> Document:
-    """compare.md / compare.html's blocks from compare.json's content."""
-    split, model, level = result["split"], result["model"], result["settings"]["ci_level"]
-    doc = Document(f"symkit compare: {model} on {split}")
-    arms = result["arms"]
-    doc.add(Para(f"{len(arms) - 1} arm{'s' * (len(arms) > 2)} compared with the baseline "
-                 f"{result['baseline']} on the {split} pieces both scored; NLL in nats, lower is "
-                 f"better; intervals are {level * 100:g}% bootstrap intervals over groups and "
-                 "training seeds."))
-    doc.add(*(Para(w, kind="warn") for w in result["warnings"]))
-    for c in result["comparisons"]:
-        doc.add(Heading(f"{c['arm']} against {c['baseline']}"))
-        here = context(c, split)
-        doc.add(Para(here[0].upper() + here[1:] + "."))
-        doc.add(*(Para(finding(c, k, cfg, n_comparisons=len(result["comparisons"])) + ".")
-                  for k in c["metrics"]))
-        doc.add(*(Para(f"{METRIC_NAMES[k]} not compared: {why}", kind="note")
-                  for k, why in c["omitted_metrics"].items()))
-    doc.add(Heading("Statistics"),
-            Table(["arm", "metric", "baseline", "arm value", "A − B", "relative improvement %",
-                   "p", "Holm p", "significant", "equivalent", "median piece effect %"],
-                  [[c["arm"], k, _ci(m["baseline"]), _ci(m["arm"]), _ci(m["diff"], digits=3),
-                    _ci(m["rel_improvement"], 100, 3), f"{m['p_value']:.3g}",
-                    f"{m['p_holm']:.3g}", str(m["significant"]).lower(),
-                    str(m["equivalent"]).lower(), f"{c['median_piece_effect'] * 100:.3g}"]
-                   for c in result["comparisons"] for k, m in c["metrics"].items()]))
-    doc.add(Heading("Arms"),
-            Table(["arm", "source", "commit", "split hash", "tokenizer hash", "seeds", "pieces"],
-                  [[a["label"], a["source"], (a["commit"] or "")[:12], a["split_hash"][:12],
-                    str(a["tokenizer_hash"] or "")[:12],
-                    ", ".join(map(str, a["seeds"])) or "none", str(a["n_pieces"])]
-                   for a in arms]))
-    rows = [[c["arm"], c["design"], r["key"], _side(r, "baseline"), _side(r, "arm")]
-            for c in result["comparisons"] for r in c["params_diff"] + c["protocol_diff"]]
-    doc.add(Heading("What differs from the baseline"),
-            Para("params.yaml keys, flattened, with the runtime and report sections left out "
-                 "(they never change results), then the scoring protocol's transformer_stride "
-                 "and bootstrap settings from eval.json; long values are cut here and whole in "
-                 "compare.json.", kind="note"),
-            Table(["arm", "design", "key", "baseline", "arm value"], rows) if rows
-            else Para("No parameter or protocol setting differs from the baseline."))
-    doc.add(Heading("Method"), Para(
-        f"Each comparison pairs the baseline (A) and the arm (B) on the same pieces. Replicate "
-        f"b of {result['settings']['n_boot']} draws the groups with replacement, then each "
-        "arm's training seeds (one draw for both when the arms list the same seeds); NLL per "
-        "note, second or token is a ratio of sums over the drawn groups of the NLL averaged "
-        "over the drawn seeds. The relative improvement (A − B) / A is formed inside each "
-        "replicate. p is the two-sided bootstrap p-value of A − B "
-        f"({result['settings']['p_value']}); with several arms, Holm's correction per metric. "
-        f"Equivalent: the whole relative-improvement interval lies within "
-        f"±{result['settings']['equivalence_margin'] * 100:g}%. See docs/compare.md.",
-        kind="note"))
-    return doc
-
-
 # ---- command line ---------------------------------------------------------------------------
-def run(sources: Sequence[str], cfg: Settings, out: Path) -> dict[str, Any]:
-    """Resolve, load and compare the arms; write compare.json, .md and .html into ``out``."""
+def run(sources: Sequence[str], cfg: Settings, out: Path, *,
+        figures: bool = True) -> dict[str, Any]:
+    """Resolve, load and compare the arms; write compare.json, .md and .html into ``out`` and,
+    with ``figures``, the PNGs that compare.md links into ``out/figures``."""
     labels = unique_labels(sources)
     arms = [load_arm(resolve_source(name), label) for name, label in zip(sources, labels,
                                                                            strict=True)]
     result = compare(arms, cfg)
-    doc = build_document(result, cfg)
+    drawn = None
+    if figures:
+        scores = {a.label: stats.arm_scores(model_rows(a, cfg.model, cfg.split), a.label)
+                  for a in arms}
+        drawn = draw_figures(result, scores, {a.label: read_curves(a.source) for a in arms},
+                             cfg)
+    md, html = render(build_document(result, cfg, drawn))
+    for d in drawn or []:
+        if d.png is not None:
+            artifacts.write_bytes(out / FIGURES / f"{d.name}.png", d.png)
     artifacts.write_json(out / "compare.json", result)
-    artifacts.write_text(out / "compare.md", render_markdown(doc))
-    artifacts.write_text(out / "compare.html", render_html(doc))
+    artifacts.write_text(out / "compare.md", md)
+    artifacts.write_text(out / "compare.html", html)
     return result
 
 
@@ -524,6 +445,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="relative margin for `equivalent` (default 0.005 = 0.5%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/compare"),
                         help="output folder (default reports/compare)")
+    parser.add_argument("--no-figures", dest="figures", action="store_false",
+                        help="skip the figures (forest plot, learning curves, per-piece "
+                             "scatter): faster, and matplotlib is not loaded")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -537,11 +461,12 @@ def main(args: argparse.Namespace) -> int:
     if cfg.split == "test":
         print(f"symkit compare: warning: {TEST_WARNING}", file=sys.stderr)
     try:
-        result = run(args.arms, cfg, args.out)
+        result = run(args.arms, cfg, args.out, figures=args.figures)
     except (Refusal, SourceError) as e:
         print(f"symkit compare: {e}", file=sys.stderr)
         return 2
     for c in result["comparisons"]:
         print(summary_line(c))
-    print(f"compare: wrote {(args.out / 'compare.json').as_posix()}, compare.md, compare.html")
+    print(f"compare: wrote {(args.out / 'compare.json').as_posix()}, compare.md, compare.html"
+          + (f" and {FIGURES}/*.png" if args.figures else ""))
     return 0

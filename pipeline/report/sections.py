@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field
 
-from pipeline.core.artifacts import read_json_or_none, read_table_or_none
+from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
 from pipeline.report.criteria import flatten
@@ -96,12 +96,10 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
             kv_block(reports.get("tokenize"), "tokenize", d))
 
 
-def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
-           train_env: Any) -> None:
+def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]) -> None:
     d = cfg.digits
     doc.add(Heading("Models"))
     train = reports.get("train") or {}
-    env = train_env if isinstance(train_env, dict) else {}
     seeds = train.get("seeds") if isinstance(train.get("seeds"), list) else []
     rows = [["transformer parameters", fmt(train.get("params"), d) if not isinstance(
         train.get("params"), dict) else ", ".join(f"{k}={fmt(v, d)}" for k, v in
@@ -111,10 +109,11 @@ def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
             ["steps (first seed)", fmt(train.get("steps"), d)],
             ["best val loss (first seed)", fmt(train.get("best_val_loss"), d)],
             ["final train loss (first seed)", fmt(train.get("final_train_loss"), d)],
-            ["compute time (s, this run, all seeds)", fmt(env.get("seconds"), d)],
-            ["device", fmt(env.get("cuda_device") or env.get("device"), d)],
-            ["tokens / s", fmt(env.get("tokens_per_s"), d)]]
+            ["precision", fmt(train.get("precision"), d)]]
     doc.add(Table(["transformer", "value"], rows),
+            Para("Timings, throughput and the device are in reports/train.env.json, a sidecar "
+                 "that is neither a DVC output nor tracked by git, so that re-running an "
+                 "unchanged experiment changes no tracked file.", "note"),
             kv_block(reports.get("ngram"), "ngram", d))
 
 
@@ -326,13 +325,11 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
                      f"are in {folder.name}/.", "note"))
 
 
-def environment(doc: Document, cfg: ReportConfig, env: Any, train_env: Any,
-                registered: Any) -> None:
+def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> None:
     doc.add(Heading("Environment"))
     env = env if isinstance(env, dict) else {}
-    source = env.get("environment") or (train_env or {}).get("environment") or {}
-    rows = [["git commit", fmt(env.get("git_commit"))],
-            ["params sha256", fmt(env.get("params_sha256"))],
+    source = env.get("environment") or {}
+    rows = [["params sha256", fmt(env.get("params_sha256"))],
             ["python", fmt(source.get("python"))], ["platform", fmt(source.get("platform"))]]
     rows += [[f"package {k}", fmt(v)] for k, v in sorted((source.get("packages") or {}).items())]
     doc.add(Table(["fact", "value"], rows))
@@ -357,11 +354,10 @@ def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
                  metrics: Mapping[str, Any], inputs: Mapping[str, Path], registered: Any,
                  env: Any) -> None:
     """Append every descriptive section, in reading order."""
-    train_env = read_json_or_none(inputs["train_env"])
     data_card(doc, cfg, reports, inputs)
-    models(doc, cfg, reports, train_env)
+    models(doc, cfg, reports)
     metrics_section(doc, cfg, reports, metrics, inputs)
     memorisation(doc, cfg, reports.get("audit"), inputs)
     music(doc, cfg, reports.get("audit"))
     samples(doc, cfg, reports.get("audit"), inputs)
-    environment(doc, cfg, env, train_env, registered)
+    environment(doc, cfg, env, registered)

@@ -51,7 +51,6 @@ class ReportPaths:
     tokenize: Path = Path("reports/tokenize.json")
     ngram: Path = Path("reports/ngram.json")
     train: Path = Path("reports/train.json")
-    train_env: Path = Path("reports/train.env.json")
     eval: Path = Path("reports/eval.json")
     audit: Path = Path("reports/audit.json")
     per_piece: Path = Path("reports/eval/per_piece.parquet")

@@ -80,10 +80,12 @@ def test_a_function_level_import_that_closes_a_cycle_is_found(copy: Path) -> Non
 
 def test_stages_out_of_pipeline_order_are_named(copy: Path) -> None:
     text = (copy / "dvc.yaml").read_text(encoding="utf-8")
-    head, _, rest = text.partition("  tokenize:\n")
+    stages, top_level, after = text.partition("\nplots:\n")  # top-level plots follow the stages
+    head, _, rest = stages.partition("  tokenize:\n")
     tokenize, _, tail = rest.partition("  train_ngram:\n")
     (copy / "dvc.yaml").write_text(f"{head}  train_ngram:\n{tail.rstrip()}\n\n"
-                                   f"  tokenize:\n{tokenize}", encoding="utf-8")
+                                   f"  tokenize:\n{tokenize.rstrip()}\n{top_level}{after}",
+                                   encoding="utf-8")
     problems = check(copy)
     assert problems and all("listed after it" in p for p in problems), problems
     assert any("'train_ngram' reads data/tokens" in p and "'tokenize'" in p for p in problems)

@@ -111,7 +111,7 @@ def test_cli_writes_dvc_paths(data, tmp_path, monkeypatch):
     spec = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())
     declared = {next(iter(o)) if isinstance(o, dict) else o
                 for kind in ("outs", "metrics", "plots")
-                for o in spec["stages"]["train_transformer"][kind]}
+                for o in spec["stages"]["train_transformer"].get(kind, [])}
     assert {(defaults["out"] / "replicates").as_posix(), defaults["summary"].as_posix(),
             defaults["log"].as_posix()} <= declared
     # the timing sidecar is written but is not an output (it would change dvc.lock every run)

@@ -161,6 +161,52 @@ def test_different_scored_pieces_are_refused_with_counts_and_examples(tmp_path, 
     assert all(s[:12] in err for s in dropped)
 
 
+def _add_to_eval(root: Path, **blocks) -> None:
+    path = root / "reports" / "eval.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **blocks}))
+
+
+def test_lossy_or_unscored_pieces_of_any_arm_are_left_out_of_every_comparison(
+        tmp_path, monkeypatch, capsys, two_arms):
+    """A tokenizer that drops notes, or fails on some pieces, must not look better for it: the
+    pieces an arm's evaluate lists as lossy or not scored (with a reason) leave every arm."""
+    b = two_arms[1]
+    shas = sorted(set(b["sha256"]))
+    lossy, failed = shas[0], shas[1]
+    # arm b encodes `lossy` lossily (still scored) and could not encode `failed` (not scored)
+    write_arm(tmp_path / "b", b[b["sha256"] != failed])
+    _add_to_eval(tmp_path / "b",
+                 fidelity={"pieces": [{"sha256": lossy, "split": "val",
+                                       "flags": ["notes_dropped"]}]},
+                 excluded={"pieces": [{"sha256": failed, "reason": "not_encoded"}]})
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
+    r = result(tmp_path)
+    assert r["excluded"]["n_pieces"] == 2
+    assert r["excluded"]["by_arm"] == {
+        "a": [], "b": sorted([{"sha256": lossy, "reason": "lossy: notes_dropped"},
+                              {"sha256": failed, "reason": "not scored: not_encoded"}],
+                             key=lambda p: p["sha256"])}
+    assert [arm["n_pieces"] for arm in r["arms"]] == [len(shas) - 2] * 2
+    assert r["comparisons"][0]["n_pieces"] == len(shas) - 2
+    assert any("2 val pieces left out of every comparison" in w for w in r["warnings"])
+    md = (tmp_path / "reports" / "compare" / "compare.md").read_text()
+    assert "left out of every comparison" in md
+    # the same missing piece without a recorded reason is still refused
+    write_arm(tmp_path / "b", b[b["sha256"] != failed])
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 2
+    assert "different val pieces" in capsys.readouterr().err
+
+
+def test_a_lossy_piece_on_another_split_changes_nothing(tmp_path, monkeypatch, two_arms):
+    a, b = two_arms
+    _add_to_eval(tmp_path / "b", fidelity={"pieces": [
+        {"sha256": sorted(set(b["sha256"]))[0], "split": "test", "flags": ["roundtrip_lossy"]}]})
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
+    r = result(tmp_path)
+    assert r["excluded"]["n_pieces"] == 0 and r["arms"][0]["n_pieces"] == len(set(a["sha256"]))
+    assert not r["warnings"]
+
+
 def test_a_piece_in_different_groups_is_refused(tmp_path, monkeypatch, capsys, two_arms):
     b = two_arms[1].copy()
     b.loc[b["sha256"] == b["sha256"].iloc[0], "group_id"] = "elsewhere"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -170,6 +171,27 @@ def test_bad_pieces_are_excluded_for_every_model(setup):
     assert summary.n_excluded == 2
     assert not table["sha256"].isin(reasons).any()
     assert table.loc[(table["sha256"] == val[1]["sha256"]), "n_tokens"].tolist() == [3, 3]
+
+
+def test_lossy_pieces_are_scored_and_stated(setup):
+    """Pieces whose tokens lose notes are scored per source note like the others, and eval.json
+    names them (``fidelity``), for the scored splits only."""
+    paths, root = setup
+    table = pq.read_table(paths["tokens"])
+    rows = table.to_pylist()
+    val = sorted({r["sha256"] for r in rows if r["split"] == "val"})[0]
+    train = sorted({r["sha256"] for r in rows if r["split"] == "train"})[0]
+    for r in rows:
+        if r["sha256"] == val:
+            r["flags"] = ["notes_dropped", "roundtrip_lossy"]
+        if r["sha256"] == train:
+            r["flags"] = ["roundtrip_lossy"]
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), paths["tokens"])
+    _, report, per_piece = evaluate(paths, root, two_models(root))
+    assert report["fidelity"]["pieces"] == [
+        {"sha256": val, "split": "val", "flags": ["notes_dropped", "roundtrip_lossy"]}]
+    assert report["fidelity"]["counts"] == {"val": 1}
+    assert val in set(per_piece["sha256"])  # still scored
 
 
 def test_load_models_reports_failures(setup):

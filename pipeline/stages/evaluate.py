@@ -35,7 +35,8 @@ Inputs: ``data/tokens/tokens.parquet``, ``data/tokens/info.json``, ``data/manife
 training seeds), ``group_id``, ``nll_nats``, ``n_tokens``, ``n_notes``, ``duration_s``; sorted by
 model, seed, split, sha256; the train subset's rows have split ``train``),
 ``reports/eval.json`` (``protocol``, ``models``, ``paired``, ``gap``, ``power``, ``seeds``,
-``train_subset``, ``unavailable``, ``excluded``) and
+``train_subset``, ``unavailable``, ``excluded``, ``fidelity``: the scored pieces whose tokens lose
+notes, see :func:`fidelity_block`) and
 the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or does not load is
 listed under ``unavailable`` with the reason; the stage still scores the others.
 """
@@ -208,9 +209,10 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     """Score every available model on ``cfg.splits``; write the per-piece table and eval.json."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
-    all_rows = read_tokens(tokens, ["sha256", "split", "track", "ids"],
+    all_rows = read_tokens(tokens, ["sha256", "split", "track", "ids", "flags"],
                            splits=[*cfg.splits, "train"])
     is_train = all_rows["split"] == "train"
+    fidelity = fidelity_block(all_rows[~is_train])
     rows, excluded = clean_sequences(all_rows[~is_train].reset_index(drop=True), tok_info)
     facts = piece_facts(read_parquet(manifest), read_parquet(splits))
     rows, more = _match_facts(rows, facts)
@@ -261,6 +263,7 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
         "train_subset": train_block,
         "unavailable": unavailable,
         "excluded": {**excluded, "counts": excluded_counts},
+        "fidelity": fidelity,
         "preregistration": registration_check(preregistration, cfg, tok_info),
     })
     write_sidecar(report.with_name(report.stem + ".env.json"),
@@ -283,6 +286,32 @@ def _train_subset(rows: pd.DataFrame, info: TokenInfo, facts: pd.DataFrame, n: i
     return subset, {"n_pieces": len(chosen), "n_wanted": int(n),
                     "n_usable": int(usable["sha256"].nunique()),
                     "n_excluded": len(excluded["pieces"]) + len(more)}
+
+
+LOSSY_FLAGS = ("model_lossy", "notes_dropped", "roundtrip_lossy")
+"""tokenize's flags of a sequence whose tokens do not give back the piece's notes exactly."""
+
+
+def fidelity_block(rows: pd.DataFrame) -> dict[str, Any]:
+    """eval.json's ``fidelity``: the pieces (of the scored splits) whose tokens lose notes.
+
+    Such a piece is still scored, per *source* note, like every other: within one run every model
+    reads the same tokens, so the comparison between models is fair. Across tokenizers it is not (a
+    tokenizer that drops notes has less to predict), so ``symkit compare`` leaves out every piece
+    that some arm lists here. ``pieces``: ``sha256``, ``split``, ``flags`` (the lossy flags of any
+    of its sequences), sorted by sha256; ``counts``: pieces per split.
+    """
+    lossy: dict[str, tuple[str, set[str]]] = {}
+    for sha, split, flags in zip(rows["sha256"], rows["split"], rows["flags"], strict=True):
+        found = {str(f) for f in (flags if flags is not None else []) if str(f) in LOSSY_FLAGS}
+        if found:
+            lossy.setdefault(sha, (split, set()))[1].update(found)
+    pieces = [{"sha256": sha, "split": split, "flags": sorted(flags)}
+              for sha, (split, flags) in sorted(lossy.items())]
+    counts: dict[str, int] = {}
+    for p in pieces:
+        counts[p["split"]] = counts.get(p["split"], 0) + 1
+    return {"pieces": pieces, "counts": dict(sorted(counts.items()))}
 
 
 def _match_facts(rows: pd.DataFrame, facts: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:

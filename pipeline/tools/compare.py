@@ -305,6 +305,43 @@ class Settings:
         return round(1.0 - self.ci_level, 12)
 
 
+def exclusions(arms: Sequence[Arm], split: str, model: str) -> dict[str, list[dict[str, str]]]:
+    """Per arm (by label), the ``split`` pieces its evaluate lists as encoded lossily
+    (``fidelity.pieces``: scored, but its tokens lose notes) or as not scored with a reason
+    (``excluded.pieces``, e.g. ``not_encoded``), restricted to pieces some arm scored with
+    ``model`` on ``split``. Every piece listed for any arm is left out of every comparison: a
+    tokenizer that drops notes, or fails on the hardest pieces, must not look better for it."""
+    scored: set[str] = set()
+    for a in arms:
+        pp = a.per_piece
+        scored.update(pp.loc[(pp["model"] == model) & (pp["split"] == split), "sha256"])
+    out = {}
+    for a in arms:
+        items: dict[str, str] = {}
+        for p in (a.eval.get("fidelity") or {}).get("pieces") or []:
+            if p.get("split") == split and p.get("sha256") in scored:
+                items[p["sha256"]] = "lossy: " + ", ".join(p.get("flags") or [])
+        for p in (a.eval.get("excluded") or {}).get("pieces") or []:
+            if p.get("sha256") in scored:
+                items.setdefault(p["sha256"], f"not scored: {p.get('reason')}")
+        out[a.label] = [{"sha256": sha, "reason": r} for sha, r in sorted(items.items())]
+    return out
+
+
+def compared_scores(arms: Sequence[Arm], cfg: Settings,
+                    drop: set[str] | None = None) -> list[stats.ArmScores]:
+    """Each arm's scores of ``cfg.model`` on ``cfg.split``, without the pieces in ``drop``
+    (default: every piece :func:`exclusions` lists for some arm)."""
+    if drop is None:
+        drop = {p["sha256"] for items in exclusions(arms, cfg.split, cfg.model).values()
+                for p in items}
+    out = []
+    for a in arms:
+        rows = model_rows(a, cfg.model, cfg.split)
+        out.append(stats.arm_scores(rows[~rows["sha256"].isin(drop)], a.label))
+    return out
+
+
 def _arm_record(arm: Arm, scores: stats.ArmScores) -> dict[str, Any]:
     p = arm.protocol
     return {"label": arm.label, "source": arm.source.name, "kind": arm.source.kind,
@@ -321,7 +358,9 @@ def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
     Generator ``default_rng([seed, k])`` for the comparison with arm ``k`` (1-based), so adding
     an arm changes no other comparison's draws."""
     check_split_hashes(arms)
-    scores = [stats.arm_scores(model_rows(a, cfg.model, cfg.split), a.label) for a in arms]
+    left_out = exclusions(arms, cfg.split, cfg.model)
+    drop = {p["sha256"] for items in left_out.values() for p in items}
+    scores = compared_scores(arms, cfg, drop)
     base, base_scores = arms[0], scores[0]
     pairs = [stats.pair(base_scores, s, base.label, a.label, cfg.split)
              for a, s in zip(arms[1:], scores[1:], strict=True)]
@@ -353,6 +392,12 @@ def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
             block["conclusion"] = _conclusion(block)
             block["verdict"] = verdict(c, key, cfg, n_comparisons=len(comparisons))
     warnings = [TEST_WARNING] if cfg.split == "test" else []
+    if drop:
+        warnings.append(
+            f"{len(drop)} {cfg.split} piece{'s' * (len(drop) > 1)} left out of every comparison "
+            "because an arm encodes them lossily or did not score them ("
+            + "; ".join(f"{label}: {len(items)}" for label, items in left_out.items() if items)
+            + "; the pieces and reasons are under excluded in compare.json)")
     warnings += [f"{c['arm']!r}: the scoring protocol differs from {c['baseline']!r}'s but no "
                  "parameter does: one arm's eval.json may be stale (re-run `dvc repro evaluate`)"
                  for c in comparisons if c["protocol_diff"] and not c["params_diff"]]
@@ -365,6 +410,7 @@ def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
                                 "1 + #(d >= 0)) / (n_boot + 1)) over the replicate differences",
                      "multiple_comparisons": "holm, per metric, across the comparisons"},
         "arms": [_arm_record(a, s) for a, s in zip(arms, scores, strict=True)],
+        "excluded": {"n_pieces": len(drop), "by_arm": left_out},
         "comparisons": comparisons,
     }
 
@@ -388,8 +434,7 @@ def run(sources: Sequence[str], cfg: Settings, out: Path, *,
     result = compare(arms, cfg)
     drawn = None
     if figures:
-        scores = {a.label: stats.arm_scores(model_rows(a, cfg.model, cfg.split), a.label)
-                  for a in arms}
+        scores = {a.label: s for a, s in zip(arms, compared_scores(arms, cfg), strict=True)}
         drawn = draw_figures(result, scores, {a.label: read_curves(a.source) for a in arms},
                              cfg)
     md, html = render(build_document(result, cfg, drawn))

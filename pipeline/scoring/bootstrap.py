@@ -50,14 +50,16 @@ def percentile_interval(samples: np.ndarray, level: float) -> tuple[float, float
     return float(lo), float(hi)
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+def safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``num / den`` elementwise, NaN where ``den <= 0`` (an empty resample has no ratio)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
 # One implementation of each statistic, on ratio values and their replicates; the functions
 # below only form the ratios from group sums and replicate counts.
-def _interval(value: Any, reps: np.ndarray, level: float) -> dict[str, float]:
+def value_interval(value: Any, reps: np.ndarray, level: float) -> dict[str, float]:
+    """``{value, ci_low, ci_high}``: a statistic and the percentile interval of its replicates."""
     lo, hi = percentile_interval(reps, level)
     return {"value": float(value), "ci_low": lo, "ci_high": hi}
 
@@ -69,28 +71,29 @@ def _difference(ratio_a: Any, ratio_b: Any, reps_a: np.ndarray, reps_b: np.ndarr
     diffs = reps_a - reps_b
     finite = diffs[np.isfinite(diffs)]
     share = float(np.mean(finite < 0)) if finite.size else float("nan")
-    return {**_interval(ratio_a - ratio_b, diffs, level), "share_a_lower": share}
+    return {**value_interval(ratio_a - ratio_b, diffs, level), "share_a_lower": share}
 
 
 def _rel(ratio_a: Any, ratio_b: Any) -> Any:
     """``(A − B) / A`` of two ratios (NaN where A ≤ 0)."""
-    return _ratio(ratio_a - ratio_b, ratio_a)
+    return safe_ratio(ratio_a - ratio_b, ratio_a)
 
 
 def _relative(ratio_a: Any, ratio_b: Any, reps_a: np.ndarray, reps_b: np.ndarray,
               level: float) -> dict[str, float]:
     """``(A − B) / A``, formed inside each replicate."""
-    return _interval(_rel(ratio_a, ratio_b), _rel(reps_a, reps_b), level)
+    return value_interval(_rel(ratio_a, ratio_b), _rel(reps_a, reps_b), level)
 
 
 def _sum_ratio(num_g: np.ndarray, den_g: np.ndarray) -> np.ndarray:
-    return _ratio(np.asarray(num_g.sum()), np.asarray(den_g.sum()))
+    return safe_ratio(np.asarray(num_g.sum()), np.asarray(den_g.sum()))
 
 
 def ratio_ci(num_g: np.ndarray, den_g: np.ndarray, weights: np.ndarray,
              level: float) -> dict[str, float]:
     """``sum(num) / sum(den)`` over groups with its group-bootstrap interval."""
-    return _interval(_sum_ratio(num_g, den_g), _ratio(weights @ num_g, weights @ den_g), level)
+    return value_interval(_sum_ratio(num_g, den_g), safe_ratio(weights @ num_g, weights @ den_g),
+                          level)
 
 
 def paired_diff_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b: np.ndarray,
@@ -101,8 +104,8 @@ def paired_diff_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_
     how often A looks better).
     """
     return _difference(_sum_ratio(num_a, den_a), _sum_ratio(num_b, den_b),
-                       _ratio(weights @ num_a, weights @ den_a),
-                       _ratio(weights @ num_b, weights @ den_b), level)
+                       safe_ratio(weights @ num_a, weights @ den_a),
+                       safe_ratio(weights @ num_b, weights @ den_b), level)
 
 
 def independent_diff_ci(num_a: np.ndarray, den_a: np.ndarray, weights_a: np.ndarray,
@@ -119,8 +122,8 @@ def independent_diff_ci(num_a: np.ndarray, den_a: np.ndarray, weights_a: np.ndar
     if len(weights_a) != len(weights_b):
         raise ValueError(f"replicate counts differ: {len(weights_a)} and {len(weights_b)}")
     out = _difference(_sum_ratio(num_a, den_a), _sum_ratio(num_b, den_b),
-                      _ratio(weights_a @ num_a, weights_a @ den_a),
-                      _ratio(weights_b @ num_b, weights_b @ den_b), level)
+                      safe_ratio(weights_a @ num_a, weights_a @ den_a),
+                      safe_ratio(weights_b @ num_b, weights_b @ den_b), level)
     return {k: out[k] for k in ("value", "ci_low", "ci_high")}
 
 
@@ -135,8 +138,8 @@ def paired_rel_ci(num_a: np.ndarray, den_a: np.ndarray, num_b: np.ndarray, den_b
     ``1 − sum(num_b) / sum(num_a)`` per token, note or second alike.
     """
     return _relative(_sum_ratio(num_a, den_a), _sum_ratio(num_b, den_b),
-                     _ratio(weights @ num_a, weights @ den_a),
-                     _ratio(weights @ num_b, weights @ den_b), level)
+                     safe_ratio(weights @ num_a, weights @ den_a),
+                     safe_ratio(weights @ num_b, weights @ den_b), level)
 
 
 # ---- several training seeds ----------------------------------------------------------------
@@ -169,7 +172,8 @@ def ratio_summary(num: float, den: float, rep_num: np.ndarray, rep_den: np.ndarr
                   level: float) -> dict[str, float]:
     """``num / den`` with the percentile interval of the replicate ratios ``rep_num / rep_den``
     (replicate totals from :func:`replicate_sums`; as :func:`ratio_ci` for one seed)."""
-    return _interval(_ratio(np.asarray(num), np.asarray(den)), _ratio(rep_num, rep_den), level)
+    return value_interval(safe_ratio(np.asarray(num), np.asarray(den)),
+                          safe_ratio(rep_num, rep_den), level)
 
 
 def diff_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b: np.ndarray,
@@ -177,8 +181,8 @@ def diff_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_
     """Paired ``A − B`` of two ratios over the same units, replicates given (as
     :func:`paired_diff_ci` for one seed)."""
     d, r = np.asarray(den), rep_den
-    return _difference(_ratio(np.asarray(num_a), d), _ratio(np.asarray(num_b), d),
-                       _ratio(rep_a, r), _ratio(rep_b, r), level)
+    return _difference(safe_ratio(np.asarray(num_a), d), safe_ratio(np.asarray(num_b), d),
+                       safe_ratio(rep_a, r), safe_ratio(rep_b, r), level)
 
 
 def rel_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b: np.ndarray,
@@ -186,8 +190,8 @@ def rel_summary(num_a: float, num_b: float, den: float, rep_a: np.ndarray, rep_b
     """Relative improvement ``(A − B) / A`` of two ratios over the same units, formed inside each
     replicate (as :func:`paired_rel_ci` for one seed)."""
     d, r = np.asarray(den), rep_den
-    return _relative(_ratio(np.asarray(num_a), d), _ratio(np.asarray(num_b), d),
-                     _ratio(rep_a, r), _ratio(rep_b, r), level)
+    return _relative(safe_ratio(np.asarray(num_a), d), safe_ratio(np.asarray(num_b), d),
+                     safe_ratio(rep_a, r), safe_ratio(rep_b, r), level)
 
 
 def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarray,
@@ -234,11 +238,11 @@ def hierarchical_paired_ci(nll_a: np.ndarray, nll_b: np.ndarray, units: np.ndarr
     out: dict[str, Any] = {"n_seeds_a": len(ga), "n_seeds_b": len(gb)}
     u = np.asarray(total_u)
     out["diff"] = {**diff_summary(mean_a, mean_b, total_u, rep_a, rep_b, rep_u, level),
-                   "per_seed": [float(_ratio(np.asarray(mean_a), u) - _ratio(np.asarray(t), u))
-                                for t in b_totals]}
+                   "per_seed": [float(safe_ratio(np.asarray(mean_a), u)
+                                      - safe_ratio(np.asarray(t), u)) for t in b_totals]}
     out["rel_improvement"] = {
         **rel_summary(mean_a, mean_b, total_u, rep_a, rep_b, rep_u, level),
-        "per_seed": [float(_rel(_ratio(np.asarray(mean_a), u), _ratio(np.asarray(t), u)))
+        "per_seed": [float(_rel(safe_ratio(np.asarray(mean_a), u), safe_ratio(np.asarray(t), u)))
                      for t in b_totals]}
     return out
 

@@ -38,10 +38,11 @@ from pipeline.scoring.bootstrap import (
     bootstrap_weights,
     group_sums,
     median_piece_effect,
-    percentile_interval,
     ratio_summary,
     replicate_sums,
+    safe_ratio,
     seed_weights,
+    value_interval,
 )
 
 METRICS: tuple[tuple[str, str], ...] = (("nats_per_note", "n_notes"),
@@ -207,16 +208,6 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-
-
-def _interval(value: Any, reps: np.ndarray, level: float) -> dict[str, float]:
-    lo, hi = percentile_interval(reps, level)
-    return {"value": float(value), "ci_low": lo, "ci_high": hi}
-
-
 def compare_pair(p: Paired, metrics: Sequence[tuple[str, str]], *, n_boot: int, level: float,
                  rng: np.random.Generator, margin: float) -> dict[str, Any]:
     """Baseline A against arm B on their common pieces, for each ``(key, column)`` metric.
@@ -247,16 +238,16 @@ def compare_pair(p: Paired, metrics: Sequence[tuple[str, str]], *, n_boot: int, 
         den_a = group_sums(p.codes, p.a.units[col], g)
         den_b = group_sums(p.codes, p.b.units[col], g)
         rd_a, rd_b = group_w @ den_a, group_w @ den_b
-        ra = _ratio(np.asarray(total_a), np.asarray(den_a.sum()))
-        rb = _ratio(np.asarray(total_b), np.asarray(den_b.sum()))
-        reps_a, reps_b = _ratio(rep_a, rd_a), _ratio(rep_b, rd_b)
+        ra = safe_ratio(np.asarray(total_a), np.asarray(den_a.sum()))
+        rb = safe_ratio(np.asarray(total_b), np.asarray(den_b.sum()))
+        reps_a, reps_b = safe_ratio(rep_a, rd_a), safe_ratio(rep_b, rd_b)
         d = reps_a - reps_b
         finite = d[np.isfinite(d)]
-        rel = _interval(_ratio(ra - rb, ra), _ratio(d, reps_a), level)
+        rel = value_interval(safe_ratio(ra - rb, ra), safe_ratio(d, reps_a), level)
         out[key] = {
             "baseline": ratio_summary(total_a, float(den_a.sum()), rep_a, rd_a, level),
             "arm": ratio_summary(total_b, float(den_b.sum()), rep_b, rd_b, level),
-            "diff": {**_interval(ra - rb, d, level),
+            "diff": {**value_interval(ra - rb, d, level),
                      "share_a_lower": float(np.mean(finite < 0)) if finite.size else math.nan},
             "rel_improvement": rel,
             "p_value": bootstrap_p_value(d),

@@ -32,7 +32,11 @@ from statistics import NormalDist
 import numpy as np
 
 from models.base import SequenceModel
-from pipeline.scoring.bootstrap import bootstrap_weights, percentile_interval
+from pipeline.scoring.bootstrap import (
+    bootstrap_weights,
+    safe_ratio,
+    value_interval,
+)
 
 _SEP_TOP = 2**32 - 1  # separators count down from here; real ids stay below 2**31
 
@@ -312,13 +316,7 @@ def resampled_rate(values: np.ndarray, groups: np.ndarray, n_boot: int, rng: np.
         w = bootstrap_weights(members.size, n_boot, rng)
         num += w @ sums[members]
         den += w @ sizes[members]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
-
-
-def _interval(value: float, replicates: np.ndarray, level: float) -> dict[str, float]:
-    lo, hi = percentile_interval(replicates, level)
-    return {"value": float(value), "ci_low": lo, "ci_high": hi}
+    return safe_ratio(num, den)
 
 
 def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_flags: np.ndarray,
@@ -341,9 +339,9 @@ def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_fl
     human_value = float(h.mean()) if h.size else float("nan")
     return {
         "value": value, "ci_low": lo, "ci_high": hi, "n": int(f.size), "n_flagged": int(f.sum()),
-        "human": {**_interval(human_value, human, level), "n_windows": int(h.size),
+        "human": {**value_interval(human_value, human, level), "n_windows": int(h.size),
                   "n_pieces": int(np.unique(np.asarray(human_pieces)).size)},
-        "excess": _interval(value - human_value, model - human, level),
+        "excess": value_interval(value - human_value, model - human, level),
     }
 
 
@@ -360,7 +358,7 @@ def judge_extraction(train: Extraction, test: Extraction, *, n_boot: int, level:
         out[name] = {"value": float(x.mean()) if x.size else float("nan"), "ci_low": lo,
                      "ci_high": hi, "n": int(x.size)}
         reps.append(resampled_rate(x, np.arange(x.size), n_boot, rng))
-    out["excess"] = _interval(out["train"]["value"] - out["test"]["value"], reps[0] - reps[1],
+    out["excess"] = value_interval(out["train"]["value"] - out["test"]["value"], reps[0] - reps[1],
                               level)
     return out
 
@@ -384,4 +382,4 @@ def judge_membership(train_loss: Sequence[float], heldout_loss: Sequence[float],
     wa = bootstrap_weights(a.size, n_boot, rng)
     wb = bootstrap_weights(b.size, n_boot, rng)
     reps = ((wa @ c) * wb).sum(axis=1) / (a.size * b.size)
-    return {**out, **_interval(float(c.mean()), reps, level)}
+    return {**out, **value_interval(float(c.mean()), reps, level)}

@@ -39,6 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                    "check that dvc.yaml lists exactly the code each stage runs"),
     "compare": ("pipeline.tools.compare",
                 "compare evaluated runs on the same pieces: is the difference real?"),
+    "reproduce": ("pipeline.tools.reproduce",
+                  "did a re-run reproduce the committed experiment? (artifacts, verdicts, "
+                  "metrics)"),
     "sweep": ("pipeline.tools.sweep",
               "run a grid of DVC experiments (-S key=v1,v2), one at a time, then compare them"),
 }

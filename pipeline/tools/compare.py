@@ -457,14 +457,16 @@ def summary_line(c: dict[str, Any]) -> str:
             f"{m['p_value']:.3g}, Holm p = {m['p_holm']:.3g}: {m['conclusion']}")
 
 
-def _fraction(text: str) -> float:
+def fraction_arg(text: str) -> float:
+    """argparse type: a number strictly between 0 and 1 (a coverage or a relative margin)."""
     v = float(text)
     if not 0.0 < v < 1.0:
         raise argparse.ArgumentTypeError(f"{text}: must lie strictly between 0 and 1")
     return v
 
 
-def _positive(text: str) -> int:
+def positive_arg(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of replicates)."""
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 1")
@@ -481,12 +483,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "already made on val)")
     parser.add_argument("--model", default="transformer",
                         help="model whose scores are compared across arms (default transformer)")
-    parser.add_argument("--n-boot", type=_positive, default=2000,
+    parser.add_argument("--n-boot", type=positive_arg, default=2000,
                         help="bootstrap replicates (default 2000)")
-    parser.add_argument("--ci-level", type=_fraction, default=0.95,
+    parser.add_argument("--ci-level", type=fraction_arg, default=0.95,
                         help="interval coverage; alpha = 1 - ci-level (default 0.95)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--equivalence-margin", type=_fraction, default=0.005,
+    parser.add_argument("--equivalence-margin", type=fraction_arg, default=0.005,
                         help="relative margin for `equivalent` (default 0.005 = 0.5%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/compare"),
                         help="output folder (default reports/compare)")

@@ -39,7 +39,9 @@ from pipeline.tools.compare import (
     Source,
     SourceError,
     compare,
+    fraction_arg,
     load_arm,
+    positive_arg,
     resolve_source,
 )
 
@@ -172,26 +174,12 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _fraction(text: str) -> float:
-    v = float(text)
-    if not 0.0 < v < 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must lie strictly between 0 and 1")
-    return v
-
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be an integer >= 1")
-    return v
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", default="HEAD",
                         help="committed revision to check the workspace against (default HEAD)")
-    parser.add_argument("--equivalence-margin", type=_fraction, default=0.005,
+    parser.add_argument("--equivalence-margin", type=fraction_arg, default=0.005,
                         help="relative margin on NLL per note (default 0.005 = 0.5%%)")
-    parser.add_argument("--n-boot", type=_positive, default=2000,
+    parser.add_argument("--n-boot", type=positive_arg, default=2000,
                         help="bootstrap replicates (default 2000)")
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--out", type=Path, default=Path("reports/reproduce.json"),

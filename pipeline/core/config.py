@@ -37,6 +37,7 @@ SECTIONS: dict[str, str] = {
     "audit": "pipeline.stages.audit:AuditConfig",
     "criteria": "pipeline.report.criteria:CriteriaConfig",
     "report": "pipeline.report.sections:ReportConfig",
+    "compare": "pipeline.report.comparisons:CompareConfig",
 }
 
 

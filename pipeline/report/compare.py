@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pipeline.report.comparisons import level_words
 from pipeline.report.document import (
     Document,
     Figure,
@@ -314,10 +315,18 @@ def build_document(result: dict[str, Any], cfg: Options,
                  f"better; intervals are {level * 100:g}% bootstrap intervals over groups and "
                  "training seeds."))
     doc.add(*(Para(w, kind="warn") for w in result["warnings"]))
+    reg = result.get("registered") or {}
+    doc.add(*registered_blocks(reg, result["settings"]["ci_level"]))
+    by_rule = {e["rule"]: e for e in reg.get("rules") or []}
     for c in result["comparisons"]:
         doc.add(Heading(f"{c['arm']} against {c['baseline']}"))
         here = context(c, split)
         doc.add(Para(here[0].upper() + here[1:] + "."))
+        rules = c.get("registered_rules") or []
+        doc.add(Para("Registered: " + "; ".join(
+            f"{r} ({by_rule[r]['status']})" for r in rules) + "." if rules else
+            "NOT REGISTERED: no registered rule covers this comparison; read it as "
+            "exploratory.", kind="note"))
         doc.add(*(Para(finding(c, k, cfg, n_comparisons=len(result["comparisons"])) + ".")
                   for k in c["metrics"]))
         doc.add(*(Para(f"{METRIC_NAMES[k]} not compared: {why}", kind="note")
@@ -346,10 +355,10 @@ def build_document(result: dict[str, Any], cfg: Options,
     rows = [[c["arm"], c["design"], r["key"], _side(r, "baseline"), _side(r, "arm")]
             for c in result["comparisons"] for r in c["params_diff"] + c["protocol_diff"]]
     doc.add(Heading("What differs from the baseline"),
-            Para("params.yaml keys, flattened, with the runtime and report sections left out "
-                 "(they never change results), then the scoring protocol's transformer_stride "
-                 "and bootstrap settings from eval.json; long values are cut here and whole in "
-                 "compare.json.", kind="note"),
+            Para("params.yaml keys, flattened, with the runtime, report, criteria and compare "
+                 "sections left out (they never change scores), then the scoring protocol's "
+                 "transformer_stride and bootstrap settings from eval.json; long values are "
+                 "cut here and whole in compare.json.", kind="note"),
             Table(["arm", "design", "key", "baseline", "arm value"], rows) if rows
             else Para("No parameter or protocol setting differs from the baseline."))
     doc.add(Heading("Method"), Para(
@@ -364,6 +373,30 @@ def build_document(result: dict[str, Any], cfg: Options,
         f"±{result['settings']['equivalence_margin'] * 100:g}%. See docs/compare.md.",
         kind="note"))
     return doc
+
+
+def registered_blocks(reg: Mapping[str, Any], ci_level: float) -> list[Any]:
+    """The "Registered comparisons" section: each registered rule's verdict on these arms, with
+    one sentence of evidence and any deviation; rules these arms do not cover, and why."""
+    out: list[Any] = [Heading("Registered comparisons")]
+    if not reg.get("registered"):
+        out.append(Para((reg.get("note") or "No comparison was registered.") + " Every "
+                        "comparison below is exploratory (NOT REGISTERED).", kind="note"))
+        return out
+    judged, not_run = reg.get("rules") or [], reg.get("not_run") or []
+    counts = ", ".join(f"{k} {v}" for k, v in (reg.get("counts") or {}).items())
+    out.append(Para(
+        f"The rules registered in {reg['source']}'s reports/preregistration_compare.json "
+        f"({str(reg['hash'])[:12]}), judged with the registered settings on "
+        f"{level_words(reg, ci_level)}" + (f": {counts}." if counts else ".")
+        + " A rule applies to a pair of arms whose params hold its baseline and arm values "
+        "and agree on every other param; DEVIATED names what was not followed."))
+    rows = [[e["rule"], f"{e['baseline']} → {e['arm']}", e["status"],
+             e["evidence"] + (" Deviations: " + "; ".join(e["deviations"]) + "."
+                              if e["deviations"] else "")] for e in judged]
+    rows += [[e["rule"], "", "NOT RUN", e["reason"]] for e in not_run]
+    out.append(Table(["rule", "baseline → arm", "verdict", "evidence"], rows))
+    return out
 
 
 def render(doc: Document) -> tuple[str, str]:

@@ -124,8 +124,8 @@ def _identity_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]
         if section == "criteria":
             out += _rule_differences(old_params.get(section), new_params.get(section))
         else:
-            out += _diff_flat(old_params.get(section), new_params.get(section), section)
-    out += _diff_flat(old.get("packages"), new.get("packages"), "package")
+            out += diff_flat(old_params.get(section), new_params.get(section), section)
+    out += diff_flat(old.get("packages"), new.get("packages"), "package")
     return out
 
 
@@ -140,11 +140,11 @@ def _rule_differences(old: Any, new: Any) -> list[str]:
     out += [f"criterion {n!r} was added to params.yaml after registration"
             for n in sorted(set(b) - set(a))]
     for n in sorted(set(a) & set(b)):
-        out += _diff_flat(a[n], b[n], f"criterion {n!r}")
+        out += diff_flat(a[n], b[n], f"criterion {n!r}")
     return out
 
 
-def _diff_flat(a: Any, b: Any, what: str) -> list[str]:
+def diff_flat(a: Any, b: Any, what: str) -> list[str]:
     fa = flatten(a, max_list=10**6) if isinstance(a, dict) else {"": a}
     fb = flatten(b, max_list=10**6) if isinstance(b, dict) else {"": b}
     out = []

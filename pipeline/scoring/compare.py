@@ -50,8 +50,9 @@ METRICS: tuple[tuple[str, str], ...] = (("nats_per_note", "n_notes"),
                                         ("nats_per_token", "n_tokens"))
 """Output key of each metric and the per-piece column its NLL is divided by."""
 UNIT_COLUMNS = tuple(col for _, col in METRICS)
-IGNORED_SECTIONS = ("runtime", "report")
-"""params.yaml sections that never change results, left out of the params diff."""
+IGNORED_SECTIONS = ("runtime", "report", "criteria", "compare")
+"""params.yaml sections that never change scores (knobs, the report, decision rules), left out of
+the params diff."""
 SeedPairing = Literal["paired", "independent", "none"]
 
 

@@ -8,8 +8,11 @@ the command says which parameters differ, whether the difference is significant 
 correction, and whether the arms are equivalent within a margin. See ``docs/compare.md``.
 
 An arm's files, relative to its root: ``params.yaml``, ``reports/eval.json``,
-``reports/eval/per_piece.parquet`` and, optionally, ``reports/train.json`` and the training logs
-(``reports/plots/train_log/``, for the learning curves). Outputs: ``compare.json``,
+``reports/eval/per_piece.parquet`` and, optionally, ``reports/train.json``, the training logs
+(``reports/plots/train_log/``, for the learning curves) and the registered comparisons
+(``reports/preregistration_compare.json``): the baseline's registration is judged
+(:mod:`pipeline.report.comparisons`), with the registered settings, and every comparison says
+which registered rule covers it or that none does (NOT REGISTERED). Outputs: ``compare.json``,
 ``compare.md`` and ``compare.html`` in ``--out``, and the figures in ``figures/`` under it
 unless ``--no-figures``; no timestamps or absolute paths (sources appear as the user gave
 them). This module resolves, loads and compares the arms; the words, the document and the
@@ -40,8 +43,10 @@ from ruamel.yaml import YAMLError
 
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
-from pipeline.core.config import ParamsError, parse_yaml, read_params
+from pipeline.core.config import ParamsError, parse_section, parse_yaml, read_params
+from pipeline.report import comparisons as registered
 from pipeline.report.compare import Curves, build_document, draw_figures, render, verdict
+from pipeline.report.comparisons import REGISTRATION, CompareConfig, ComparisonRule
 from pipeline.scoring import compare as stats
 from pipeline.scoring.compare import Refusal
 
@@ -166,6 +171,8 @@ class Arm:
     eval: dict[str, Any]
     per_piece: pd.DataFrame
     train: dict[str, Any] | None
+    registration: Any = None
+    """The arm's :data:`pipeline.report.comparisons.REGISTRATION`, parsed (None without one)."""
 
     @property
     def protocol(self) -> dict[str, Any]:
@@ -219,8 +226,10 @@ def load_arm(src: Source, label: str) -> Arm:
         raise ArtifactError(f"{src.where(EVAL)} is not a JSON object")
     train_bytes = src.read(TRAIN)
     train = _json(src, TRAIN, train_bytes) if train_bytes is not None else None
+    reg_bytes = src.read(REGISTRATION)
+    reg = _json(src, REGISTRATION, reg_bytes) if reg_bytes is not None else None
     return Arm(label, src, params, evaluation, per_piece,
-               train if isinstance(train, dict) else None)
+               train if isinstance(train, dict) else None, reg)
 
 
 def check_split_hashes(arms: Sequence[Arm]) -> None:
@@ -328,18 +337,79 @@ def exclusions(arms: Sequence[Arm], split: str, model: str) -> dict[str, list[di
     return out
 
 
+def dropped(arms: Sequence[Arm], split: str, model: str) -> set[str]:
+    """Every piece :func:`exclusions` lists for some arm."""
+    return {p["sha256"] for items in exclusions(arms, split, model).values() for p in items}
+
+
 def compared_scores(arms: Sequence[Arm], cfg: Settings,
                     drop: set[str] | None = None) -> list[stats.ArmScores]:
     """Each arm's scores of ``cfg.model`` on ``cfg.split``, without the pieces in ``drop``
     (default: every piece :func:`exclusions` lists for some arm)."""
     if drop is None:
-        drop = {p["sha256"] for items in exclusions(arms, cfg.split, cfg.model).values()
-                for p in items}
+        drop = dropped(arms, cfg.split, cfg.model)
     out = []
     for a in arms:
         rows = model_rows(a, cfg.model, cfg.split)
         out.append(stats.arm_scores(rows[~rows["sha256"].isin(drop)], a.label))
     return out
+
+
+def _metrics_for(a: Arm, b: Arm) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The metrics two arms are compared on, and those left out with the reason: per token
+    only when both use the same tokenizer."""
+    tok_a, tok_b = a.protocol.get("tokenizer_hash"), b.protocol.get("tokenizer_hash")
+    metrics = [m for m in stats.METRICS if m[0] != "nats_per_token"]
+    if tok_a and tok_a == tok_b:
+        return [*metrics, ("nats_per_token", "n_tokens")], {}
+    return metrics, {"nats_per_token": (
+        f"tokenizer_hash differs ({str(tok_a)[:12]} vs {str(tok_b)[:12]}): token counts are "
+        "not comparable across tokenizers; per note and per second are")}
+
+
+def judge_registered(arms: Sequence[Arm]) -> dict[str, Any]:
+    """The baseline's registered comparisons judged on ``arms``
+    (:func:`pipeline.report.comparisons.judge`): each rule's pair is scored like a comparison,
+    on its own model and split, with the registered ``n_boot`` and ``seed``, and with the
+    generator of the comparison of arm ``j`` when the pair's baseline is the first arm
+    (``default_rng([seed, j])``; ``[seed, i, j]`` otherwise)."""
+    infos = [registered.ArmInfo(a.label, stats.flatten_params(a.params), a.params.get("compare"),
+                                a.registration) for a in arms]
+    base = arms[0]
+    if base.registration is None:
+        out = registered.judge(None, infos, _no_scorer)
+        out["note"] = (f"{base.label} (the baseline) holds no {REGISTRATION}: no comparison was "
+                       "registered (`symkit preregister` freezes params.yaml's compare section)")
+        return out
+    reg = registered.read_registration(base.registration, base.label)
+    if isinstance(reg, str):
+        out = registered.judge(None, infos, _no_scorer)
+        out["note"] = reg
+        return out
+    drops: dict[tuple[str, str], set[str]] = {}
+
+    def score(i: int, j: int, rule: ComparisonRule, level: float) -> dict[str, Any]:
+        key = (rule.split, rule.model)
+        if key not in drops:
+            drops[key] = dropped(arms, rule.split, rule.model)
+        a, b = arms[i], arms[j]
+        sa, sb = (stats.arm_scores(rows[~rows["sha256"].isin(drops[key])], arm.label)
+                  for arm, rows in ((a, model_rows(a, rule.model, rule.split)),
+                                    (b, model_rows(b, rule.model, rule.split))))
+        p = stats.pair(sa, sb, a.label, b.label, rule.split)
+        rng = np.random.default_rng([reg.config.seed, j] if i == 0 else
+                                    [reg.config.seed, i, j])
+        metrics = stats.compare_pair(p, _metrics_for(a, b)[0], n_boot=reg.config.n_boot,
+                                     level=level, rng=rng,
+                                     margin=reg.config.equivalence_margin)
+        return {"metrics": metrics, "n_pieces": p.n_pieces, "n_groups": p.n_groups,
+                "n_seeds": [p.a.n_seeds, p.b.n_seeds]}
+
+    return registered.judge(reg, infos, score)
+
+
+def _no_scorer(i: int, j: int, rule: ComparisonRule, level: float) -> dict[str, Any]:
+    raise AssertionError("nothing is scored without a registration")
 
 
 def _arm_record(arm: Arm, scores: stats.ArmScores) -> dict[str, Any]:
@@ -367,15 +437,7 @@ def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
     flat_base = stats.flatten_params(base.params)
     comparisons = []
     for k, (arm, p) in enumerate(zip(arms[1:], pairs, strict=True), start=1):
-        tok_a, tok_b = base.protocol.get("tokenizer_hash"), arm.protocol.get("tokenizer_hash")
-        omitted = {}
-        metrics = [m for m in stats.METRICS if m[0] != "nats_per_token"]
-        if tok_a and tok_a == tok_b:
-            metrics.append(("nats_per_token", "n_tokens"))
-        else:
-            omitted["nats_per_token"] = (
-                f"tokenizer_hash differs ({str(tok_a)[:12]} vs {str(tok_b)[:12]}): token "
-                "counts are not comparable across tokenizers; per note and per second are")
+        metrics, omitted = _metrics_for(base, arm)
         diff = stats.params_diff(flat_base, stats.flatten_params(arm.params))
         comparisons.append({
             "arm": arm.label, "baseline": base.label, "rng": [cfg.seed, k],
@@ -387,7 +449,10 @@ def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
                                           margin=cfg.equivalence_margin),
             "omitted_metrics": omitted})
     stats.apply_holm([c["metrics"] for c in comparisons], cfg.alpha)
+    judged = judge_registered(arms)
     for c in comparisons:
+        c["registered_rules"] = [e["rule"] for e in
+                                 registered.coverage(judged, c["baseline"], c["arm"])]
         for key, block in c["metrics"].items():
             block["conclusion"] = _conclusion(block)
             block["verdict"] = verdict(c, key, cfg, n_comparisons=len(comparisons))
@@ -412,6 +477,7 @@ def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
         "arms": [_arm_record(a, s) for a, s in zip(arms, scores, strict=True)],
         "excluded": {"n_pieces": len(drop), "by_arm": left_out},
         "comparisons": comparisons,
+        "registered": judged,
     }
 
 
@@ -457,6 +523,18 @@ def summary_line(c: dict[str, Any]) -> str:
             f"{m['p_value']:.3g}, Holm p = {m['p_holm']:.3g}: {m['conclusion']}")
 
 
+def registered_lines(judged: dict[str, Any]) -> list[str]:
+    """One line per registered rule judged or not run, for stdout."""
+    out = [f"compare: registered {e['rule']}: {e['status']}: {e['evidence']}"
+           + (f" Deviations: {'; '.join(e['deviations'])}." if e["deviations"] else "")
+           for e in judged.get("rules") or []]
+    out += [f"compare: registered {e['rule']}: NOT RUN: {e['reason']}"
+            for e in judged.get("not_run") or []]
+    if judged.get("note"):
+        out.append(f"compare: {judged['note']}")
+    return out
+
+
 def fraction_arg(text: str) -> float:
     """argparse type: a number strictly between 0 and 1 (a coverage or a relative margin)."""
     v = float(text)
@@ -483,13 +561,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "already made on val)")
     parser.add_argument("--model", default="transformer",
                         help="model whose scores are compared across arms (default transformer)")
-    parser.add_argument("--n-boot", type=positive_arg, default=2000,
-                        help="bootstrap replicates (default 2000)")
-    parser.add_argument("--ci-level", type=fraction_arg, default=0.95,
-                        help="interval coverage; alpha = 1 - ci-level (default 0.95)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--equivalence-margin", type=fraction_arg, default=0.005,
-                        help="relative margin for `equivalent` (default 0.005 = 0.5%%)")
+    parser.add_argument("--n-boot", type=positive_arg,
+                        help="bootstrap replicates (default: the baseline's params.yaml "
+                             "compare.n_boot, else 2000)")
+    parser.add_argument("--ci-level", type=fraction_arg,
+                        help="interval coverage; alpha = 1 - ci-level (default: the "
+                             "baseline's compare.ci_level, else 0.95)")
+    parser.add_argument("--seed", type=int, help="bootstrap seed (default: the baseline's "
+                                                    "compare.seed, else 0)")
+    parser.add_argument("--equivalence-margin", type=fraction_arg,
+                        help="relative margin for `equivalent` (default: the baseline's "
+                             "compare.equivalence_margin, else 0.005 = 0.5%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/compare"),
                         help="output folder (default reports/compare)")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
@@ -497,14 +579,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "scatter): faster, and matplotlib is not loaded")
 
 
+def baseline_defaults(name: str) -> CompareConfig:
+    """The settings in the baseline arm's params.yaml ``compare`` section (the built-in defaults
+    when it has none): the options' defaults, read from the arm like everything else of it."""
+    src = resolve_source(name)
+    data = src.read(PARAMS)
+    raw = None
+    if data is not None:
+        try:
+            parsed = parse_yaml(data.decode("utf-8"))
+        except (YAMLError, UnicodeDecodeError) as e:
+            raise ParamsError(f"{src.where(PARAMS)}: not valid YAML: {e}") from e
+        raw = parsed.get("compare") if isinstance(parsed, dict) else None
+    if raw is None:
+        return CompareConfig(rules=[])
+    return parse_section("compare", raw, CompareConfig, src.where(PARAMS))
+
+
 def main(args: argparse.Namespace) -> int:
     if len(args.arms) < 2:
         print("symkit compare: give at least two arms (the first is the baseline)",
               file=sys.stderr)
         return 2
-    cfg = Settings(split=args.split, model=args.model, n_boot=args.n_boot,
-                   ci_level=args.ci_level, seed=args.seed,
-                   equivalence_margin=args.equivalence_margin)
+    try:
+        defaults = baseline_defaults(args.arms[0])
+    except SourceError as e:
+        print(f"symkit compare: {e}", file=sys.stderr)
+        return 2
+    cfg = Settings(
+        split=args.split, model=args.model,
+        n_boot=defaults.n_boot if args.n_boot is None else args.n_boot,
+        ci_level=defaults.ci_level if args.ci_level is None else args.ci_level,
+        seed=defaults.seed if args.seed is None else args.seed,
+        equivalence_margin=(defaults.equivalence_margin if args.equivalence_margin is None
+                            else args.equivalence_margin))
     if cfg.split == "test":
         print(f"symkit compare: warning: {TEST_WARNING}", file=sys.stderr)
     try:
@@ -514,6 +622,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for c in result["comparisons"]:
         print(summary_line(c))
+    for line in registered_lines(result["registered"]):
+        print(line)
     print(f"compare: wrote {(args.out / 'compare.json').as_posix()}, compare.md, compare.html"
           + (f" and {FIGURES}/*.png" if args.figures else ""))
     return 0

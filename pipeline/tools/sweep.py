@@ -43,11 +43,13 @@ import yaml
 
 from pipeline.core import artifacts
 from pipeline.core.config import SECTIONS, ParamsError, parse_section, parse_yaml, section_class
+from pipeline.report.comparisons import REGISTRATION
 from pipeline.tools.compare import EVAL, PARAMS, PER_PIECE
 
-GUARDED = (PARAMS, "dvc.yaml")
+GUARDED = (PARAMS, "dvc.yaml", REGISTRATION)
 """Files whose uncommitted changes would make the arms differ from ``HEAD`` by more than their
-overrides (DVC copies workspace changes into every experiment)."""
+overrides (DVC copies workspace changes into every experiment), or, for the registered
+comparisons, make a registration look older than it is."""
 LOG_TAIL = 20
 """Lines of a failed arm's log kept in sweep.json (and the last 10 of them printed)."""
 SCHEMA_VERSION = 1

@@ -215,6 +215,16 @@ def test_uncommitted_params_are_refused(project, capsys):
     assert exp_names(project) == []
 
 
+def test_an_uncommitted_comparison_registration_is_refused(project, capsys):
+    """Arms run from a registration that HEAD lacks would look registered before their run."""
+    reg = project / "reports" / "preregistration_compare.json"
+    reg.write_text("{}")
+    assert main(["sweep", "-S", "fake.effect=0.1,0.2"]) == 2
+    err = capsys.readouterr().err
+    assert "uncommitted changes to reports/preregistration_compare.json" in err
+    assert exp_names(project) == []
+
+
 def test_jobs_above_one_and_unknown_targets_are_refused(project, capsys):
     assert main(["sweep", "-S", "fake.effect=0.1", "--jobs", "2"]) == 2
     assert "one at a time" in capsys.readouterr().err

@@ -303,10 +303,32 @@ def _flat_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _deviations(reg: Registered, arms: Sequence[ArmInfo], pair: Sequence[int],
-                extra: Sequence[str]) -> list[str]:
+def section_differences(old: Mapping[str, Any], new: Any) -> list[str]:
+    """How a ``compare`` section ``new`` differs from the registered ``old``: settings key by
+    key, rules by name (then key by key)."""
     from pipeline.report.registration import diff_flat
 
+    if not isinstance(new, Mapping):
+        return [f"compare: registered a section, now {new!r}"]
+
+    def by_name(section: Mapping[str, Any]) -> dict[str, Any]:
+        rules = section.get("rules")
+        return {str(r.get("name")): r for r in rules if isinstance(r, Mapping)} \
+            if isinstance(rules, list) else {}
+
+    out = diff_flat({k: v for k, v in old.items() if k != "rules"},
+                    {k: v for k, v in new.items() if k != "rules"}, "compare")
+    a, b = by_name(old), by_name(new)
+    out += [f"compare rule {n!r} was registered but is no longer there"
+            for n in sorted(set(a) - set(b))]
+    out += [f"compare rule {n!r} was added after registration" for n in sorted(set(b) - set(a))]
+    for n in sorted(set(a) & set(b)):
+        out += diff_flat(a[n], b[n], f"compare rule {n!r}")
+    return out
+
+
+def _deviations(reg: Registered, arms: Sequence[ArmInfo], pair: Sequence[int],
+                extra: Sequence[str]) -> list[str]:
     out = list(reg.problems)
     for k in pair:
         a = arms[k]
@@ -323,8 +345,8 @@ def _deviations(reg: Registered, arms: Sequence[ArmInfo], pair: Sequence[int],
         if a.compare_section is None:
             out.append(f"{a.label}'s params.yaml has no compare section")
         else:
-            for d in diff_flat(reg.raw, a.compare_section, "compare"):
-                out.append(f"{a.label}'s params.yaml: {d}")
+            out += [f"{a.label}'s params.yaml: {d}"
+                    for d in section_differences(reg.raw, a.compare_section)]
     if extra:
         out.append(f"{arms[pair[0]].label} and {arms[pair[1]].label} also differ in "
                    f"{', '.join(extra)}: not the controlled comparison the rule declared")

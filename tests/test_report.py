@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import fields
 from pathlib import Path
@@ -153,7 +154,7 @@ def test_missing_registration_is_not_registered(tmp_path):
     assert s.decision == "NOT REGISTERED"
     assert artifacts.read_json(p.metrics_out)["decision.registration"] == "NOT REGISTERED"
     md = p.md_out.read_text()
-    assert "Overall decision: NOT REGISTERED" in md and "Not registered" in md
+    assert "Decision: NOT REGISTERED." in md and "Not registered" in md
     # the verdicts are still shown, judged from params.yaml
     assert "| transformer_beats_ngram |" in md
 
@@ -393,7 +394,7 @@ def test_training_seeds_are_shown_with_their_spread(tmp_path):
     artifacts.write_parquet(p.per_piece, replicated.astype({"seed": "Int64"}))
     report(tmp_path, params, p)
     md = p.md_out.read_text()
-    section = md[md.index("Training seeds"):md.index("Loss curves")]
+    section = md[md.index("Training seeds"):md.index("NLL distributions")]
     assert "seeds 11, 12, 13" in section and "first seed's model (seed 11)" in section
     rows = {line.split("|")[1].strip(): line for line in section.splitlines()
             if line.startswith("|")}
@@ -412,3 +413,83 @@ def test_one_training_seed_says_what_the_interval_leaves_out(tmp_path):
     artifacts.write_json(p.train, {**artifacts.read_json(p.train), "seeds": [5]})
     report(tmp_path, params, p)
     assert "trained once (seed 5)" in p.md_out.read_text()
+
+
+# ---- the first screen -------------------------------------------------------------------------
+def test_first_screen_names_the_experiment_the_decision_and_why(tmp_path):
+    p = make_inputs(tmp_path)
+    ev = artifacts.read_json(p.eval)
+    ev["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
+        "value": 0.05, "ci_low": 0.02, "ci_high": 0.08}
+    artifacts.write_json(p.eval, ev)
+    params = write_params(tmp_path)
+    register(tmp_path, params, p, force=True)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    first = md[:md.index("## The criteria")]
+    # identity, then the decision sentence, then the table of verdicts with words
+    assert first.index("| split | train 2 / test 1 pieces in 1 / 1 groups") < \
+        first.index("Decision: DEVIATED.") < first.index("| criterion | verdict | evidence |")
+    row = next(line for line in first.splitlines() if line.startswith("| transformer_beats"))
+    assert "The transformer's NLL per note is 5.0% lower than the n-gram's" in row
+    assert "test.nll_per_note.rel_improvement is" not in row  # words, not a dotted key
+    # the headline figure has its alt text and caption in HTML
+    html = p.html_out.read_text()
+    assert re.search(r'<img alt="The transformer&#x27;s NLL per note, relative to', html)
+
+
+def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
+    p = make_inputs(tmp_path)
+    report(tmp_path, write_params(tmp_path), p)
+    md = p.md_out.read_text()
+    body = re.sub(r"<details>.*?</details>", "", md, flags=re.S)
+    dotted = [line for line in body.splitlines()
+              if re.match(r"\| [a-z_]+\.[a-z0-9_.]+ \|", line)]
+    assert dotted == [] and "(no rows)" not in md and "params sha256" not in md
+    assert "<details><summary>Every value in reports/split.json" in md
+    html = p.html_out.read_text()
+    assert html.count("<details>") == md.count("<details>") >= 3
+
+
+def test_plain_evidence_for_each_kind_of_criterion():
+    from pipeline.report.criteria import Verdict
+    from pipeline.report.headline import decision_sentence, plain_evidence
+
+    m = {"ngram.best_order": 5, "eval.seeds.transformer.0": 1, "eval.seeds.transformer.1": 2,
+         "eval.paired.ngram_minus_transformer.test.n_pieces": 52,
+         "eval.models.transformer.test.n_groups": 36,
+         "eval.paired.ngram_minus_transformer.test.rel_improvement.per_seed.1": 0.1,
+         "eval.paired.ngram_minus_transformer.test.rel_improvement.per_seed.2": 0.08,
+         "leakage.independent.test_pieces": 52,
+         "audit.judged.transformer.membership_auc.n_train": 64,
+         "audit.judged.transformer.membership_auc.n_test": 52,
+         "audit.judged.transformer.quality.n_stats": 7,
+         "audit.judged.transformer.quality.stats.polyphony.inside": False}
+
+    def v(metric, value, status, op=">=", threshold=0.02, lo=None, hi=None):
+        return Verdict("r", status, metric, value, op, threshold, metric, lo, hi, "generic.")
+
+    gain = plain_evidence(v("test.nll_per_note.rel_improvement", 0.09, "INCONCLUSIVE",
+                            lo=0.01, hi=0.12), m, {}, 0.95)
+    assert gain == ("The transformer's NLL per note is 9.0% lower than the 5-gram's (95% CI "
+                    "1.0% to 12.0%) on 52 test pieces in 36 groups, 2 training seeds (each "
+                    "seed: 10.0%, 8.0%); the rule asks for a gain of at least 2%: the interval "
+                    "straddles the threshold, so the data cannot tell.")
+    assert "6 of 52 test pieces" in plain_evidence(
+        v("leakage.test_near_train", 6, "FAIL", "==", 0), m, {}, 0.95)
+    assert "The rule allows none: it fails the rule." in plain_evidence(
+        v("leakage.test_near_train", 6, "FAIL", "==", 0), m, {}, 0.95)
+    auc = plain_evidence(v("memorisation.transformer.membership_auc", 0.94, "FAIL", "<=", 0.6,
+                           0.89, 0.98), m, {}, 0.95)
+    assert "64 training pieces from 52 unseen test pieces with AUC 0.94" in auc
+    assert "at most 0.6: no value in the interval meets the rule" in auc
+    quality = plain_evidence(v("quality.transformer.score", 4 / 7, "FAIL", ">=", 0.7), m, {},
+                             0.95)
+    assert quality.startswith("4 of 7 music statistics") and "(outside: polyphony)" in quality
+    assert "needs at least 5" in quality
+    assert plain_evidence(v("some.other.metric", 1.0, "PASS"), m, {}, 0.95) == "generic."
+    assert plain_evidence(v("test.nll_per_note.rel_improvement", None, "INCONCLUSIVE"), m, {},
+                          0.95) == "generic."
+    verdicts = [v("a", 1, "PASS"), v("b", 1, "FAIL"), v("c", 1, "INCONCLUSIVE")]
+    assert decision_sentence("FAIL", verdicts).endswith(
+        "Of 3 criteria, 1 pass, 1 fail and 1 is inconclusive.")

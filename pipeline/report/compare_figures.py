@@ -53,11 +53,15 @@ def short(label: str, limit: int = 24) -> str:
     return label if len(label) <= limit else "…" + label[-(limit - 1):]
 
 
-def forest_png(rows: Sequence[Row], *, margin: float | None, level: float) -> bytes:
+def forest_png(rows: Sequence[Row], *, margin: float | None, level: float,
+               threshold: float | None = None, threshold_label: str = "",
+               xlabel: str = "relative improvement (A − B) / A of NLL per note, % (right: arm "
+                             "better)") -> bytes:
     """One row per comparison, top to bottom in order: the relative improvement (in %) as a dot
     with its interval as a bar, each training seed's effect as a small hollow diamond just below,
-    a line at 0 and dashed lines at ± ``margin`` (in %, None: none). The value and interval are
-    written at the right of each row."""
+    a line at 0, dashed lines at ± ``margin`` (in %, None: none) and a dotted line at a rule's
+    ``threshold`` (in %, None: none). The value and interval are written at the right of each
+    row."""
     n = len(rows)
     y = np.arange(n)[::-1].astype(float)
     with plt.rc_context(STYLE):
@@ -66,7 +70,10 @@ def forest_png(rows: Sequence[Row], *, margin: float | None, level: float) -> by
         if margin:
             for m in (-margin, margin):
                 ax.axvline(m, color="#777", linewidth=0.9, linestyle="--")
-        xs = [0.0, *((-margin, margin) if margin else ())]
+        if threshold is not None:
+            ax.axvline(threshold, color="#b03a2e", linewidth=1.2, linestyle=":")
+        xs = [0.0, *((-margin, margin) if margin else ()),
+              *(() if threshold is None else (threshold,))]
         for yi, r in zip(y, rows, strict=True):
             lo, v, hi = r.ci_low * 100, r.value * 100, r.ci_high * 100
             ax.plot([lo, hi], [yi, yi], color="#1f4e79", linewidth=2.2, solid_capstyle="butt")
@@ -82,7 +89,7 @@ def forest_png(rows: Sequence[Row], *, margin: float | None, level: float) -> by
         ax.set_xlim(lo_x - pad, hi_x + pad)
         ax.set_ylim(-0.7, n - 0.4)
         ax.set_yticks(y, [f"{short(r.arm)}\n{r.design}" for r in rows])
-        ax.set_xlabel("relative improvement (A − B) / A of NLL per note, % (right: arm better)")
+        ax.set_xlabel(xlabel)
         right = ax.twinx()
         right.set_ylim(ax.get_ylim())
         right.set_yticks(y, [f"{_pct(r.value * 100)} [{_pct(r.ci_low * 100)}, "
@@ -97,6 +104,9 @@ def forest_png(rows: Sequence[Row], *, margin: float | None, level: float) -> by
         if margin:
             handles.append(Line2D([], [], color="#777", linestyle="--",
                                   label=f"equivalence margin ±{margin:g}%"))
+        if threshold is not None:
+            handles.append(Line2D([], [], color="#b03a2e", linestyle=":",
+                                  label=threshold_label or f"threshold {threshold:g}%"))
         fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
                    frameon=False)
         return png_bytes(fig)

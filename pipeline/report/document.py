@@ -63,6 +63,16 @@ class Figure:
     """Relative path (from the report's folder) of a PNG already on disk, used by Markdown."""
 
 
+@dataclass(frozen=True)
+class Details:
+    """Blocks folded away under a one-line summary: ``<details>`` in both renderings (a git
+    forge's Markdown shows it folded too). For reference material: flat metric dumps, raw
+    tables."""
+
+    summary: str
+    blocks: Sequence[Any] = ()
+
+
 @dataclass
 class Document:
     title: str
@@ -77,9 +87,17 @@ def _md_cell(text: str) -> str:
 
 
 def render_markdown(doc: Document) -> str:
-    out = [f"# {doc.title}", ""]
-    for b in doc.blocks:
-        if isinstance(b, Heading):
+    out = [f"# {doc.title}", "", *_markdown_blocks(doc.blocks)]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _markdown_blocks(blocks: Sequence[Any]) -> list[str]:
+    out: list[str] = []
+    for b in blocks:
+        if isinstance(b, Details):
+            out += [f"<details><summary>{html.escape(b.summary)}</summary>", "",
+                    *_markdown_blocks(b.blocks), "</details>", ""]
+        elif isinstance(b, Heading):
             out += [f"{'#' * b.level} {b.text}", ""]
         elif isinstance(b, Para):
             prefix = {"warn": "> **⚠** ", "note": "_"}.get(b.kind, "")
@@ -98,7 +116,7 @@ def render_markdown(doc: Document) -> str:
                 out += [f"![{b.caption}]({b.path})", ""]
             else:
                 out += [f"_Figure: {b.caption} (embedded in report.html)_", ""]
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 def _breakable(html_text: str) -> str:
@@ -118,16 +136,28 @@ font-weight:600}.note{color:#666;font-size:.85em}
 .PASS{background:#d4edda;font-weight:600}.FAIL{background:#f8d7da;font-weight:600}
 .INCONCLUSIVE{background:#fff3cd;font-weight:600}figure{margin:1em 0}
 figcaption{color:#555;font-size:.85em}img{max-width:100%}
+details{margin:.6em 0}summary{cursor:pointer;color:#333}
+@media print{details{display:block}body{max-width:none}}
 """.strip()
 
 
 def render_html(doc: Document) -> str:
     e = html.escape
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
            f"<title>{e(doc.title)}</title><style>{_CSS}</style></head><body>",
-           f"<h1>{e(doc.title)}</h1>"]
-    for b in doc.blocks:
-        if isinstance(b, Heading):
+           f"<h1>{e(doc.title)}</h1>", *_html_blocks(doc.blocks), "</body></html>"]
+    return "\n".join(out) + "\n"
+
+
+def _html_blocks(blocks: Sequence[Any]) -> list[str]:
+    e = html.escape
+    out: list[str] = []
+    for b in blocks:
+        if isinstance(b, Details):
+            out += [f"<details><summary>{e(b.summary)}</summary>", *_html_blocks(b.blocks),
+                    "</details>"]
+        elif isinstance(b, Heading):
             out.append(f"<h{b.level}>{e(b.text)}</h{b.level}>")
         elif isinstance(b, Para):
             cls = f' class="{b.kind}"' if b.kind != "p" else ""
@@ -136,7 +166,8 @@ def render_html(doc: Document) -> str:
             if not b.rows:
                 out.append('<p class="note">(no rows)</p>')
                 continue
-            rows = ["<tr>" + "".join(f"<th>{e(str(h))}</th>" for h in b.headers) + "</tr>"]
+            rows = ["<tr>" + "".join(f"<th>{_breakable(e(str(h)))}</th>" for h in b.headers)
+                    + "</tr>"]
             for row in b.rows:
                 cells = []
                 for i, c in enumerate(row):
@@ -151,5 +182,4 @@ def render_html(doc: Document) -> str:
                            f"<figcaption>{e(b.caption)}</figcaption></figure>")
             else:
                 out.append(f'<p class="note">Figure not available: {e(b.caption)}</p>')
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    return out

@@ -55,15 +55,23 @@ def piano_roll_png(notes: Mapping, title: str = "") -> bytes:
     return png_bytes(fig)
 
 
-def loss_curves_png(logs: Mapping[str, Mapping[str, np.ndarray]], ylabel: str) -> bytes:
+def loss_curves_png(logs: Mapping[str, Mapping[str, np.ndarray]], ylabel: str,
+                    reference: tuple[float, str] | None = None) -> bytes:
     """Training curves of several runs (e.g. training seeds): per run, the per-step training loss
     as a thin line and the validation loss as a line with markers, in the run's colour. Each log
-    maps ``step``, ``train_loss`` and ``val_loss`` to arrays (NaN where not measured)."""
-    fig, ax = _figure()
+    maps ``step``, ``train_loss`` and ``val_loss`` to arrays (NaN where not measured).
+    ``reference``: ``(level, label)`` drawn as a dashed horizontal line (e.g. the n-gram's val
+    loss). The y axis ends a little above the highest loss after the first tenth of training,
+    so the end, where runs differ, fills the plot; the legend sits below the axes."""
+    fig, ax = _figure(8.0, 3.6)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if reference is not None and np.isfinite(reference[0]):
+        ax.axhline(reference[0], color="#444", linewidth=1.0, linestyle="--", label=reference[1])
+    tops, bottoms = [], []
     for k, name in enumerate(sorted(logs)):
         log, colour = logs[name], colours[k % len(colours)]
         step = np.asarray(log["step"], dtype=float)
+        late = step >= (np.nanmax(step) * 0.1 if step.size else 0.0)
         for col, style in (("train_loss", {"linewidth": 0.6, "alpha": 0.45}),
                            ("val_loss", {"linewidth": 1.4, "marker": "o", "markersize": 3})):
             if col not in log:
@@ -73,10 +81,19 @@ def loss_curves_png(logs: Mapping[str, Mapping[str, np.ndarray]], ylabel: str) -
             if ok.any():
                 label = f"{name} {col.removesuffix('_loss')}".strip()
                 ax.plot(step[ok], y[ok], color=colour, label=label, **style)
+                if (ok & late).any():
+                    tops.append(float(y[ok & late].max()))
+                    bottoms.append(float(y[ok & late].min()))
+    if tops:
+        lo, hi = min(bottoms), max(tops)
+        if reference is not None and np.isfinite(reference[0]):
+            lo, hi = min(lo, reference[0]), max(hi, reference[0])
+        pad = 0.05 * (hi - lo) if hi > lo else 0.5
+        ax.set_ylim(lo - pad, hi + pad)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     if logs:
-        ax.legend(loc="upper right", frameon=False, ncols=2)
+        fig.legend(loc="outside lower center", frameon=False, ncols=4)
     return png_bytes(fig)
 
 

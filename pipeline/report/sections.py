@@ -17,8 +17,8 @@ from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
 from pipeline.report.criteria import flatten
-from pipeline.report.document import NA, Document, Figure, Heading, Para, Table, fmt
-from pipeline.report.figures import grouped_bars_png, histograms_png, loss_curves_png
+from pipeline.report.document import NA, Details, Document, Figure, Heading, Para, Table, fmt
+from pipeline.report.figures import grouped_bars_png, histograms_png
 
 
 class ReportConfig(StageConfig):
@@ -40,10 +40,12 @@ def _na(doc: Document, what: str) -> None:
     doc.add(Para(f"{what}: {NA}.", "note"))
 
 
-def kv_block(obj: Any, stem: str, digits: int) -> Table | Para:
-    """A stage report as a key/value table, or a "not available" note."""
+def kv_block(obj: Any, stem: str, digits: int) -> Details | Para:
+    """A stage report's every value, folded away under a one-line summary (reference material,
+    not reading matter), or a "not available" note."""
     rows = kv_rows(obj, stem, digits)
-    return Table([f"{stem}.json", "value"], rows) if rows else \
+    return Details(f"Every value in reports/{stem}.json ({len(rows)})",
+                   [Table(["key", "value"], rows)]) if rows else \
         Para(f"reports/{stem}.json: {NA}.", "note")
 
 
@@ -54,6 +56,17 @@ def _counts(df: pd.DataFrame | None, col: str) -> list[list[str]]:
     return [[k or "(none)", str(int(vc[k]))] for k in sorted(vc.index)]
 
 
+def split_counts(splits: pd.DataFrame | None) -> dict[str, tuple[int, int]]:
+    """split -> (pieces, groups) from data/splits.parquet ({} without it or its columns)."""
+    if splits is None or not {"split", "sha256", "group_id"} <= set(splits.columns):
+        return {}
+    out = {}
+    for s in sorted(splits["split"].astype(str).unique()):
+        part = splits[splits["split"].astype(str) == s]
+        out[s] = (len(part), int(part["group_id"].nunique()))
+    return out
+
+
 def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
               inputs: Mapping[str, Path]) -> None:
     d = cfg.digits
@@ -62,11 +75,12 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     if manifest is None:
         _na(doc, "data/manifest.parquet")
     else:
+        reasons = _counts(manifest[manifest["status"] == "quarantined"]
+                          if "status" in manifest.columns else None, "reason")
         doc.add(Para(f"{len(manifest)} files found."),
                 Table(["status", "files"], _counts(manifest, "status")),
-                Table(["quarantine reason", "files"],
-                      _counts(manifest[manifest["status"] == "quarantined"]
-                              if "status" in manifest.columns else None, "reason")))
+                Table(["quarantine reason", "files"], reasons) if reasons
+                else Para("No file was quarantined.", "note"))
         lic = next((c for c in ("licence", "license", "licence_name") if c in manifest.columns),
                    None)
         if lic:
@@ -78,15 +92,11 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
             Table(["tier", "duplicate pairs"], _counts(pairs, "tier")) if pairs is not None
             else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"),
             kv_block(reports.get("dedupe"), "dedupe", d))
-    splits = read_table_or_none(inputs["splits"])
+    counts = split_counts(read_table_or_none(inputs["splits"]))
     doc.add(Heading("Split", 3))
-    if splits is not None and {"split", "sha256"} <= set(splits.columns):
-        rows = []
-        for s in sorted(splits["split"].astype(str).unique()):
-            part = splits[splits["split"].astype(str) == s]
-            groups = part["group_id"].nunique() if "group_id" in part.columns else NA
-            rows.append([s, str(len(part)), fmt(groups)])
-        doc.add(Table(["split", "pieces", "groups"], rows))
+    if counts:
+        doc.add(Table(["split", "pieces", "groups"],
+                      [[s, str(n), str(g)] for s, (n, g) in counts.items()]))
     else:
         _na(doc, "data/splits.parquet")
     doc.add(kv_block(reports.get("split"), "split", d),
@@ -122,24 +132,23 @@ def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]
     d = cfg.digits
     doc.add(Heading("Metrics"))
     rows = []
-    for name in ("test.nll_per_note.ngram", "test.nll_per_note.transformer",
-                 "test.nll_per_note.diff", "test.nll_per_note.rel_improvement",
-                 "generalisation.gap.transformer"):
-        rows.append([name, fmt(metrics.get(name), d), fmt(metrics.get(f"{name}.ci_low"), d),
+    for name, label in (("test.nll_per_note.ngram", "n-gram NLL per note, test (nats)"),
+                        ("test.nll_per_note.transformer", "transformer NLL per note, test"),
+                        ("test.nll_per_note.diff", "n-gram − transformer, per note"),
+                        ("test.nll_per_note.rel_improvement",
+                         "relative gain of the transformer"),
+                        ("generalisation.gap.transformer",
+                         "val − train gap of the transformer (nats/token)")):
+        rows.append([label, fmt(metrics.get(name), d), fmt(metrics.get(f"{name}.ci_low"), d),
                      fmt(metrics.get(f"{name}.ci_high"), d)])
     level = metrics.get("eval.protocol.bootstrap.ci_level")  # evaluate.ci_level, as scored
     level = level if isinstance(level, float) else 0.95
     doc.add(Table(["metric", "value", f"{level:.0%} CI low", f"{level:.0%} CI high"], rows),
-            Table(["eval.json", "value"],
-                  [[k, fmt(v, d)] for k, v in metrics.items() if k.startswith("eval.")]))
+            Details(f"Every value in reports/eval.json "
+                    f"({sum(k.startswith('eval.') for k in metrics)})",
+                    [Table(["key", "value"], [[k, fmt(v, d)] for k, v in metrics.items()
+                                              if k.startswith("eval.")])]))
     training_seeds(doc, cfg, reports)
-    logs = train_logs(inputs["train_log"])
-    doc.add(Heading("Loss curves", 3))
-    if logs:
-        doc.add(Figure("training (thin) and validation (markers) loss, nats per token, per "
-                       "training seed", loss_curves_png(logs, "loss")))
-    else:
-        _na(doc, "reports/plots/train_log/")
     per_piece = read_table_or_none(inputs["per_piece"])
     doc.add(Heading("NLL distributions", 3))
     den = {"note": "n_notes", "token": "n_tokens", "second": "duration_s"}[cfg.nll_unit]
@@ -329,8 +338,7 @@ def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> 
     doc.add(Heading("Environment"))
     env = env if isinstance(env, dict) else {}
     source = env.get("environment") or {}
-    rows = [["params sha256", fmt(env.get("params_sha256"))],
-            ["python", fmt(source.get("python"))], ["platform", fmt(source.get("platform"))]]
+    rows = [["python", fmt(source.get("python"))], ["platform", fmt(source.get("platform"))]]
     rows += [[f"package {k}", fmt(v)] for k, v in sorted((source.get("packages") or {}).items())]
     doc.add(Table(["fact", "value"], rows))
     doc.add(Heading("Registration record", 3))

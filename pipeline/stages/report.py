@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import artifacts
-from pipeline.core.artifacts import read_json_or_none
+from pipeline.core.artifacts import read_json_or_none, read_table_or_none
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
 from pipeline.report.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
 from pipeline.report.document import (
     Document,
+    Figure,
     Heading,
     Para,
     Table,
@@ -35,9 +36,11 @@ from pipeline.report.document import (
     render_html,
     render_markdown,
 )
+from pipeline.report.figures import loss_curves_png
+from pipeline.report.headline import decision_sentence, experiment_rows, gain_rows, plain_evidence
 from pipeline.report.history import head_commit, registration_order
-from pipeline.report.registration import Check, check, identity, power_note
-from pipeline.report.sections import ReportConfig, add_sections
+from pipeline.report.registration import COMPARISON_METRIC, Check, check, identity, power_note
+from pipeline.report.sections import ReportConfig, add_sections, split_counts, train_logs
 
 
 @dataclass(frozen=True)
@@ -113,25 +116,35 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
         metrics[f"decision.criteria.{v.name}"] = v.status
     metrics = dict(sorted(metrics.items()))
 
+    git = env.get("git") or {}
+    level = ci_level(params)
     doc = Document(cfg.title)
-    doc.add(Para(f"Overall decision: {decision}", "p" if decision == "PASS" else "warn"),
-            Para(_registration_sentence(reg, registered, env.get("git") or {})))
+    # the first screen: what the experiment is, what was decided, why
+    doc.add(Table(["experiment", ""], experiment_rows(
+                params, metrics, split_counts(read_table_or_none(paths.splits)),
+                _registration_cell(reg, git))),
+            Para(decision_sentence(decision, verdicts), "p" if decision == "PASS" else "warn"))
     if reg.deviations:
         doc.add(Heading("Deviations from the registration"),
                 Para(f"{len(reg.deviations)} deviation(s). The verdicts below use the registered "
                      "rules, but the experiment is not the one that was registered, so the "
                      "decision is DEVIATED.", "warn"),
                 *[Para(d, "warn") for d in reg.deviations])
-    level = f"{ci_level(params):.0%} CI"
     doc.add(Heading("Decision"),
-            Table(["criterion", "metric", "rule", "value", level, "status", "evidence"],
-                  [[v.name, v.metric, f"{v.op} {fmt(v.threshold, cfg.digits)}",
-                    fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, v.evidence]
-                   for v in verdicts], status_col=5),
-            Table(["criterion", "rationale"], [[r.name, r.rationale] for r in criteria.rules]))
-    power = power_note(criteria, reports["eval"], ci_level(params))
-    if power:
-        doc.add(Para(power))
+            Table(["criterion", "verdict", "evidence"],
+                  [[v.name, v.status, plain_evidence(v, metrics, params, level)]
+                   for v in verdicts], status_col=1),
+            Para(_registration_sentence(reg, registered, git), "note"),
+            *headline_figures(criteria, metrics, paths, level))
+    power = power_note(criteria, reports["eval"], level)
+    doc.add(Heading("The criteria"),
+            Table(["criterion", "metric", "rule", "value", f"{level:.0%} CI", "verdict",
+                   "rationale"],
+                  [[v.name, v.metric, f"{v.op} {fmt(v.threshold, cfg.digits)}"
+                    + (" (whole interval)" if r.judge == "interval" else ""),
+                    fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, r.rationale]
+                   for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
+            *([Para(power)] if power else []))
     inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
     add_sections(doc, cfg, reports, metrics, inputs, registered, env)
 
@@ -139,6 +152,63 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     artifacts.write_text(paths.md_out, render_markdown(doc))
     artifacts.write_text(paths.html_out, render_html(doc))
     return ReportSummary(decision, len(reg.deviations), len(metrics))
+
+
+def headline_figures(criteria: CriteriaConfig, metrics: Mapping[str, Any], paths: ReportPaths,
+                     level: float) -> list[Figure | Para]:
+    """The first screen's figures: the transformer's gain over the n-gram per split (pooled
+    and per seed, with the registered threshold), and the loss curves with the n-gram's val
+    level."""
+    from pipeline.report.compare_figures import forest_png
+
+    out: list[Figure | Para] = []
+    rows = gain_rows(metrics)
+    rule = next((r for r in criteria.rules if r.metric == COMPARISON_METRIC), None)
+    order = metrics.get("ngram.best_order")
+    base = f"{order}-gram" if isinstance(order, int) else "n-gram"
+    if rows:
+        threshold = rule.threshold * 100 if rule is not None else None
+        seeds = any(r.seeds for r in rows)
+        out.append(Figure(
+            f"The transformer's NLL per note, relative to the {base}'s, on each scored split: "
+            f"the dot pools the training seeds, the bar is its {level:.0%} interval over groups"
+            + (" and seeds, the diamonds are the seeds one by one" if seeds else "")
+            + ". Right of 0 the transformer is better"
+            + (f"; {rule.name} needs the whole test bar right of the dotted line at "
+               f"{threshold:g}%." if rule is not None else "."),
+            forest_png(rows, margin=None, level=level * 100, threshold=threshold,
+                       threshold_label=f"{rule.name}: {threshold:g}%" if rule else "",
+                       xlabel=f"gain of the transformer over the {base}: relative decrease of "
+                              "NLL per note, %")))
+    logs = train_logs(paths.train_log)
+    ref = metrics.get(f"ngram.orders.{order}.val_nats_per_token")
+    if logs:
+        out.append(Figure(
+            "Training (thin) and validation (markers) loss of the transformer, nats per token, "
+            "one colour per training seed"
+            + (f"; the dashed line is the {base}'s val loss. Validation below it means the "
+               "transformer predicts val tokens better than the n-gram" if isinstance(
+                   ref, float) else "")
+            + ". A val curve still falling at the end means more steps would help; one "
+            "turning up while training loss falls means overfitting.",
+            loss_curves_png(logs, "nats per token", (ref, f"{base} val")
+                            if isinstance(ref, float) else None)))
+    else:
+        out.append(Para("Loss curves: reports/plots/train_log/ not available.", "note"))
+    return out
+
+
+def _registration_cell(reg: Check, git: Mapping[str, Any]) -> str:
+    """The registration status with where git shows it, in a few words."""
+    if not reg.registered:
+        return "NOT REGISTERED: no reports/preregistration.json"
+    where = ""
+    if git.get("git") and not git.get("registration_uncommitted"):
+        where = f", committed in {str(git.get('registration_commit'))[:12]}"
+        if git.get("registration_precedes_results"):
+            where += " before the results"
+    n = len(reg.deviations)
+    return f"{reg.status}{where}" + (f"; {n} deviation{'s' * (n > 1)}" if n else "")
 
 
 def ci_level(params: Mapping[str, Any]) -> float:

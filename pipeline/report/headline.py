@@ -1,0 +1,303 @@
+"""The report's first screen: what the experiment is, what was decided, and why, in words.
+
+- :func:`experiment_rows`: the experiment's identity in five short rows (corpus, split,
+  tokenizer, models, registration).
+- :func:`decision_sentence`: the overall decision and the count of verdicts behind it.
+- :func:`plain_evidence`: one sentence per criterion, with its numbers and interval, for the
+  criteria the project ships (the metrics of :data:`pipeline.report.criteria.METRIC_ALIASES`);
+  any other rule keeps :func:`pipeline.report.criteria.evaluate`'s generic sentence.
+- :func:`gain_rows`: the transformer's per-note gain over the n-gram on each scored split, pooled
+  and per training seed, for the headline forest plot.
+
+Every number comes from the flat metrics (``reports/metrics.json``, built from the stage
+reports) or from params.yaml: nothing is written by hand. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.report.criteria import Verdict
+from pipeline.report.document import NA
+
+Metrics = Mapping[str, Any]
+
+
+def _num(metrics: Metrics, key: str) -> float | None:
+    v = metrics.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _int(metrics: Metrics, key: str) -> int | None:
+    v = _num(metrics, key)
+    return None if v is None else int(v)
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return NA if x is None else f"{abs(x) * 100:.{digits}f}%"
+
+
+def _points(x: float | None) -> str:
+    """A difference of two rates in percentage points, unsigned."""
+    return NA if x is None else f"{abs(x) * 100:.1f} points"
+
+
+def _g(x: float | None, digits: int = 2) -> str:
+    return NA if x is None else f"{x:.{digits}g}" if abs(x) < 1 else f"{x:.{digits + 1}g}"
+
+
+def _seeds(metrics: Metrics) -> list[int]:
+    seeds, k = [], 0
+    while (s := _int(metrics, f"eval.seeds.transformer.{k}")) is not None:
+        seeds.append(s)
+        k += 1
+    return seeds
+
+
+# ---- identity -------------------------------------------------------------------------------
+def experiment_rows(params: Mapping[str, Any], metrics: Metrics,
+                    split_counts: Mapping[str, tuple[int, int]],
+                    registration: str) -> list[list[str]]:
+    """Rows of the "Experiment" table: label, one line of facts. ``split_counts``: split ->
+    (pieces, groups); ``registration``: the registration status and where it was committed."""
+    corpus = (params.get("corpus") or {}).get("source", NA)
+    ok, quarantined = _int(metrics, "data.pieces_ok"), _int(metrics, "data.pieces_quarantined")
+    dup = _int(metrics, "data.pieces_duplicate")
+    corpus_text = f"{corpus}: {ok if ok is not None else NA} pieces" + (
+        f" ({quarantined} quarantined, {dup} byte duplicates set aside)"
+        if quarantined is not None and dup is not None else "")
+    order = [s for s in ("train", "val", "test") if s in split_counts]
+    split_hash = str(metrics.get("split.hash") or NA)[:12]
+    split_text = (" / ".join(f"{s} {split_counts[s][0]}" for s in order) + " pieces in "
+                  + " / ".join(str(split_counts[s][1]) for s in order) + " groups"
+                  if order else NA) + f"; split hash {split_hash}"
+    tok = metrics.get("tokenize.tokenizer", NA)
+    model = metrics.get("tokenize.model")
+    vocab, base = _int(metrics, "tokenize.vocab_size"), _int(metrics, "tokenize.base_vocab_size")
+    tok_text = str(tok) + (f" + {model}" if model and model != "none" else "") + (
+        f", {vocab} tokens" if vocab is not None else "") + (
+        f" (base {base})" if base is not None and base != vocab else "")
+    order_n = _int(metrics, "ngram.best_order")
+    smoothing = (params.get("ngram") or {}).get("smoothing", "")
+    n_params = _num(metrics, "train.params.total")
+    seeds = _seeds(metrics)
+    models = (f"{order_n}-gram ({smoothing})" if order_n is not None else "n-gram: " + NA)
+    models += (f"; transformer of {n_params / 1e6:.2f} M parameters" if n_params is not None
+               else "; transformer: " + NA)
+    if seeds:
+        models += (f", {len(seeds)} training seeds ({', '.join(map(str, seeds))})"
+                   if len(seeds) > 1 else f", training seed {seeds[0]}")
+    return [["corpus", corpus_text], ["split", split_text], ["tokenizer", tok_text],
+            ["models", models], ["registration", registration]]
+
+
+def decision_sentence(decision: str, verdicts: list[Verdict]) -> str:
+    """``Decision: FAIL. Of 8 criteria, 4 pass, 3 fail and 1 is inconclusive.``"""
+    n = len(verdicts)
+    counts = [(sum(v.status == s for v in verdicts), word) for s, word in
+              (("PASS", "pass"), ("FAIL", "fail"), ("INCONCLUSIVE", "inconclusive"))]
+    parts = [f"{c} {'is inconclusive' if c == 1 else 'are inconclusive'}"
+             if w == "inconclusive" else f"{c} {w}" for c, w in counts if c]
+    if not parts:
+        listed = "none is judged"
+    elif len(parts) == 1:
+        listed = parts[0]
+    else:
+        listed = ", ".join(parts[:-1]) + " and " + parts[-1]
+    head = f"Decision: {decision}."
+    why = {"PASS": "Every registered criterion passes.",
+           "FAIL": "At least one registered criterion fails.",
+           "INCONCLUSIVE": "No criterion fails, but not all pass: the data cannot tell yet.",
+           "DEVIATED": "The experiment differs from its registration (see the deviations).",
+           "NOT REGISTERED": "No registration: the criteria were not frozen before scoring."}
+    return f"{head} {why.get(decision, '')} Of {n} criteria, {listed}."
+
+
+# ---- evidence in words ----------------------------------------------------------------------
+OP_WORDS = {">=": "at least", ">": "more than", "<=": "at most", "<": "less than",
+            "==": "exactly"}
+
+
+def _interval_reason(v: Verdict, judge_interval: bool) -> str:
+    if not judge_interval:
+        return {"PASS": "it meets the rule", "FAIL": "it fails the rule",
+                "INCONCLUSIVE": "its interval leaves the rule undecided"}[v.status]
+    return {"PASS": "the whole interval meets the rule",
+            "FAIL": "no value in the interval meets the rule",
+            "INCONCLUSIVE": "the interval straddles the threshold, so the data cannot tell"}[
+        v.status]
+
+
+def _ci_pct(v: Verdict, level: float) -> str:
+    if v.ci_low is None or v.ci_high is None:
+        return ""
+    return f" ({level:.0%} CI {v.ci_low * 100:.1f}% to {v.ci_high * 100:.1f}%)"
+
+
+def _gain(v: Verdict, m: Metrics, level: float) -> str | None:
+    split = v.metric.split(".", 1)[0]
+    order = _int(m, "ngram.best_order")
+    base = f"{order}-gram" if order is not None else "n-gram"
+    pieces = _int(m, f"eval.paired.ngram_minus_transformer.{split}.n_pieces")
+    groups = _int(m, f"eval.models.transformer.{split}.n_groups")
+    seeds = _seeds(m)
+    per_seed = [_num(m, f"eval.paired.ngram_minus_transformer.{split}.rel_improvement.per_seed."
+                        f"{s}") for s in seeds]
+    if v.value is None:
+        return None
+    direction = "lower" if v.value >= 0 else "higher"
+    where = f"on {pieces if pieces is not None else NA} {split} pieces in " \
+            f"{groups if groups is not None else NA} groups"
+    if len(seeds) > 1:
+        where += f", {len(seeds)} training seeds"
+        if all(p is not None for p in per_seed):
+            where += f" (each seed: {', '.join(f'{p * 100:.1f}%' for p in per_seed)})"
+    return (f"The transformer's NLL per note is {_pct(v.value)} {direction} than the {base}'s"
+            f"{_ci_pct(v, level)} {where}; the rule asks for a gain of {OP_WORDS[v.op]} "
+            f"{v.threshold * 100:g}%: {_interval_reason(v, v.ci_low is not None)}.")
+
+
+def _near_copies(v: Verdict, m: Metrics, level: float) -> str | None:
+    n = _int(m, "leakage.independent.test_pieces")
+    rnd, rnd_n = (_int(m, "leakage.independent.random_split.test_near_train"),
+                  _int(m, "leakage.independent.random_split.test_pieces"))
+    if v.value is None:
+        return None
+    text = (f"{int(v.value)} of {n if n is not None else NA} test pieces have a near copy in "
+            "train (every test piece compared with every train piece)")
+    if rnd is not None and rnd_n is not None:
+        text += f"; a random split of the same pieces would have {rnd} of {rnd_n}"
+    allowed = ("none" if v.op == "==" and v.threshold == 0
+               else f"{OP_WORDS[v.op]} {v.threshold:g}")
+    return f"{text}. The rule allows {allowed}: {_interval_reason(v, False)}."
+
+
+def _membership(v: Verdict, m: Metrics, level: float) -> str | None:
+    model = v.metric.split(".")[1]
+    n_train = _int(m, f"audit.judged.{model}.membership_auc.n_train")
+    n_test = _int(m, f"audit.judged.{model}.membership_auc.n_test")
+    if v.value is None:
+        return None
+    ci = (f" ({level:.0%} CI {_g(v.ci_low)} to {_g(v.ci_high)})"
+          if v.ci_low is not None and v.ci_high is not None else "")
+    return (f"The {model}'s loss tells {n_train} training pieces from {n_test} unseen test "
+            f"pieces with AUC {_g(v.value)}{ci}, where 0.5 is chance; the rule allows "
+            f"{OP_WORDS[v.op]} {v.threshold:g}: {_interval_reason(v, bool(ci))}.")
+
+
+def _flags(v: Verdict, m: Metrics, level: float) -> str | None:
+    model = v.metric.split(".")[1]
+    rate = _num(m, f"audit.judged.{model}.flag_rate.value")
+    human = _num(m, f"audit.judged.{model}.flag_rate.human.value")
+    n = _int(m, f"audit.judged.{model}.flag_rate.n")
+    if v.value is None:
+        return None
+    side = "less" if v.value < 0 else "more"
+    ci = ""
+    if v.ci_low is not None and v.ci_high is not None:
+        ci = f" ({level:.0%} CI {v.ci_low * 100:+.1f} to {v.ci_high * 100:+.1f} points)"
+    return (f"{_pct(rate)} of {n} {model} samples are flagged as copying training music, "
+            f"against {_pct(human)} of held-out human windows: {_points(v.value)} {side}{ci}; "
+            f"the rule allows at most {v.threshold * 100:g} points more: "
+            f"{_interval_reason(v, bool(ci))}.")
+
+
+def _extraction(v: Verdict, m: Metrics, level: float, params: Mapping[str, Any]) -> str | None:
+    model = v.metric.split(".")[1]
+    audit = params.get("audit") or {}
+    train = _num(m, f"audit.judged.{model}.extraction_rate.train.value")
+    test = _num(m, f"audit.judged.{model}.extraction_rate.test.value")
+    if v.value is None:
+        return None
+    ci = ""
+    if v.ci_low is not None and v.ci_high is not None:
+        ci = f" ({level:.0%} CI {v.ci_low * 100:+.1f} to {v.ci_high * 100:+.1f} points)"
+    return (f"Given the first {audit.get('extraction_prefix', NA)} tokens of a piece, the "
+            f"{model} continued the next {audit.get('extraction_tokens', NA)} exactly for "
+            f"{_pct(train)} of training pieces and {_pct(test)} of unseen test pieces, an excess "
+            f"of {v.value * 100:+.1f} points{ci}; the rule allows at most {v.threshold * 100:g} "
+            f"points: {_interval_reason(v, bool(ci))}.")
+
+
+def _quality(v: Verdict, m: Metrics, level: float) -> str | None:
+    model = v.metric.split(".")[1]
+    n_stats = _int(m, f"audit.judged.{model}.quality.n_stats")
+    prefix = f"audit.judged.{model}.quality.stats."
+    outside = sorted({k[len(prefix):].rsplit(".", 1)[0] for k, x in m.items()
+                      if k.startswith(prefix) and k.endswith(".inside") and x is False})
+    if v.value is None or n_stats is None:
+        return None
+    inside = round(v.value * n_stats)
+    need = next((k for k in range(n_stats + 1) if k / n_stats >= v.threshold), n_stats)
+    text = (f"{inside} of {n_stats} music statistics of the {model}'s samples lie inside the "
+            "band of held-out human music")
+    if outside:
+        text += f" (outside: {', '.join(o.replace('_', ' ') for o in outside)})"
+    return f"{text}; the rule needs at least {need}: {_interval_reason(v, False)}."
+
+
+def _gap(v: Verdict, m: Metrics, level: float) -> str | None:
+    if v.value is None:
+        return None
+    ci = (f" ({level:.0%} CI {v.ci_low:.2f} to {v.ci_high:.2f})"
+          if v.ci_low is not None and v.ci_high is not None else "")
+    more = "more" if v.value >= 0 else "less"
+    rule = (f"at most {v.threshold:g}" if v.op in ("<", "<=") else f"at least {v.threshold:g}")
+    return (f"Val tokens cost {abs(v.value):.2f} nats {more} than training tokens of the same "
+            f"amount{ci}; the rule asks for {rule}: {_interval_reason(v, bool(ci))}.")
+
+
+def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],
+                   level: float) -> str:
+    """One sentence of evidence for a verdict, in words, for the metrics the project's criteria
+    use; the generic sentence (``v.evidence``) for any other metric or a missing value."""
+    makers: dict[str, Callable[[], str | None]] = {
+        "test.nll_per_note.rel_improvement": lambda: _gain(v, metrics, level),
+        "val.nll_per_note.rel_improvement": lambda: _gain(v, metrics, level),
+        "leakage.test_near_train": lambda: _near_copies(v, metrics, level),
+        "generalisation.gap.transformer": lambda: _gap(v, metrics, level),
+    }
+    parts = v.metric.split(".")
+    if len(parts) == 3 and parts[0] == "memorisation":
+        makers[v.metric] = {"membership_auc": lambda: _membership(v, metrics, level),
+                            "flag_excess": lambda: _flags(v, metrics, level),
+                            "extraction_excess": lambda: _extraction(v, metrics, level,
+                                                                     params)}.get(
+            parts[2], lambda: None)
+    if len(parts) == 3 and parts[0] == "quality" and parts[2] == "score":
+        makers[v.metric] = lambda: _quality(v, metrics, level)
+    text = makers.get(v.metric, lambda: None)()
+    return text or v.evidence
+
+
+# ---- the headline figure's rows -------------------------------------------------------------
+@dataclass(frozen=True)
+class GainRow:
+    """One row of the headline forest plot (the shape :func:`pipeline.report.compare_figures.
+    forest_png` draws): the pooled relative gain with its interval and each seed's own."""
+
+    arm: str
+    design: str
+    value: float
+    ci_low: float
+    ci_high: float
+    seeds: tuple[float, ...] = ()
+
+
+def gain_rows(metrics: Metrics, splits: tuple[str, ...] = ("val", "test")) -> list[GainRow]:
+    """The transformer's relative gain in NLL per note over the n-gram, per scored split."""
+    rows = []
+    seeds = _seeds(metrics)
+    for split in splits:
+        key = f"eval.paired.ngram_minus_transformer.{split}.rel_improvement"
+        v, lo, hi = (_num(metrics, f"{key}.{k}") for k in ("value", "ci_low", "ci_high"))
+        if v is None or lo is None or hi is None:
+            continue
+        per_seed = [_num(metrics, f"{key}.per_seed.{s}") for s in seeds]
+        pieces = _int(metrics, f"eval.paired.ngram_minus_transformer.{split}.n_pieces")
+        groups = _int(metrics, f"eval.models.transformer.{split}.n_groups")
+        rows.append(GainRow(split, f"{pieces} pieces, {groups} groups", v, lo, hi,
+                            tuple(p for p in per_seed if p is not None)))
+    return rows

@@ -493,3 +493,19 @@ def test_plain_evidence_for_each_kind_of_criterion():
     verdicts = [v("a", 1, "PASS"), v("b", 1, "FAIL"), v("c", 1, "INCONCLUSIVE")]
     assert decision_sentence("FAIL", verdicts).endswith(
         "Of 3 criteria, 1 pass, 1 fail and 1 is inconclusive.")
+
+
+def test_report_md_links_figure_files_that_html_embeds(tmp_path):
+    import base64
+
+    p = make_inputs(tmp_path)
+    stale = p.figures_dir / "99-old.png"
+    artifacts.write_bytes(stale, b"old")
+    report(tmp_path, write_params(tmp_path), p)
+    md, html = p.md_out.read_text(), p.html_out.read_text()
+    links = re.findall(r"!\[[^\]]+\]\((figures/report/[^)]+\.png)\)", md)
+    assert links and not stale.exists()
+    assert sorted(links) == sorted(f"figures/report/{f.name}" for f in p.figures_dir.iterdir())
+    embedded = {base64.b64decode(d) for d in re.findall(r"base64,([^\"]+)\"", html)}
+    assert all((p.md_out.parent / rel).read_bytes() in embedded for rel in links)
+    assert "(embedded in report.html)" not in md

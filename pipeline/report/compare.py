@@ -28,6 +28,7 @@ from pipeline.report.document import (
     Table,
     render_html,
     render_markdown,
+    with_captions,
 )
 from pipeline.scoring.compare import ArmScores, canonical
 
@@ -402,9 +403,4 @@ def registered_blocks(reg: Mapping[str, Any], ci_level: float) -> list[Any]:
 def render(doc: Document) -> tuple[str, str]:
     """(compare.md, compare.html). In Markdown a figure's caption is also a line under the image
     (an image's alt text is not shown where the image loads); HTML has it as the figcaption."""
-    md = Document(doc.title)
-    for b in doc.blocks:
-        md.add(b)
-        if isinstance(b, Figure):
-            md.add(Para(b.caption, kind="note"))
-    return render_markdown(md), render_html(doc)
+    return render_markdown(Document(doc.title, with_captions(doc.blocks))), render_html(doc)

@@ -82,6 +82,20 @@ class Document:
         self.blocks.extend(blocks)
 
 
+def with_captions(blocks: Sequence[Any]) -> list[Any]:
+    """``blocks`` with each linked figure's caption repeated as a note under it, for Markdown: a
+    git forge shows an image's alt text only when the image fails to load."""
+    out: list[Any] = []
+    for b in blocks:
+        if isinstance(b, Details):
+            out.append(Details(b.summary, with_captions(b.blocks)))
+            continue
+        out.append(b)
+        if isinstance(b, Figure) and b.path:
+            out.append(Para(b.caption, kind="note"))
+    return out
+
+
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 

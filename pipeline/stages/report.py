@@ -16,7 +16,9 @@ are deterministic PNGs). ``main`` first writes the environment sidecar ``reports
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+import os
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
 from pipeline.report.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
 from pipeline.report.document import (
+    Details,
     Document,
     Figure,
     Heading,
@@ -35,6 +38,7 @@ from pipeline.report.document import (
     fmt,
     render_html,
     render_markdown,
+    with_captions,
 )
 from pipeline.report.figures import loss_curves_png
 from pipeline.report.headline import decision_sentence, experiment_rows, gain_rows, plain_evidence
@@ -65,6 +69,8 @@ class ReportPaths:
     pairs: Path = Path("data/dedupe/pairs.parquet")
     preregistration: Path = Path("reports/preregistration.json")
     env: Path = Path("reports/report.env.json")
+    figures_dir: Path = Path("reports/figures/report")
+    """The report's figures as PNG files, which report.md links (report.html embeds them)."""
     metrics_out: Path = Path("reports/metrics.json")
     md_out: Path = Path("reports/report.md")
     html_out: Path = Path("reports/report.html")
@@ -148,10 +154,43 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
     add_sections(doc, cfg, reports, metrics, inputs, registered, env)
 
+    doc = place_figures(doc, paths.figures_dir, paths.md_out.parent)
     artifacts.write_json(paths.metrics_out, metrics)
-    artifacts.write_text(paths.md_out, render_markdown(doc))
+    artifacts.write_text(paths.md_out, render_markdown(Document(doc.title,
+                                                                with_captions(doc.blocks))))
     artifacts.write_text(paths.html_out, render_html(doc))
     return ReportSummary(decision, len(reg.deviations), len(metrics))
+
+
+def _slug(text: str, words: int = 5) -> str:
+    return "-".join(re.findall(r"[a-z0-9]+", text.lower())[:words]) or "figure"
+
+
+def place_figures(doc: Document, folder: Path, md_folder: Path) -> Document:
+    """Write every figure that is not yet a file to ``folder`` (replaced whole, so no stale PNG
+    survives) as ``NN-<first words of its caption>.png``, in reading order, and return the
+    document with those figures linked relative to ``md_folder`` (report.md's folder), so that
+    report.md shows them on a git forge."""
+    count = 0
+
+    def walk(blocks: Sequence[Any], out_dir: Path) -> list[Any]:
+        nonlocal count
+        placed: list[Any] = []
+        for b in blocks:
+            if isinstance(b, Details):
+                b = Details(b.summary, walk(b.blocks, out_dir))
+            elif isinstance(b, Figure) and b.png and not b.path:
+                count += 1
+                name = f"{count:02d}-{_slug(b.caption)}.png"
+                (out_dir / name).write_bytes(b.png)
+                rel = Path(os.path.relpath(folder / name, md_folder)).as_posix()
+                b = Figure(b.caption, b.png, rel)
+            placed.append(b)
+        return placed
+
+    with artifacts.atomic_dir(folder) as tmp:
+        blocks = walk(doc.blocks, tmp)
+    return Document(doc.title, blocks)
 
 
 def headline_figures(criteria: CriteriaConfig, metrics: Mapping[str, Any], paths: ReportPaths,

@@ -5,6 +5,7 @@ when an input is missing; none raises on a missing key or column.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -56,6 +57,16 @@ def _counts(df: pd.DataFrame | None, col: str) -> list[list[str]]:
     return [[k or "(none)", str(int(vc[k]))] for k in sorted(vc.index)]
 
 
+def split_notes(splits: pd.DataFrame | None, manifest: pd.DataFrame | None) -> dict[str, int]:
+    """split -> total notes of its pieces ({} without the tables or their columns)."""
+    if splits is None or manifest is None or "n_notes" not in manifest.columns \
+            or not {"split", "sha256"} <= set(splits.columns):
+        return {}
+    notes = manifest.drop_duplicates("sha256").set_index("sha256")["n_notes"]
+    joined = splits.assign(n=splits["sha256"].map(notes).fillna(0))
+    return {str(k): int(v) for k, v in joined.groupby("split")["n"].sum().items()}
+
+
 def split_counts(splits: pd.DataFrame | None) -> dict[str, tuple[int, int]]:
     """split -> (pieces, groups) from data/splits.parquet ({} without it or its columns)."""
     if splits is None or not {"split", "sha256", "group_id"} <= set(splits.columns):
@@ -92,16 +103,38 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
             Table(["tier", "duplicate pairs"], _counts(pairs, "tier")) if pairs is not None
             else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"),
             kv_block(reports.get("dedupe"), "dedupe", d))
-    counts = split_counts(read_table_or_none(inputs["splits"]))
+    splits = read_table_or_none(inputs["splits"])
+    counts = split_counts(splits)
     doc.add(Heading("Split", 3))
     if counts:
-        doc.add(Table(["split", "pieces", "groups"],
-                      [[s, str(n), str(g)] for s, (n, g) in counts.items()]))
+        notes = split_notes(splits, manifest)
+        doc.add(Table(["split", "pieces", "groups", "notes"],
+                      [[s, str(n), str(g), fmt(notes.get(s))] for s, (n, g) in counts.items()]))
+        order = [s for s in ("train", "val", "test") if s in counts]
+        total = {k: sum(v[i] for v in counts.values()) for i, k in enumerate(("pieces",
+                                                                              "groups"))}
+        shares = {"pieces": [counts[s][0] / total["pieces"] for s in order],
+                  "groups": [counts[s][1] / total["groups"] for s in order]}
+        if notes and sum(notes.values()):
+            shares["notes"] = [notes.get(s, 0) / sum(notes.values()) for s in order]
+        doc.add(Figure("Share of pieces, groups and notes in each split. The three bars of a "
+                       "split should be about equal: a split whose share of notes is far from "
+                       "its share of pieces holds unusually long or short pieces, and one whose "
+                       "share of groups is far from its share of pieces holds unusually large "
+                       "or small groups.", grouped_bars_png(order, shares)))
     else:
         _na(doc, "data/splits.parquet")
-    doc.add(kv_block(reports.get("split"), "split", d),
-            Heading("Leakage audit", 3),
-            kv_block(reports.get("leakage"), "leakage", d),
+    doc.add(kv_block(reports.get("split"), "split", d), Heading("Leakage audit", 3))
+    leak_png = Path(inputs["leakage_png"])
+    if leak_png.is_file():
+        doc.add(Figure("Similarity (exact shingle Jaccard) of each test piece to its nearest "
+                       "neighbour, for this grouped split and for a random split of the same "
+                       "pieces. Look at the right tail: test pieces close to a train piece are "
+                       "leaks; a grouped split should have fewer there than the random one.",
+                       leak_png.read_bytes(),
+                       Path(os.path.relpath(leak_png, Path(inputs["md_out"]).parent))
+                       .as_posix()))
+    doc.add(kv_block(reports.get("leakage"), "leakage", d),
             Heading("Tokenisation", 3),
             kv_block(reports.get("tokenize"), "tokenize", d))
 
@@ -155,7 +188,9 @@ def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]
     need = {"model", "nll_nats", den}
     if per_piece is not None and need <= set(per_piece.columns):
         groups = piece_nll(per_piece, cfg.nll_split, den)
-        doc.add(Figure(f"per-piece NLL per {cfg.nll_unit} (nats) on {cfg.nll_split}",
+        doc.add(Figure(f"Per-piece NLL per {cfg.nll_unit} (nats) on {cfg.nll_split}, one "
+                       "curve per model. A curve further left is the better model on typical "
+                       "pieces; a long right tail marks pieces a model finds hard.",
                        histograms_png(groups, f"nats per {cfg.nll_unit}")))
     else:
         _na(doc, f"reports/eval/per_piece.parquet with columns {', '.join(sorted(need))}")
@@ -281,7 +316,11 @@ def memorisation(doc: Document, cfg: ReportConfig, audit: Any,
         hist = {"human test": table[(table["model"] == "human") & (table["kind"] == "test")]}
         for m in sorted(set(table["model"].astype(str)) - {"human"}):
             hist[f"samples {m}"] = table[table["model"] == m]
-        doc.add(Figure("longest common token substring with any training piece",
+        doc.add(Figure("Longest run of tokens each sequence shares with any training piece: "
+                       "samples of each model against windows of held-out human test pieces "
+                       "(which never saw training). A sample distribution shifted right of the "
+                       "human one means the model copies longer stretches than chance overlap "
+                       "explains.",
                        histograms_png({k: v["lcs_tokens"].to_numpy(dtype=float)
                                        for k, v in hist.items()}, "tokens")))
 
@@ -305,7 +344,10 @@ def music(doc: Document, cfg: ReportConfig, audit: Any) -> None:
                      if block[n].get(s) is not None and block["test"].get(s) else np.nan
                      for s in stats]
     if names:
-        doc.add(Figure("sample mean / human test mean per statistic (1 = same as human)",
+        doc.add(Figure("Each music statistic of the samples, as a ratio to held-out human test "
+                       "music (1 = the same on average; the dashed line). Bars far from 1 name "
+                       "what the model gets wrong; the human band and which statistics fall "
+                       "outside it are in the memorisation audit's quality table.",
                        grouped_bars_png(stats, ratios, reference=1.0)))
 
 

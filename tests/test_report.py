@@ -90,6 +90,9 @@ def make_inputs(root: Path) -> ReportPaths:
                                                     "split": ["train", "train", "test"]}))
     artifacts.write_parquet(p.pairs, pd.DataFrame({"a": ["a"], "b": ["c"], "tier": ["note"],
                                                    "similarity": [1.0]}))
+    artifacts.write_parquet(p.notes, pd.DataFrame({
+        "sha256": ["a", "c"], "onset": [[0.0, 1.0], [0.0, 1.0]], "duration": [[1.0, 1.0]] * 2,
+        "pitch": [[60, 62], [60, 62]]}))
     artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64,
                                  "environment": {"packages": artifacts.package_versions()}})
     return p
@@ -447,6 +450,7 @@ def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
               if re.match(r"\| [a-z_]+\.[a-z0-9_.]+ \|", line)]
     assert dotted == [] and "(no rows)" not in md and "params sha256" not in md
     assert "<details><summary>Every value in reports/split.json" in md
+    assert "Dedupe tier note (the same notes saved differently): the most similar pair" in md
     html = p.html_out.read_text()
     assert html.count("<details>") == md.count("<details>") >= 3
 

@@ -55,6 +55,34 @@ def piano_roll_png(notes: Mapping, title: str = "") -> bytes:
     return png_bytes(fig)
 
 
+def pair_rolls_png(left: Mapping, right: Mapping, titles: tuple[str, str],
+                   max_beats: float = 32.0) -> bytes:
+    """Two piano rolls side by side on one pitch axis (notes tables as for
+    :func:`piano_roll_png`), each cut to its first ``max_beats`` beats, so a duplicate pair's
+    shared material shows at a glance."""
+    with plt.rc_context(_STYLE):
+        fig, axes = plt.subplots(1, 2, figsize=(9.0, 2.6), sharey=True, layout="constrained")
+    pitches = []
+    for ax, notes, title in zip(axes, (left, right), titles, strict=True):
+        onset = np.asarray(notes["onset"], dtype=float)
+        duration = np.asarray(notes["duration"], dtype=float)
+        pitch = np.asarray(notes["pitch"], dtype=float)
+        keep = onset < max_beats
+        onset, duration, pitch = onset[keep], duration[keep], pitch[keep]
+        if onset.size:
+            ax.barh(pitch, np.maximum(np.minimum(duration, max_beats - onset), 0.05),
+                    left=onset, height=0.8, color="#3b6ea5", edgecolor="none")
+            pitches.append(pitch)
+        ax.set_xlim(0, max_beats)
+        ax.set_xlabel("beats")
+        ax.set_title(title)
+    axes[0].set_ylabel("pitch")
+    if pitches:
+        allp = np.concatenate(pitches)
+        axes[0].set_ylim(allp.min() - 2, allp.max() + 2)
+    return png_bytes(fig)
+
+
 def loss_curves_png(logs: Mapping[str, Mapping[str, np.ndarray]], ylabel: str,
                     reference: tuple[float, str] | None = None) -> bytes:
     """Training curves of several runs (e.g. training seeds): per run, the per-step training loss

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from pipeline.core.artifacts import read_table_or_none
@@ -19,7 +21,7 @@ from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
 from pipeline.report.criteria import flatten
 from pipeline.report.document import NA, Details, Document, Figure, Heading, Para, Table, fmt
-from pipeline.report.figures import grouped_bars_png, histograms_png
+from pipeline.report.figures import grouped_bars_png, histograms_png, pair_rolls_png
 
 
 class ReportConfig(StageConfig):
@@ -55,6 +57,44 @@ def _counts(df: pd.DataFrame | None, col: str) -> list[list[str]]:
         return []
     vc = df[col].fillna("").astype(str).value_counts()
     return [[k or "(none)", str(int(vc[k]))] for k in sorted(vc.index)]
+
+
+TIER_WORDS = {"note": "the same notes saved differently",
+              "transposed": "the same music transposed or uniformly time-scaled",
+              "melody": "the same top-voice melody under other harmony",
+              "near": "a near duplicate, confirmed by shingle Jaccard or containment"}
+
+
+def dedupe_examples(pairs: pd.DataFrame | None, notes_path: Path) -> list[Figure | Para]:
+    """One example pair per dedupe tier, the most similar (ties: smallest sha256s), as
+    side-by-side piano rolls of their first 32 beats."""
+    if pairs is None or pairs.empty or not {"a", "b", "tier"} <= set(pairs.columns):
+        return []
+    sim = pairs["similarity"] if "similarity" in pairs.columns else 0.0
+    ranked = pairs.assign(rank_sim=sim).sort_values(["tier", "rank_sim", "a", "b"],
+                                               ascending=[True, False, True, True])
+    examples = ranked.drop_duplicates("tier")
+    wanted = sorted(set(examples["a"]) | set(examples["b"]))
+    try:  # only the example pieces' rows are read
+        table = pq.read_table(notes_path, columns=["sha256", "onset", "duration", "pitch"],
+                              filters=[("sha256", "in", wanted)]).to_pandas()
+    except (OSError, ValueError, pa.ArrowException):
+        table = None
+    if table is None:
+        return [Para(f"Example pairs of duplicates: data/notes.parquet {NA}.", "note")]
+    by_sha = {r["sha256"]: r for r in table.to_dict("records")}
+    out: list[Figure | Para] = []
+    for row in examples.itertuples():
+        if row.a not in by_sha or row.b not in by_sha:
+            continue
+        similarity = f", similarity {row.rank_sim:.2f}" if "similarity" in pairs.columns else ""
+        out.append(Figure(
+            f"Dedupe tier {row.tier} ({TIER_WORDS.get(row.tier, row.tier)}): the most similar "
+            f"pair{similarity}, pieces {row.a[:12]} and {row.b[:12]}, first 32 beats. The two "
+            "rolls should share their material as the tier says; a pair that looks unrelated "
+            "would be a false link.",
+            pair_rolls_png(by_sha[row.a], by_sha[row.b], (row.a[:12], row.b[:12]))))
+    return out
 
 
 def split_notes(splits: pd.DataFrame | None, manifest: pd.DataFrame | None) -> dict[str, int]:
@@ -101,7 +141,8 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     pairs = read_table_or_none(inputs["pairs"])
     doc.add(Heading("Deduplication", 3),
             Table(["tier", "duplicate pairs"], _counts(pairs, "tier")) if pairs is not None
-            else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"),
+            else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"))
+    doc.add(*dedupe_examples(pairs, Path(inputs["notes"])),
             kv_block(reports.get("dedupe"), "dedupe", d))
     splits = read_table_or_none(inputs["splits"])
     counts = split_counts(splits)

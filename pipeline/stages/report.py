@@ -67,6 +67,7 @@ class ReportPaths:
     manifest: Path = Path("data/manifest.parquet")
     splits: Path = Path("data/splits.parquet")
     pairs: Path = Path("data/dedupe/pairs.parquet")
+    notes: Path = Path("data/notes.parquet")
     leakage_png: Path = Path("reports/figures/leakage.png")
     preregistration: Path = Path("reports/preregistration.json")
     env: Path = Path("reports/report.env.json")

@@ -169,3 +169,24 @@ def grouped_bars_png(categories: Sequence[str], groups: Mapping[str, Sequence[fl
     if title:
         ax.set_title(title)
     return png_bytes(fig)
+
+
+def band_png(names: Sequence[str], overlap: Sequence[float], band_low: Sequence[float],
+             inside: Sequence[bool], title: str = "") -> bytes:
+    """One horizontal bar per statistic: the samples' overlap with held-out human music, with
+    the human band's lower end as a tick; a bar that ends left of its tick (outside the band) is
+    drawn in orange, one inside in blue."""
+    fig, ax = _figure(7.5, 1.2 + 0.42 * max(len(names), 1))
+    y = np.arange(len(names))[::-1]
+    colours = ["#2a7ab9" if ok else "#d9822b" for ok in inside]
+    ax.barh(y, np.nan_to_num(np.asarray(overlap, dtype=float)), color=colours, height=0.6)
+    ax.plot(np.asarray(band_low, dtype=float), y, "|", color="#222", markersize=16,
+            markeredgewidth=2, label="lower end of the human band")
+    ax.set_yticks(y, [n.replace("_", " ") for n in names])
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("overlap of the samples' distribution with held-out human music (1 = same)")
+    fig.legend(loc="outside lower center", frameon=False)
+    if title:
+        ax.set_title(title)
+    return png_bytes(fig)
+

@@ -21,7 +21,12 @@ from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
 from pipeline.report.criteria import flatten
 from pipeline.report.document import NA, Details, Document, Figure, Heading, Para, Table, fmt
-from pipeline.report.figures import grouped_bars_png, histograms_png, pair_rolls_png
+from pipeline.report.figures import (
+    band_png,
+    grouped_bars_png,
+    histograms_png,
+    pair_rolls_png,
+)
 
 
 class ReportConfig(StageConfig):
@@ -229,12 +234,39 @@ def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]
     need = {"model", "nll_nats", den}
     if per_piece is not None and need <= set(per_piece.columns):
         groups = piece_nll(per_piece, cfg.nll_split, den)
+        scatter = model_scatter(per_piece, cfg.nll_split, den, cfg.nll_unit)
+        if scatter is not None:
+            doc.add(scatter)
         doc.add(Figure(f"Per-piece NLL per {cfg.nll_unit} (nats) on {cfg.nll_split}, one "
                        "curve per model. A curve further left is the better model on typical "
                        "pieces; a long right tail marks pieces a model finds hard.",
                        histograms_png(groups, f"nats per {cfg.nll_unit}")))
     else:
         _na(doc, f"reports/eval/per_piece.parquet with columns {', '.join(sorted(need))}")
+
+
+def model_scatter(per_piece: pd.DataFrame, split: str, den: str, unit: str,
+                  models: tuple[str, str] = ("ngram", "transformer")) -> Figure | None:
+    """Each piece's NLL per ``unit`` under one model against the other (averaged over training
+    seeds), on the pieces both scored; None without both models."""
+    part = per_piece[per_piece["split"] == split] if "split" in per_piece.columns else per_piece
+    if "sha256" not in part.columns or not set(models) <= set(part["model"].astype(str)):
+        return None
+    agg = part.groupby(["model", "sha256"], sort=True, as_index=False).agg(
+        nll=("nll_nats", "mean"), den=(den, "first"))
+    agg = agg[agg["den"] > 0]
+    wide = (agg.assign(v=agg["nll"] / agg["den"])
+            .pivot(index="sha256", columns="model", values="v").dropna())
+    if wide.empty:
+        return None
+    from pipeline.report.compare_figures import scatter_png
+
+    a, b = models
+    return Figure(f"Per-piece NLL per {unit} on {split}: the {a} (x) against the {b} (y), "
+                  "averaged over training seeds. Points below the diagonal are pieces where the "
+                  f"{b} is better: a cloud shifted below is a gain shared by most pieces, a few "
+                  "far points a gain carried by a few.",
+                  scatter_png(a, wide[a].to_numpy(), [(b, wide[b].to_numpy())]))
 
 
 def piece_nll(per_piece: pd.DataFrame, split: str, den: str) -> dict[str, np.ndarray]:
@@ -390,6 +422,29 @@ def music(doc: Document, cfg: ReportConfig, audit: Any) -> None:
                        "what the model gets wrong; the human band and which statistics fall "
                        "outside it are in the memorisation audit's quality table.",
                        grouped_bars_png(stats, ratios, reference=1.0)))
+    judged = audit.get("judged") if isinstance(audit.get("judged"), dict) else {}
+    for model in sorted(judged):
+        q = (judged[model] or {}).get("quality") if isinstance(judged[model], dict) else None
+        per_stat = (q or {}).get("stats") if isinstance(q, dict) else None
+        if not isinstance(per_stat, dict) or not per_stat:
+            continue
+        order = sorted(per_stat)
+        rows = [[s.replace("_", " "), fmt(per_stat[s].get("sample_mean"), d),
+                 fmt(per_stat[s].get("human_mean"), d), fmt(per_stat[s].get("overlap"), d),
+                 fmt(per_stat[s].get("band_low"), d),
+                 "inside" if per_stat[s].get("inside") else "outside"] for s in order]
+        doc.add(Heading(f"{model} against the human band", 3),
+                Table(["statistic", "samples (mean)", "human (mean)", "overlap",
+                       "band lower end", "verdict"], rows),
+                Figure(f"How far each statistic of the {model}'s samples overlaps held-out "
+                       "human music, against the lower end of the band that sets of human "
+                       "windows themselves reach (the tick). An orange bar ending left of its "
+                       "tick is a statistic outside the human band: there the samples are "
+                       "unlike human music.",
+                       band_png(order, [float(per_stat[s].get("overlap") or np.nan)
+                                        for s in order],
+                                [float(per_stat[s].get("band_low") or np.nan) for s in order],
+                                [bool(per_stat[s].get("inside")) for s in order])))
 
 
 def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, Path]) -> None:

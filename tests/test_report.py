@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 from dataclasses import fields
@@ -15,6 +16,7 @@ import yaml
 from pipeline.cli import main as cli
 from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
+from pipeline.report.audio import notes_to_midi
 from pipeline.report.figures import piano_roll_png
 from pipeline.report.sections import piece_nll
 from pipeline.stages.report import ReportConfig, ReportPaths, run
@@ -82,6 +84,10 @@ def make_inputs(root: Path) -> ReportPaths:
     p.train_log.write_text("step\ttrain_loss\tval_loss\n0\t3.0\t3.1\n10\t2.0\t\n20\t1.5\t1.6\n")
     artifacts.write_bytes(p.samples_dir / "ngram_unconditional_0.png", piano_roll_png(
         {"onset": np.arange(4.0), "duration": np.ones(4), "pitch": np.array([60, 62, 64, 65])}))
+    buf = io.BytesIO()
+    notes_to_midi({"onset": np.arange(4.0), "duration": np.ones(4),
+                   "pitch": np.array([60, 62, 64, 65])}).write(buf)
+    artifacts.write_bytes(p.samples_dir / "ngram_unconditional_0.mid", buf.getvalue())
     artifacts.write_parquet(p.manifest, pd.DataFrame({
         "sha256": ["a", "b", "c"], "status": ["ok", "quarantined", "duplicate"],
         "reason": ["", "no_notes", "exact"], "licence": ["CC0", "CC0", "PD"]}))
@@ -509,7 +515,25 @@ def test_report_md_links_figure_files_that_html_embeds(tmp_path):
     md, html = p.md_out.read_text(), p.html_out.read_text()
     links = re.findall(r"!\[[^\]]+\]\((figures/report/[^)]+\.png)\)", md)
     assert links and not stale.exists()
-    assert sorted(links) == sorted(f"figures/report/{f.name}" for f in p.figures_dir.iterdir())
+    assert sorted(links) == sorted(f"figures/report/{f.name}" for f in p.figures_dir.glob("*.png"))
     embedded = {base64.b64decode(d) for d in re.findall(r"base64,([^\"]+)\"", html)}
     assert all((p.md_out.parent / rel).read_bytes() in embedded for rel in links)
     assert "(embedded in report.html)" not in md
+
+
+def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
+    from pipeline.report.sections import pick_samples
+
+    p = make_inputs(tmp_path)
+    report(tmp_path, write_params(tmp_path), p)
+    md, html = p.md_out.read_text(), p.html_out.read_text()
+    assert "### ngram, unconditional sample 0" in md
+    link = re.search(r"\[Listen: the ngram, unconditional sample 0, first 20 s\]"
+                     r"\((figures/report/[^)]+\.flac)\)", md)
+    assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
+    assert html.count('<audio controls preload="metadata"') == 1
+    names = [Path(f"{m}_{k}_{i}.png") for m in ("ngram", "transformer")
+             for k in ("continuation", "unconditional") for i in (0, 1, 2, 10)]
+    assert [q.stem for q in pick_samples(sorted(names), 6)] == [
+        "ngram_continuation_0", "ngram_unconditional_0", "transformer_continuation_0",
+        "transformer_unconditional_0", "ngram_continuation_1", "ngram_unconditional_1"]

@@ -64,6 +64,17 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class Audio:
+    """A sound to listen to: embedded in HTML as an ``<audio>`` player (FLAC data URI); in
+    Markdown a link to the file at ``path`` (relative to the report), which a forge offers for
+    download or plays."""
+
+    caption: str
+    flac: bytes
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class Details:
     """Blocks folded away under a one-line summary: ``<details>`` in both renderings (a git
     forge's Markdown shows it folded too). For reference material: flat metric dumps, raw
@@ -125,6 +136,9 @@ def _markdown_blocks(blocks: Sequence[Any]) -> list[str]:
             out.append("|" + "---|" * len(b.headers))
             out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
             out.append("")
+        elif isinstance(b, Audio):
+            out += [f"[Listen: {b.caption}]({b.path})" if b.path
+                    else f"_Audio: {b.caption} (embedded in report.html)_", ""]
         elif isinstance(b, Figure):
             if b.path:
                 out += [f"![{b.caption}]({b.path})", ""]
@@ -149,7 +163,7 @@ th{background:#f2f2f2}.warn{background:#fff3cd;border:2px solid #d39e00;padding:
 font-weight:600}.note{color:#666;font-size:.85em}
 .PASS{background:#d4edda;font-weight:600}.FAIL{background:#f8d7da;font-weight:600}
 .INCONCLUSIVE{background:#fff3cd;font-weight:600}figure{margin:1em 0}
-figcaption{color:#555;font-size:.85em}img{max-width:100%}
+figcaption{color:#555;font-size:.85em}img{max-width:100%}audio{width:100%;max-width:560px}
 details{margin:.6em 0}summary{cursor:pointer;color:#333}
 @media print{details{display:block}body{max-width:none}}
 """.strip()
@@ -189,6 +203,11 @@ def _html_blocks(blocks: Sequence[Any]) -> list[str]:
                     cells.append(f"<td{cls}>{_breakable(e(str(c)))}</td>")
                 rows.append("<tr>" + "".join(cells) + "</tr>")
             out.append("<table>" + "".join(rows) + "</table>")
+        elif isinstance(b, Audio):
+            data = base64.b64encode(b.flac).decode("ascii")
+            out.append(f'<figure><audio controls preload="metadata" title="{e(b.caption)}" '
+                       f'src="data:audio/flac;base64,{data}"></audio>'
+                       f"<figcaption>{e(b.caption)}</figcaption></figure>")
         elif isinstance(b, Figure):
             if b.png:
                 data = base64.b64encode(b.png).decode("ascii")

@@ -19,8 +19,19 @@ from pydantic import Field
 from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
+from pipeline.report.audio import midi_to_flac
 from pipeline.report.criteria import flatten
-from pipeline.report.document import NA, Details, Document, Figure, Heading, Para, Table, fmt
+from pipeline.report.document import (
+    NA,
+    Audio,
+    Details,
+    Document,
+    Figure,
+    Heading,
+    Para,
+    Table,
+    fmt,
+)
 from pipeline.report.figures import (
     band_png,
     grouped_bars_png,
@@ -460,16 +471,57 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
     if not pngs:
         _na(doc, "sample piano rolls (reports/samples/)")
         return
+    shown = pick_samples(pngs, cfg.max_samples_shown)
     report_dir = Path(inputs["md_out"]).parent
-    for p in pngs[: cfg.max_samples_shown]:
+    doc.add(Para(f"{len(shown)} of {len(pngs)} samples, the first of each model and kind in "
+                 "turn. Each has its piano roll and, rendered from its MIDI file with a sine "
+                 "synthesiser (pretty_midi), its first 20 seconds as audio. A continuation "
+                 "starts with the test piece's own opening (the prompt), then the model's "
+                 "notes.", "note"))
+    for p in shown:
+        model, kind, index = _sample_parts(p.stem)
+        title = f"{model}, {kind} sample {index}"
+        doc.add(Heading(title, 3))
         try:
-            rel = p.relative_to(report_dir).as_posix()
+            rel = Path(os.path.relpath(p, report_dir)).as_posix()
         except ValueError:
             rel = None
-        doc.add(Figure(p.stem, p.read_bytes(), rel))
-    if len(pngs) > cfg.max_samples_shown:
-        doc.add(Para(f"{len(pngs) - cfg.max_samples_shown} more piano rolls and every MIDI file "
-                     f"are in {folder.name}/.", "note"))
+        doc.add(Figure(f"Piano roll of the {title}", p.read_bytes(), rel))
+        mid = p.with_suffix(".mid")
+        flac = None
+        if mid.is_file():
+            try:
+                flac = midi_to_flac(mid.read_bytes())
+            except ValueError as e:
+                doc.add(Para(f"Audio of the {title}: {e}.", "note"))
+        if flac is not None:
+            doc.add(Audio(f"the {title}, first 20 s", flac))
+    if len(pngs) > len(shown):
+        doc.add(Para(f"{len(pngs) - len(shown)} more piano rolls and every MIDI file are in "
+                     f"{folder.name}/.", "note"))
+
+
+def _sample_parts(stem: str) -> tuple[str, str, str]:
+    """``<model>_<kind>_<index>`` -> its parts (a stem of another shape: itself, "", "")."""
+    parts = stem.rsplit("_", 2)
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (stem, "", "")
+
+
+def pick_samples(pngs: list[Path], n: int) -> list[Path]:
+    """Up to ``n`` samples, the lowest index of each (model, kind) in turn, so that every model
+    and kind is shown before any second sample of one."""
+    by_kind: dict[tuple[str, str], list[tuple[int, Path]]] = {}
+    for p in pngs:
+        model, kind, index = _sample_parts(p.stem)
+        by_kind.setdefault((model, kind), []).append(
+            (int(index) if index.isdigit() else 10**9, p))
+    queues = [sorted(v) for _, v in sorted(by_kind.items())]
+    out: list[Path] = []
+    depth = 0
+    while len(out) < n and any(depth < len(q) for q in queues):
+        out += [q[depth][1] for q in queues if depth < len(q)][: n - len(out)]
+        depth += 1
+    return out
 
 
 def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> None:

@@ -29,6 +29,7 @@ from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
 from pipeline.report.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
 from pipeline.report.document import (
+    Audio,
     Details,
     Document,
     Figure,
@@ -169,8 +170,9 @@ def _slug(text: str, words: int = 5) -> str:
 
 
 def place_figures(doc: Document, folder: Path, md_folder: Path) -> Document:
-    """Write every figure that is not yet a file to ``folder`` (replaced whole, so no stale PNG
-    survives) as ``NN-<first words of its caption>.png``, in reading order, and return the
+    """Write every figure and sound that is not yet a file to ``folder`` (replaced whole, so no
+    stale file survives) as ``NN-<first words of its caption>.png`` (``.flac``), in reading
+    order, and return the
     document with those figures linked relative to ``md_folder`` (report.md's folder), so that
     report.md shows them on a git forge."""
     count = 0
@@ -187,6 +189,12 @@ def place_figures(doc: Document, folder: Path, md_folder: Path) -> Document:
                 (out_dir / name).write_bytes(b.png)
                 rel = Path(os.path.relpath(folder / name, md_folder)).as_posix()
                 b = Figure(b.caption, b.png, rel)
+            elif isinstance(b, Audio) and not b.path:
+                count += 1
+                name = f"{count:02d}-{_slug(b.caption)}.flac"
+                (out_dir / name).write_bytes(b.flac)
+                rel = Path(os.path.relpath(folder / name, md_folder)).as_posix()
+                b = Audio(b.caption, b.flac, rel)
             placed.append(b)
         return placed
 

@@ -78,7 +78,9 @@ def make_inputs(root: Path) -> ReportPaths:
                                "model": ["human"] * 3 + ["ngram"] * 2,
                                "kind": ["test"] * 3 + ["unconditional"] * 2,
                                "lcs_tokens": [5.0, 7.0, 9.0, 30.0, 12.0],
-                               "decode_ok": [True] * 4 + [False]})
+                               "decode_ok": [True] * 4 + [False],
+                               "index": [0, 1, 2, 0, 1], "nn_sha256": ["a"] * 5,
+                               "nn_jaccard": [0.1] * 5})
     artifacts.write_parquet(p.per_sample, per_sample)
     p.train_log.parent.mkdir(parents=True, exist_ok=True)
     p.train_log.write_text("step\ttrain_loss\tval_loss\n0\t3.0\t3.1\n10\t2.0\t\n20\t1.5\t1.6\n")
@@ -531,7 +533,11 @@ def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
     link = re.search(r"\[Listen: the ngram, unconditional sample 0, first 20 s\]"
                      r"\((figures/report/[^)]+\.flac)\)", md)
     assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
-    assert html.count('<audio controls preload="metadata"') == 1
+    assert "Nearest training piece: a, shingle Jaccard 0.1 with the sample; the sample's " \
+        "longest run of tokens shared with any training piece is 30 tokens" in md
+    assert "[Listen: the opening of training piece a, nearest to the ngram, unconditional " \
+        "sample 0]" in md
+    assert html.count('<audio controls preload="metadata"') == 2
     names = [Path(f"{m}_{k}_{i}.png") for m in ("ngram", "transformer")
              for k in ("continuation", "unconditional") for i in (0, 1, 2, 10)]
     assert [q.stem for q in pick_samples(sorted(names), 6)] == [

@@ -19,7 +19,7 @@ from pydantic import Field
 from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
-from pipeline.report.audio import midi_to_flac
+from pipeline.report.audio import midi_to_flac, notes_to_flac
 from pipeline.report.criteria import flatten
 from pipeline.report.document import (
     NA,
@@ -37,6 +37,7 @@ from pipeline.report.figures import (
     grouped_bars_png,
     histograms_png,
     pair_rolls_png,
+    piano_roll_png,
 )
 
 
@@ -478,6 +479,7 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
                  "synthesiser (pretty_midi), its first 20 seconds as audio. A continuation "
                  "starts with the test piece's own opening (the prompt), then the model's "
                  "notes.", "note"))
+    neighbours = nearest_train(table, shown, Path(inputs["notes"]))
     for p in shown:
         model, kind, index = _sample_parts(p.stem)
         title = f"{model}, {kind} sample {index}"
@@ -496,9 +498,70 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
                 doc.add(Para(f"Audio of the {title}: {e}.", "note"))
         if flac is not None:
             doc.add(Audio(f"the {title}, first 20 s", flac))
+        doc.add(*neighbour_blocks(title, neighbours.get(p.stem)))
     if len(pngs) > len(shown):
         doc.add(Para(f"{len(pngs) - len(shown)} more piano rolls and every MIDI file are in "
                      f"{folder.name}/.", "note"))
+
+
+SAMPLE_BPM = 120.0
+"""Tempo at which a training piece's notes (in beats) are played beside a sample: the tempo
+miditok writes into the samples' MIDI files, so both play at one speed."""
+
+
+def nearest_train(table: pd.DataFrame | None, shown: list[Path],
+                  notes_path: Path) -> dict[str, dict[str, Any]]:
+    """For each shown sample (by file stem): the audit's nearest training piece (``nn_sha256``,
+    by shingle Jaccard), its similarity, the sample's longest shared token run with training
+    (``lcs_tokens``) and the training piece's notes; samples the audit did not record, or
+    whose neighbour's notes cannot be read, are left out."""
+    need = {"source", "model", "kind", "index", "nn_sha256"}
+    if table is None or not need <= set(table.columns):
+        return {}
+    rows = {}
+    samples = table[table["source"] == "sample"]
+    for p in shown:
+        model, kind, index = _sample_parts(p.stem)
+        hit = samples[(samples["model"] == model) & (samples["kind"] == kind)
+                      & (samples["index"].astype(str) == index)]
+        if len(hit) and isinstance(hit.iloc[0]["nn_sha256"], str):
+            rows[p.stem] = hit.iloc[0].to_dict()
+    wanted = sorted({r["nn_sha256"] for r in rows.values()})
+    if not wanted:
+        return {}
+    try:
+        notes = pq.read_table(notes_path, columns=["sha256", "onset", "duration", "pitch"],
+                              filters=[("sha256", "in", wanted)]).to_pandas()
+    except (OSError, ValueError, pa.ArrowException):
+        return {}
+    by_sha = {r["sha256"]: r for r in notes.to_dict("records")}
+    return {stem: {**r, "notes": by_sha[r["nn_sha256"]]} for stem, r in rows.items()
+            if r["nn_sha256"] in by_sha}
+
+
+def neighbour_blocks(title: str, nn: dict[str, Any] | None) -> list[Any]:
+    """The nearest training piece of one sample: a sentence with the audit's numbers, its
+    opening as a piano roll and as audio."""
+    if nn is None:
+        return []
+    sha = str(nn["nn_sha256"])[:12]
+    jac, lcs = nn.get("nn_jaccard"), nn.get("lcs_tokens")
+    notes = nn["notes"]
+    onset = np.asarray(notes["onset"], dtype=float)
+    beats = 20.0 * SAMPLE_BPM / 60.0
+    cut = {k: np.asarray(notes[k])[onset < beats] for k in ("onset", "duration", "pitch")}
+    out: list[Any] = [Para(
+        f"Nearest training piece: {sha}, shingle Jaccard {fmt(jac, 3)} with the sample; the "
+        f"sample's longest run of tokens shared with any training piece is {fmt(lcs)} tokens "
+        "(the audit's flag thresholds are in the memorisation section). Its opening:", "note")]
+    if len(cut["onset"]):
+        out.append(Figure(f"Piano roll of the opening of {sha}, the training piece nearest to "
+                          f"the {title}", piano_roll_png(cut)))
+        flac = notes_to_flac(cut, bpm=SAMPLE_BPM)
+        if flac is not None:
+            out.append(Audio(f"the opening of training piece {sha}, nearest to the {title}",
+                             flac))
+    return out
 
 
 def _sample_parts(stem: str) -> tuple[str, str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from pipeline.report.document import (
     with_captions,
 )
 from pipeline.scoring.compare import ArmScores, canonical
+
+if TYPE_CHECKING:
+    from pipeline.report.compare_figures import ForestRow
 
 METRIC_NAMES = {"nats_per_note": "NLL per note", "nats_per_second": "NLL per second",
                 "nats_per_token": "NLL per token"}
@@ -192,22 +195,13 @@ def seed_effects(a: ArmScores, b: ArmScores, *, paired: bool,
     return [float(x) for x in (base - rate_b) / base]
 
 
-@dataclass(frozen=True)
-class ForestRow:
-    """One comparison in the forest plot: relative improvement of NLL per note with its
-    interval, and each of the arm's training seeds' own effect (:func:`seed_effects`)."""
-
-    arm: str
-    design: str
-    value: float
-    ci_low: float
-    ci_high: float
-    seeds: tuple[float, ...] = ()
-
-
 def forest_rows(result: Mapping[str, Any],
                 effects: Mapping[str, Sequence[float]]) -> list[ForestRow]:
-    """One row per comparison, in order."""
+    """One row per comparison, in order: the relative improvement of NLL per note with its
+    interval, and each of the arm's training seeds' own effect (:func:`seed_effects`). Loads
+    matplotlib, as drawing them does (the row type lives with the figure)."""
+    from pipeline.report.compare_figures import ForestRow
+
     rows = []
     for c in result["comparisons"]:
         rel = c["metrics"]["nats_per_note"]["rel_improvement"]

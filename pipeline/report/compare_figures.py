@@ -11,7 +11,7 @@ Functions take plain arrays and never read files.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -31,16 +31,18 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 BETTER, WORSE = "#2a7ab9", "#d9822b"
 
 
-class Row(Protocol):
-    """A forest-plot row (:class:`pipeline.report.compare.ForestRow`; not imported, since that
-    module imports this one): relative improvements as fractions."""
+@dataclass(frozen=True)
+class ForestRow:
+    """One row of a forest plot: a relative improvement (a fraction) with its interval, and each
+    training seed's own effect (the comparison's arm against its baseline, or the report's
+    transformer against the n-gram)."""
 
     arm: str
     design: str
     value: float
     ci_low: float
     ci_high: float
-    seeds: Sequence[float]
+    seeds: tuple[float, ...] = ()
 
 
 def _pct(x: float) -> str:
@@ -53,7 +55,7 @@ def short(label: str, limit: int = 24) -> str:
     return label if len(label) <= limit else "…" + label[-(limit - 1):]
 
 
-def forest_png(rows: Sequence[Row], *, margin: float | None, level: float,
+def forest_png(rows: Sequence[ForestRow], *, margin: float | None, level: float,
                threshold: float | None = None, threshold_label: str = "",
                xlabel: str = "relative improvement (A − B) / A of NLL per note, % (right: arm "
                              "better)") -> bytes:

@@ -16,9 +16,9 @@ reports) or from params.yaml: nothing is written by hand. Pure functions, no I/O
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from pipeline.report.compare_figures import ForestRow
 from pipeline.report.criteria import Verdict
 from pipeline.report.document import NA
 
@@ -120,6 +120,13 @@ OP_WORDS = {">=": "at least", ">": "more than", "<=": "at most", "<": "less than
             "==": "exactly"}
 
 
+def _points_ci(v: Verdict, level: float) -> str:
+    """`` (95% CI -19.3 to -5.6 points)`` for a difference of rates; "" without an interval."""
+    if v.ci_low is None or v.ci_high is None:
+        return ""
+    return f" ({level:.0%} CI {v.ci_low * 100:+.1f} to {v.ci_high * 100:+.1f} points)"
+
+
 def _interval_reason(v: Verdict, judge_interval: bool) -> str:
     if not judge_interval:
         return {"PASS": "it meets the rule", "FAIL": "it fails the rule",
@@ -195,9 +202,7 @@ def _flags(v: Verdict, m: Metrics, level: float) -> str | None:
     if v.value is None:
         return None
     side = "less" if v.value < 0 else "more"
-    ci = ""
-    if v.ci_low is not None and v.ci_high is not None:
-        ci = f" ({level:.0%} CI {v.ci_low * 100:+.1f} to {v.ci_high * 100:+.1f} points)"
+    ci = _points_ci(v, level)
     return (f"{_pct(rate)} of {n} {model} samples are flagged as copying training music, "
             f"against {_pct(human)} of held-out human windows: {_points(v.value)} {side}{ci}; "
             f"the rule allows at most {v.threshold * 100:g} points more: "
@@ -211,9 +216,7 @@ def _extraction(v: Verdict, m: Metrics, level: float, params: Mapping[str, Any])
     test = _num(m, f"audit.judged.{model}.extraction_rate.test.value")
     if v.value is None:
         return None
-    ci = ""
-    if v.ci_low is not None and v.ci_high is not None:
-        ci = f" ({level:.0%} CI {v.ci_low * 100:+.1f} to {v.ci_high * 100:+.1f} points)"
+    ci = _points_ci(v, level)
     return (f"Given the first {audit.get('extraction_prefix', NA)} tokens of a piece, the "
             f"{model} continued the next {audit.get('extraction_tokens', NA)} exactly for "
             f"{_pct(train)} of training pieces and {_pct(test)} of unseen test pieces, an excess "
@@ -273,20 +276,7 @@ def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],
 
 
 # ---- the headline figure's rows -------------------------------------------------------------
-@dataclass(frozen=True)
-class GainRow:
-    """One row of the headline forest plot (the shape :func:`pipeline.report.compare_figures.
-    forest_png` draws): the pooled relative gain with its interval and each seed's own."""
-
-    arm: str
-    design: str
-    value: float
-    ci_low: float
-    ci_high: float
-    seeds: tuple[float, ...] = ()
-
-
-def gain_rows(metrics: Metrics, splits: tuple[str, ...] = ("val", "test")) -> list[GainRow]:
+def gain_rows(metrics: Metrics, splits: tuple[str, ...] = ("val", "test")) -> list[ForestRow]:
     """The transformer's relative gain in NLL per note over the n-gram, per scored split."""
     rows = []
     seeds = _seeds(metrics)
@@ -298,6 +288,6 @@ def gain_rows(metrics: Metrics, splits: tuple[str, ...] = ("val", "test")) -> li
         per_seed = [_num(metrics, f"{key}.per_seed.{s}") for s in seeds]
         pieces = _int(metrics, f"eval.paired.ngram_minus_transformer.{split}.n_pieces")
         groups = _int(metrics, f"eval.models.transformer.{split}.n_groups")
-        rows.append(GainRow(split, f"{pieces} pieces, {groups} groups", v, lo, hi,
+        rows.append(ForestRow(split, f"{pieces} pieces, {groups} groups", v, lo, hi,
                             tuple(p for p in per_seed if p is not None)))
     return rows

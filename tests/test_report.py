@@ -530,7 +530,7 @@ def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
     report(tmp_path, write_params(tmp_path), p)
     md, html = p.md_out.read_text(), p.html_out.read_text()
     assert "### ngram, unconditional sample 0" in md
-    link = re.search(r"\[Listen: the ngram, unconditional sample 0, first 20 s\]"
+    link = re.search(r"\[Listen: the ngram, unconditional sample 0, first 10 s\]"
                      r"\((figures/report/[^)]+\.flac)\)", md)
     assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
     assert "Nearest training piece: a, shingle Jaccard 0.1 with the sample; the sample's " \

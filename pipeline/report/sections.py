@@ -476,7 +476,8 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
     report_dir = Path(inputs["md_out"]).parent
     doc.add(Para(f"{len(shown)} of {len(pngs)} samples, the first of each model and kind in "
                  "turn. Each has its piano roll and, rendered from its MIDI file with a sine "
-                 "synthesiser (pretty_midi), its first 20 seconds as audio. A continuation "
+                 f"synthesiser (pretty_midi), its first {AUDIO_SECONDS:g} seconds as audio. A "
+                 "continuation "
                  "starts with the test piece's own opening (the prompt), then the model's "
                  "notes.", "note"))
     neighbours = nearest_train(table, shown, Path(inputs["notes"]))
@@ -493,17 +494,23 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
         flac = None
         if mid.is_file():
             try:
-                flac = midi_to_flac(mid.read_bytes())
+                flac = midi_to_flac(mid.read_bytes(), sample_rate=AUDIO_RATE,
+                                    max_seconds=AUDIO_SECONDS)
             except ValueError as e:
                 doc.add(Para(f"Audio of the {title}: {e}.", "note"))
         if flac is not None:
-            doc.add(Audio(f"the {title}, first 20 s", flac))
+            doc.add(Audio(f"the {title}, first {AUDIO_SECONDS:g} s", flac))
         doc.add(*neighbour_blocks(title, neighbours.get(p.stem)))
     if len(pngs) > len(shown):
         doc.add(Para(f"{len(pngs) - len(shown)} more piano rolls and every MIDI file are in "
                      f"{folder.name}/.", "note"))
 
 
+AUDIO_SECONDS = 10.0
+AUDIO_RATE = 8000
+"""The players' length and sample rate. The sine synthesiser sounds fundamentals only, and an
+8 kHz rate carries every one up to 4 kHz (MIDI pitch 107) without aliasing; 16 players of 10 s
+are about 0.75 MB, so report.html stays small enough to track in git."""
 SAMPLE_BPM = 120.0
 """Tempo at which a training piece's notes (in beats) are played beside a sample: the tempo
 miditok writes into the samples' MIDI files, so both play at one speed."""
@@ -548,7 +555,7 @@ def neighbour_blocks(title: str, nn: dict[str, Any] | None) -> list[Any]:
     jac, lcs = nn.get("nn_jaccard"), nn.get("lcs_tokens")
     notes = nn["notes"]
     onset = np.asarray(notes["onset"], dtype=float)
-    beats = 20.0 * SAMPLE_BPM / 60.0
+    beats = AUDIO_SECONDS * SAMPLE_BPM / 60.0
     cut = {k: np.asarray(notes[k])[onset < beats] for k in ("onset", "duration", "pitch")}
     out: list[Any] = [Para(
         f"Nearest training piece: {sha}, shingle Jaccard {fmt(jac, 3)} with the sample; the "
@@ -557,7 +564,8 @@ def neighbour_blocks(title: str, nn: dict[str, Any] | None) -> list[Any]:
     if len(cut["onset"]):
         out.append(Figure(f"Piano roll of the opening of {sha}, the training piece nearest to "
                           f"the {title}", piano_roll_png(cut)))
-        flac = notes_to_flac(cut, bpm=SAMPLE_BPM)
+        flac = notes_to_flac(cut, bpm=SAMPLE_BPM, sample_rate=AUDIO_RATE,
+                             max_seconds=AUDIO_SECONDS)
         if flac is not None:
             out.append(Audio(f"the opening of training piece {sha}, nearest to the {title}",
                              flac))

@@ -162,6 +162,7 @@ def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
         return (None, "RuntimeError: broken") if next(calls) % 2 else real(tok, ids)
 
     monkeypatch.setattr(gen, "decode_ids", flaky)
+    monkeypatch.setattr(gen, "prompt_notes", lambda tok, row, notes: None)  # samples only
     cfg = GenerateConfig(models=["ngram"], n_samples=2, n_continuations=2, max_new_tokens=10,
                          prompt_tokens=8)
     s, df = _run(world, tmp_path, cfg, models)
@@ -175,7 +176,7 @@ def test_unconditional_and_continuation_counts_are_separate(world, tmp_path, mon
     """``n_samples`` unconditional samples per model, ``n_continuations`` (0 = none) prompts."""
     import pipeline.report.figures as figures
 
-    monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="": b"png")  # speed only
+    monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="", prompt=None: b"png")
     vocab = artifacts.read_json(world["info"])["vocab_size"]
     models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}
     for n_cont, expected in ((0, 0), (3, 3), (50, 10)):  # at most the 10 test pieces
@@ -201,3 +202,24 @@ def test_default_draws_enough_samples_for_an_interval():
 def test_bad_params_name_the_key(raw, key):
     with pytest.raises(ParamsError, match=rf"params.yaml: {key.replace('.', '[.]')}\b"):
         parse_section("generate", raw, GenerateConfig)
+
+
+def test_a_continuations_prompt_notes_are_marked_as_a_multiset(monkeypatch):
+    """The prompt's notes decoded alone are matched to the whole sample's notes by (onset,
+    pitch, duration), each used once; a note the prompt's end cut (other duration) is the
+    model's."""
+    import numpy as np
+
+    from pipeline.stages import generate
+
+    whole = {"onset": np.array([0.0, 0.0, 1.0, 1.0, 2.0]), "pitch": np.array([60, 60, 62, 64, 65]),
+             "duration": np.array([1.0, 1.0, 1.0, 2.0, 1.0])}
+    prompt = {"onset": np.array([0.0, 1.0, 1.0]), "pitch": np.array([60, 62, 64]),
+              "duration": np.array([1.0, 1.0, 1.0])}
+    monkeypatch.setattr(generate, "decode_ids", lambda tok, ids: ("score", None))
+    monkeypatch.setattr(generate, "score_notes", lambda score: prompt)
+    row = {"prompt_len": 3, "ids": [1, 2, 3, 4, 5]}
+    assert generate.prompt_notes(None, row, whole).tolist() == [True, False, True, False, False]
+    assert generate.prompt_notes(None, {**row, "prompt_len": 0}, whole) is None
+    monkeypatch.setattr(generate, "decode_ids", lambda tok, ids: (None, "bad"))
+    assert generate.prompt_notes(None, row, whole) is None

@@ -35,15 +35,27 @@ def _figure(w: float = 7.0, h: float = 3.0):
     return fig, ax
 
 
-def piano_roll_png(notes: Mapping, title: str = "") -> bytes:
-    """Piano roll of a notes table (``onset``/``duration`` in beats, ``pitch``)."""
+def piano_roll_png(notes: Mapping, title: str = "",
+                   prompt: np.ndarray | None = None) -> bytes:
+    """Piano roll of a notes table (``onset``/``duration`` in beats, ``pitch``). ``prompt``: a
+    boolean per note, True for notes given to the model (a continuation's prompt): those are
+    drawn grey, the rest blue, with a dashed line where the last prompt note starts and a
+    legend."""
     onset = np.asarray(notes["onset"], dtype=float)
     duration = np.asarray(notes["duration"], dtype=float)
     pitch = np.asarray(notes["pitch"], dtype=float)
-    fig, ax = _figure(7.0, 2.6)
+    given = (np.zeros(onset.size, dtype=bool) if prompt is None
+             else np.asarray(prompt, dtype=bool))
+    fig, ax = _figure(7.0, 2.6 if not given.any() else 3.0)
     if onset.size:
-        ax.barh(pitch, np.maximum(duration, 0.05), left=onset, height=0.8, color="#3b6ea5",
-                edgecolor="none")
+        for mask, colour, label in ((given, "#a0a7b0", "prompt (the test piece's opening)"),
+                                    (~given, "#3b6ea5", "model" if given.any() else None)):
+            if mask.any():
+                ax.barh(pitch[mask], np.maximum(duration[mask], 0.05), left=onset[mask],
+                        height=0.8, color=colour, edgecolor="none", label=label)
+        if given.any():
+            ax.axvline(float(onset[given].max()), color="#555", linewidth=0.8, linestyle="--")
+            fig.legend(loc="outside lower center", frameon=False, ncols=2)
         ax.set_ylim(pitch.min() - 2, pitch.max() + 2)
         ax.set_xlim(0, max(float((onset + duration).max()), 1.0))
     else:

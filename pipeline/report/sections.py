@@ -478,8 +478,8 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
                  "turn. Each has its piano roll and, rendered from its MIDI file with a sine "
                  f"synthesiser (pretty_midi), its first {AUDIO_SECONDS:g} seconds as audio. A "
                  "continuation "
-                 "starts with the test piece's own opening (the prompt), then the model's "
-                 "notes.", "note"))
+                 "starts with the test piece's own opening (the prompt, grey in its piano "
+                 "roll, up to the dashed line), then the model's notes (blue).", "note"))
     neighbours = nearest_train(table, shown, Path(inputs["notes"]))
     for p in shown:
         model, kind, index = _sample_parts(p.stem)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,29 @@ def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
     return rows
 
 
+def prompt_notes(tok: Any, row: Mapping[str, Any],
+                 notes: Mapping[str, np.ndarray]) -> np.ndarray | None:
+    """For a continuation, which of its notes (``notes``, as :func:`score_notes` gives them)
+    come from the prompt: the notes of the prompt's ids decoded alone, matched by (onset,
+    pitch, duration) as a multiset, so a note cut by the prompt's end counts as the model's.
+    None for an unconditional sample or when the prompt does not decode."""
+    if not row["prompt_len"]:
+        return None
+    score, err = decode_ids(tok, row["ids"][: row["prompt_len"]])
+    if err is not None:
+        return None
+    given = score_notes(score)
+    left = Counter(zip(given["onset"].tolist(), given["pitch"].tolist(),
+                       given["duration"].tolist(), strict=True))
+    mask = np.zeros(len(notes["onset"]), dtype=bool)
+    for i, key in enumerate(zip(notes["onset"].tolist(), notes["pitch"].tolist(),
+                                notes["duration"].tolist(), strict=True)):
+        if left[key] > 0:
+            left[key] -= 1
+            mask[i] = True
+    return mask
+
+
 def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,
         tokenizer: Path, samples_out: Path, samples_dir: Path) -> GenerateSummary:
     """Sample, decode and write samples.parquet plus one MIDI and one PNG per decodable sample."""
@@ -155,7 +179,8 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
         stem = f"{row['model']}_{row['kind']}_{row['index']}"
         artifacts.write_bytes(samples_dir / f"{stem}.mid", score.dumps_midi())
         title = f"{row['model']} {row['kind']} #{row['index']}"
-        png = piano_roll_png(score_notes(score), title)
+        notes = score_notes(score)
+        png = piano_roll_png(notes, title, prompt_notes(tok, row, notes))
         artifacts.write_bytes(samples_dir / f"{stem}.png", png)
     rows.sort(key=lambda r: (r["model"], r["kind"], r["index"]))
     artifacts.write_parquet(samples_out, pa.Table.from_pylist(rows, schema=SAMPLES_SCHEMA))

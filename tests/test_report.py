@@ -530,7 +530,7 @@ def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
     report(tmp_path, write_params(tmp_path), p)
     md, html = p.md_out.read_text(), p.html_out.read_text()
     assert "### ngram, unconditional sample 0" in md
-    link = re.search(r"\[Listen: the ngram, unconditional sample 0, first 10 s\]"
+    link = re.search(r"\[Listen: the ngram, unconditional sample 0, at most its first 10 s\]"
                      r"\((figures/report/[^)]+\.flac)\)", md)
     assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
     assert "Nearest training piece: a, shingle Jaccard 0.1 with the sample; the sample's " \
@@ -543,3 +543,19 @@ def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
     assert [q.stem for q in pick_samples(sorted(names), 6)] == [
         "ngram_continuation_0", "ngram_unconditional_0", "transformer_continuation_0",
         "transformer_unconditional_0", "ngram_continuation_1", "ngram_unconditional_1"]
+
+
+def test_tokenisation_and_ngram_orders_have_readable_tables():
+    from pipeline.report.sections import ngram_table, tokenisation_table
+
+    (tok,) = tokenisation_table({"tokenizer": "REMI", "model": "BPE", "vocab_size": 1000,
+                                 "base_vocab_size": 486, "model_trained_on_pieces": 268,
+                                 "tokens_by_split": {"train": 10, "test": 3},
+                                 "pieces_by_split": {"train": 2, "test": 1}}, 4)
+    rows = dict(map(tuple, tok.rows))
+    assert rows["trained vocabulary"] == "BPE, 1000 tokens (base 486), learned on 268 train pieces"
+    assert rows["tokens per split"] == "train 10 (2 pieces), test 3 (1 piece)"
+    (ng,) = ngram_table({"best_order": 3, "orders": {"10": {"val_nats_per_token": 4.0},
+                                                     "3": {"val_nats_per_token": 3.5}}}, 4)
+    assert [r[0] for r in ng.rows] == ["3", "10"] and ng.rows[0][3] == "chosen"
+    assert tokenisation_table(None, 4) == [] and ngram_table({}, 4) == []

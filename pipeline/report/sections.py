@@ -194,7 +194,45 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
                        .as_posix()))
     doc.add(kv_block(reports.get("leakage"), "leakage", d),
             Heading("Tokenisation", 3),
+            *tokenisation_table(reports.get("tokenize"), d),
             kv_block(reports.get("tokenize"), "tokenize", d))
+
+
+def tokenisation_table(tok: Any, d: int) -> list[Table]:
+    """The tokenizer and what it did to the corpus, under human labels ([] without the
+    report)."""
+    if not isinstance(tok, dict):
+        return []
+    by_split = tok.get("tokens_by_split") if isinstance(tok.get("tokens_by_split"), dict) else {}
+    pieces = tok.get("pieces_by_split") if isinstance(tok.get("pieces_by_split"), dict) else {}
+    model = tok.get("model")
+    rows = [["tokenizer", fmt(tok.get("tokenizer"))],
+            ["trained vocabulary", f"{fmt(model)}, {fmt(tok.get('vocab_size'))} tokens "
+             f"(base {fmt(tok.get('base_vocab_size'))}), learned on "
+             f"{fmt(tok.get('model_trained_on_pieces'))} train pieces"
+             if model and model != "none" else "none"],
+            ["compression", f"{fmt(tok.get('compression'), d)} base tokens per token"],
+            ["tokens per split", ", ".join(
+                f"{s} {fmt(by_split[s])} ({fmt(pieces.get(s))} "
+                f"piece{'' if pieces.get(s) == 1 else 's'})"
+                for s in ("train", "val", "test") if s in by_split) or NA],
+            ["round trip (notes back from tokens)",
+             f"mean F1 {fmt(tok.get('roundtrip_f1_mean'), d)}, lowest "
+             f"{fmt(tok.get('roundtrip_f1_min'), d)}; {fmt(tok.get('roundtrip_below_1'))} "
+             f"pieces below 1, {fmt(tok.get('flagged_pieces'))} flagged"]]
+    return [Table(["tokenisation", ""], rows)]
+
+
+def ngram_table(ngram: Any, d: int) -> list[Table]:
+    """Each n-gram order's val NLL per token, the chosen one marked ([] without the report)."""
+    orders = ngram.get("orders") if isinstance(ngram, dict) else None
+    if not isinstance(orders, dict) or not orders:
+        return []
+    best = ngram.get("best_order")
+    rows = [[str(k), fmt((v or {}).get("val_nats_per_token"), d),
+             fmt((v or {}).get("val_perplexity"), d), "chosen" if str(k) == str(best) else ""]
+            for k, v in sorted(orders.items(), key=lambda kv: int(kv[0]))]
+    return [Table(["n-gram order", "val NLL (nats/token)", "val perplexity", ""], rows)]
 
 
 def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]) -> None:
@@ -215,6 +253,7 @@ def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]) -> None
             Para("Timings, throughput and the device are in reports/train.env.json, a sidecar "
                  "that is neither a DVC output nor tracked by git, so that re-running an "
                  "unchanged experiment changes no tracked file.", "note"),
+            *ngram_table(reports.get("ngram"), d),
             kv_block(reports.get("ngram"), "ngram", d))
 
 
@@ -499,7 +538,7 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
             except ValueError as e:
                 doc.add(Para(f"Audio of the {title}: {e}.", "note"))
         if flac is not None:
-            doc.add(Audio(f"the {title}, first {AUDIO_SECONDS:g} s", flac))
+            doc.add(Audio(f"the {title}, at most its first {AUDIO_SECONDS:g} s", flac))
         doc.add(*neighbour_blocks(title, neighbours.get(p.stem)))
     if len(pngs) > len(shown):
         doc.add(Para(f"{len(pngs) - len(shown)} more piano rolls and every MIDI file are in "

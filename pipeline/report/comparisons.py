@@ -50,7 +50,7 @@ from pydantic import Field, model_validator
 
 from pipeline.core import artifacts
 from pipeline.core.config import SECTIONS, ParamsError, StageConfig, parse_section, section_class
-from pipeline.report.criteria import Criterion, evaluate
+from pipeline.report.criteria import Criterion, evaluate, unique_rule_names
 from pipeline.scoring.compare import IGNORED_SECTIONS, canonical, params_diff
 
 REGISTRATION = "reports/preregistration_compare.json"
@@ -125,10 +125,7 @@ class CompareConfig(StageConfig):
 
     @model_validator(mode="after")
     def _unique_names(self) -> CompareConfig:
-        names = [r.name for r in self.rules]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"rules: name {dupes[0]!r} is used twice; names must be unique")
+        unique_rule_names(self.rules)
         return self
 
 

@@ -81,11 +81,16 @@ class CriteriaConfig(StageConfig):
 
     @model_validator(mode="after")
     def _unique_names(self) -> CriteriaConfig:
-        names = [r.name for r in self.rules]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"rules: name {dupes[0]!r} is used twice; names must be unique")
+        unique_rule_names(self.rules)
         return self
+
+
+def unique_rule_names(rules: list[Any]) -> None:
+    """ValueError naming the first rule name used twice (criteria and comparison rules)."""
+    names = [r.name for r in rules]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"rules: name {dupes[0]!r} is used twice; names must be unique")
 
 
 # --- metrics ----------------------------------------------------------------------------------
@@ -179,7 +184,8 @@ def flatten(obj: Any, prefix: str = "", max_list: int = 50) -> dict[str, Any]:
     return out
 
 
-def _number(v: Any) -> float | None:
+def number(v: Any) -> float | None:
+    """``v`` as a finite float; None for a bool, a non-number or a non-finite value."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return None
     return float(v) if math.isfinite(v) else None
@@ -202,12 +208,12 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
             if c in flat and flat[c] is not None:
                 flat[key] = flat[c]
                 break
-    tr, ng = _number(flat.get("test.nll_per_note.transformer")), \
-        _number(flat.get("test.nll_per_note.ngram"))
-    if _number(flat.get("test.nll_per_note.diff")) is None and tr is not None and ng is not None:
+    tr, ng = number(flat.get("test.nll_per_note.transformer")), \
+        number(flat.get("test.nll_per_note.ngram"))
+    if number(flat.get("test.nll_per_note.diff")) is None and tr is not None and ng is not None:
         flat["test.nll_per_note.diff"] = ng - tr
-    diff = _number(flat.get("test.nll_per_note.diff"))
-    if _number(flat.get("test.nll_per_note.rel_improvement")) is None and diff is not None and ng:
+    diff = number(flat.get("test.nll_per_note.diff"))
+    if number(flat.get("test.nll_per_note.rel_improvement")) is None and diff is not None and ng:
         flat["test.nll_per_note.rel_improvement"] = diff / ng  # no interval: none is honest
     return dict(sorted(flat.items()))
 
@@ -245,9 +251,9 @@ def evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float = 0.95
     ``judge: interval`` compares the metric's whole interval with it: PASS when every value in the
     interval meets the rule, FAIL when none does, INCONCLUSIVE when it straddles the threshold.
     """
-    value = _number(metrics.get(rule.metric))
+    value = number(metrics.get(rule.metric))
     ci_key = rule.ci_metric or rule.metric
-    lo, hi = _number(metrics.get(f"{ci_key}.ci_low")), _number(metrics.get(f"{ci_key}.ci_high"))
+    lo, hi = number(metrics.get(f"{ci_key}.ci_low")), number(metrics.get(f"{ci_key}.ci_high"))
     level = f"{ci_level:.0%} CI"
 
     def verdict(status: Any, evidence: str) -> Verdict:

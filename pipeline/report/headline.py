@@ -19,15 +19,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipeline.report.compare_figures import ForestRow
-from pipeline.report.criteria import Verdict
+from pipeline.report.criteria import Verdict, number
 from pipeline.report.document import NA
 
 Metrics = Mapping[str, Any]
 
 
 def _num(metrics: Metrics, key: str) -> float | None:
-    v = metrics.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return number(metrics.get(key))
 
 
 def _int(metrics: Metrics, key: str) -> int | None:

@@ -76,6 +76,17 @@ def _counts(df: pd.DataFrame | None, col: str) -> list[list[str]]:
     return [[k or "(none)", str(int(vc[k]))] for k in sorted(vc.index)]
 
 
+def read_notes(path: Path, shas: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The notes (onset, duration, pitch) of the pieces ``shas`` from data/notes.parquet, read
+    for those rows only; None when the file is missing or unreadable."""
+    try:
+        table = pq.read_table(path, columns=["sha256", "onset", "duration", "pitch"],
+                              filters=[("sha256", "in", shas)]).to_pandas()
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    return {r["sha256"]: r for r in table.to_dict("records")}
+
+
 TIER_WORDS = {"note": "the same notes saved differently",
               "transposed": "the same music transposed or uniformly time-scaled",
               "melody": "the same top-voice melody under other harmony",
@@ -92,14 +103,9 @@ def dedupe_examples(pairs: pd.DataFrame | None, notes_path: Path) -> list[Figure
                                                ascending=[True, False, True, True])
     examples = ranked.drop_duplicates("tier")
     wanted = sorted(set(examples["a"]) | set(examples["b"]))
-    try:  # only the example pieces' rows are read
-        table = pq.read_table(notes_path, columns=["sha256", "onset", "duration", "pitch"],
-                              filters=[("sha256", "in", wanted)]).to_pandas()
-    except (OSError, ValueError, pa.ArrowException):
-        table = None
-    if table is None:
+    by_sha = read_notes(notes_path, wanted)
+    if by_sha is None:
         return [Para(f"Example pairs of duplicates: data/notes.parquet {NA}.", "note")]
-    by_sha = {r["sha256"]: r for r in table.to_dict("records")}
     out: list[Figure | Para] = []
     for row in examples.itertuples():
         if row.a not in by_sha or row.b not in by_sha:
@@ -575,12 +581,7 @@ def nearest_train(table: pd.DataFrame | None, shown: list[Path],
     wanted = sorted({r["nn_sha256"] for r in rows.values()})
     if not wanted:
         return {}
-    try:
-        notes = pq.read_table(notes_path, columns=["sha256", "onset", "duration", "pitch"],
-                              filters=[("sha256", "in", wanted)]).to_pandas()
-    except (OSError, ValueError, pa.ArrowException):
-        return {}
-    by_sha = {r["sha256"]: r for r in notes.to_dict("records")}
+    by_sha = read_notes(notes_path, wanted) or {}
     return {stem: {**r, "notes": by_sha[r["nn_sha256"]]} for stem, r in rows.items()
             if r["nn_sha256"] in by_sha}
 

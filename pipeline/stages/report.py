@@ -19,7 +19,7 @@ import argparse
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -183,18 +183,14 @@ def place_figures(doc: Document, folder: Path, md_folder: Path) -> Document:
         for b in blocks:
             if isinstance(b, Details):
                 b = Details(b.summary, walk(b.blocks, out_dir))
-            elif isinstance(b, Figure) and b.png and not b.path:
-                count += 1
-                name = f"{count:02d}-{_slug(b.caption)}.png"
-                (out_dir / name).write_bytes(b.png)
-                rel = Path(os.path.relpath(folder / name, md_folder)).as_posix()
-                b = Figure(b.caption, b.png, rel)
-            elif isinstance(b, Audio) and not b.path:
-                count += 1
-                name = f"{count:02d}-{_slug(b.caption)}.flac"
-                (out_dir / name).write_bytes(b.flac)
-                rel = Path(os.path.relpath(folder / name, md_folder)).as_posix()
-                b = Audio(b.caption, b.flac, rel)
+            elif isinstance(b, Figure | Audio) and not b.path:
+                data, ext = (b.png, "png") if isinstance(b, Figure) else (b.flac, "flac")
+                if data:
+                    count += 1
+                    name = f"{count:02d}-{_slug(b.caption)}.{ext}"
+                    (out_dir / name).write_bytes(data)
+                    b = replace(b, path=Path(os.path.relpath(folder / name, md_folder))
+                                .as_posix())
             placed.append(b)
         return placed
 

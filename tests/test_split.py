@@ -1,4 +1,5 @@
-"""Split: groups never span splits, additions that merge nothing move nothing, k folds."""
+"""Split: groups never span splits, additions that merge nothing move nothing, k folds, and
+too few groups in val or test stop the stage."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.cli import main as cli_main
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.core.splits import split_hash
@@ -18,7 +20,9 @@ from pipeline.stages.dedupe import run as run_dedupe
 from pipeline.stages.split import (
     SplitConfig,
     SplitInvariantError,
+    SplitTooSmallError,
     check_invariants,
+    check_min_groups,
     moved_pieces,
     split_table,
 )
@@ -26,6 +30,7 @@ from pipeline.stages.split import run as run_split
 from tests.test_dedupe import planted_corpus, write_corpus
 
 CFG = SplitConfig()
+NO_MINIMUM = SplitConfig(min_groups=0)
 
 
 def _sha(i: int, salt: str = "") -> str:
@@ -142,20 +147,23 @@ def test_split_hash_depends_on_content_only():
     ({"folds": 1}, "split"),
     ({"folds": 3, "test_fold": 3}, "split"),
     ({"seed": "042"}, "split.seed"),
+    ({"min_groups": -1}, "split.min_groups"),
+    ({"min_groups": "2"}, "split.min_groups"),
+    ({"min_groups": 2.5}, "split.min_groups"),
 ])
 def test_bad_params_fail_fast(raw, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
         parse_section("split", raw, SplitConfig)
 
 
-def _stage(root, pieces, groups=None, previous=None):
+def _stage(root, pieces, groups=None, previous=None, cfg=CFG):
     manifest, notes, shas = write_corpus(root, pieces, groups=groups)
     runtime = RuntimeConfig(workers=1, progress=False)
     run_dedupe(DedupeConfig(), runtime, manifest=manifest, notes=notes, out_dir=root / "dedupe",
                report=root / "dedupe.json")
     paths = dict(splits=root / "splits.parquet", report=root / "split.json",
                  leakage_report=root / "leakage.json", figure=root / "fig" / "leakage.png")
-    run_split(CFG, runtime, manifest=manifest, notes=notes, dedupe_dir=root / "dedupe",
+    run_split(cfg, runtime, manifest=manifest, notes=notes, dedupe_dir=root / "dedupe",
               previous=previous, **paths)
     return shas, paths
 
@@ -187,9 +195,10 @@ def test_stage_lists_moves_against_previous(tmp_path):
     pieces, _ = planted_corpus(seed=9, families=0, singles=60)
     _stage(tmp_path / "a", pieces)
     previous = tmp_path / "a" / "splits.parquet"
-    # relabel every piece into one metadata group: all pieces now share a split
+    # relabel every piece into one metadata group: all pieces now share a split (one group
+    # leaves val and test empty, so the minimum is off here)
     groups = dict.fromkeys(pieces, "one hymn")
-    _, paths = _stage(tmp_path / "b", pieces, groups=groups, previous=previous)
+    _, paths = _stage(tmp_path / "b", pieces, groups=groups, previous=previous, cfg=NO_MINIMUM)
     report = artifacts.read_json(paths["report"])
     old = artifacts.read_parquet(previous)
     new = artifacts.read_parquet(paths["splits"])
@@ -207,7 +216,7 @@ def test_empty_corpus_gives_empty_artifacts(tmp_path):
     runtime = RuntimeConfig(workers=1, progress=False)
     run_dedupe(DedupeConfig(), runtime, manifest=manifest, notes=notes, out_dir=tmp_path / "d",
                report=tmp_path / "dedupe.json")
-    s = run_split(CFG, runtime, manifest=manifest, notes=notes, dedupe_dir=tmp_path / "d",
+    s = run_split(NO_MINIMUM, runtime, manifest=manifest, notes=notes, dedupe_dir=tmp_path / "d",
                   splits=tmp_path / "s.parquet", report=tmp_path / "s.json",
                   leakage_report=tmp_path / "l.json", figure=tmp_path / "f.png")
     assert s.pieces == 0 and len(artifacts.read_parquet(tmp_path / "s.parquet")) == 0
@@ -238,3 +247,86 @@ def test_stage_refuses_a_split_that_puts_one_group_in_two_splits(tmp_path, monke
     with pytest.raises(SplitInvariantError, match=r"crossing_groups=1\b"):
         _stage(tmp_path, pieces)
     assert not (tmp_path / "splits.parquet").exists()  # nothing written for a broken split
+
+
+# ------------------------------------------------------------------ too few groups to evaluate
+def _labelled(n: int, per_group: int = 1):
+    """``n`` groups labelled g0..g{n-1}, ``per_group`` singleton-cluster pieces each."""
+    shas = [_sha(i) for i in range(n * per_group)]
+    labels = [f"g{i // per_group}" for i in range(n * per_group)]
+    return _tables(shas, labels, list(range(len(shas))), [True] * len(shas))
+
+
+def _groups_per_split(table: pd.DataFrame) -> dict[str, int]:
+    return table.groupby("split")["group_id"].nunique().to_dict()
+
+
+def test_the_hash_assignment_is_unchanged():
+    """Pinned before the minimum existed: a split that passes is exactly the hash split."""
+    files, clusters = _labelled(100, per_group=2)
+    expected = {"{}": "8e42b0dde1173d9235cf9abaf55145716a11eb807d130d8ae5b66558ebbd4162",
+                "folds": "16ffd4fdcdb467efe56f47ab2b72470df910ecd282b2cd5f33414bcbfb4628a7"}
+    for name, raw in (("{}", {}), ("folds", {"folds": 5, "test_fold": 2})):
+        cfg = parse_section("split", raw, SplitConfig)
+        table = split_table(files, clusters, cfg)
+        assert split_hash(table["sha256"], table["split"]) == expected[name], name
+        check_min_groups(_groups_per_split(table), cfg)  # plenty of groups: it passes
+    folded = split_table(files, clusters, parse_section("split", {"folds": 5, "test_fold": 2},
+                                                        SplitConfig))
+    first = folded.drop_duplicates("group_id").set_index("group_id")
+    assert first.loc[[f"group:g{i}" for i in range(4)], "split"].tolist() == [
+        "val", "train", "test", "train"]
+    assert first.loc[[f"group:g{i}" for i in range(4)], "fold"].tolist() == [4, 3, 2, 1]
+
+
+def test_the_measured_small_corpus_is_refused_naming_counts_and_remedies():
+    """28 groups hashed into train 23 / val 5 / test 0, as a user measured on a tiny corpus."""
+    with pytest.raises(SplitTooSmallError) as err:
+        check_min_groups({"train": 23, "val": 5}, CFG)
+    msg = str(err.value)
+    assert "28 groups split into train 23, val 5, test 0" in msg
+    assert "test needs >= 2" in msg and "val needs" not in msg
+    assert "split.min_groups = 2" in msg
+    for remedy in ("more data", "split.folds", "other ratios", "lower split.min_groups"):
+        assert remedy in msg, remedy
+
+
+def test_a_corpus_just_at_the_minimum_passes_and_one_group_fewer_is_refused():
+    files, clusters = _labelled(32)  # hashes into train 27, val 2, test 3
+    table = split_table(files, clusters, CFG)
+    assert _groups_per_split(table) == {"train": 27, "val": 2, "test": 3}
+    check_min_groups(_groups_per_split(table), CFG)
+    with pytest.raises(SplitTooSmallError, match="val needs >= 3") as err:
+        check_min_groups(_groups_per_split(table), SplitConfig(min_groups=3))
+    assert "test needs" not in str(err.value)
+    files, clusters = _labelled(28)  # the same labels, fewer: val 1
+    with pytest.raises(SplitTooSmallError, match="train 25, val 1, test 2"):
+        check_min_groups(_groups_per_split(split_table(files, clusters, CFG)), CFG)
+    check_min_groups({"train": 5}, NO_MINIMUM)  # 0 turns the check off
+
+
+def test_an_empty_train_and_a_small_held_out_fold_are_refused():
+    with pytest.raises(SplitTooSmallError, match="train needs >= 1"):
+        check_min_groups({"val": 4, "test": 4}, SplitConfig(train=0.0, val=0.5, test=0.5))
+    cfg = parse_section("split", {"folds": 10, "test_fold": 3}, SplitConfig)
+    with pytest.raises(SplitTooSmallError, match=r"10 folds, test = fold 3.*fewer folds"):
+        check_min_groups({"train": 14, "val": 2, "test": 1}, cfg)
+
+
+def test_the_stage_refuses_before_writing_and_the_cli_exits_non_zero(tmp_path, capsys):
+    pieces, _ = planted_corpus(seed=9, families=0, singles=8)
+    groups = dict.fromkeys(pieces, "one hymn")  # one group: val and test are empty
+    with pytest.raises(SplitTooSmallError, match=r"1 group split into .*val 0, test 0"):
+        _stage(tmp_path, pieces, groups=groups)
+    assert not (tmp_path / "splits.parquet").exists()
+    assert not (tmp_path / "split.json").exists()
+    params = tmp_path / "params.yaml"
+    params.write_text("split:\n  min_groups: 2\n")
+    paths = {"manifest": "manifest.parquet", "notes": "notes.parquet", "dedupe-dir": "dedupe",
+             "splits": "splits.parquet", "report": "split.json",
+             "leakage-report": "leakage.json", "figure": "leakage.png"}
+    rc = cli_main(["split", "--params", str(params),
+                   *[a for k, v in paths.items() for a in (f"--{k}", str(tmp_path / v))]])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("symkit split: 1 group split into")
+    assert "split.min_groups" in err and not (tmp_path / "splits.parquet").exists()

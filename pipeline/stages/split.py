@@ -19,6 +19,13 @@ folds — but assigns folds by the same kind of hash instead of greedy size bala
 stable under additions. Test = ``test_fold``; val/train split the rest by ``val / (train + val)``.
 ``fold`` is -1 when folds are off.
 
+Minimum groups: a hash split of a few groups can leave val or test (the held-out fold, with folds)
+empty or nearly so, and every later stage would run for nothing. Unless ``split.min_groups`` is 0,
+the stage refuses, before writing anything, a split where val or test has fewer than
+``min_groups`` groups or train has none, with :class:`SplitTooSmallError` naming the counts and the
+remedies (more data, ``split.folds``, other ratios, a lower ``min_groups``). It never reassigns a
+group: a split that passes is exactly the hash split, so it stays stable under additions.
+
 Invariants: no group, metadata label or dedupe pair spans splits (``crossing_*`` counts of the
 audit). They hold by construction, so the stage checks them before writing anything and raises
 :class:`SplitInvariantError` otherwise: a bug here (or dedupe pairs that disagree with its
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +72,7 @@ class SplitConfig(StageConfig):
     folds: int = Field(0, ge=0, le=1000)
     test_fold: int = Field(0, ge=0)
     audit_max_test: int = Field(2000, ge=1)
+    min_groups: int = Field(2, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> SplitConfig:
@@ -96,6 +105,42 @@ def check_invariants(counts: dict[str, int]) -> None:
             + " (must be 0). The split is a function of groups built from these labels and "
             "pairs, so this is a bug in pipeline/stages/split.py, or data/dedupe/pairs.parquet "
             "disagrees with clusters.parquet (re-run `dvc repro dedupe`).")
+
+
+class SplitTooSmallError(ValueError):
+    """Val or test got fewer than ``split.min_groups`` groups (or train none): a property of the
+    data and the ratios. The message names the counts and the remedies."""
+
+
+EVALUATED = ("val", "test")
+
+
+def check_min_groups(groups: dict[str, int], cfg: SplitConfig) -> None:
+    """Raise :class:`SplitTooSmallError` unless val and test each have ``cfg.min_groups`` groups
+    and train has one (``groups``: split name -> number of groups). ``min_groups`` 0: no check."""
+    if cfg.min_groups == 0:
+        return
+    need = {"train": 1, **dict.fromkeys(EVALUATED, cfg.min_groups)}
+    short = [s for s in SPLIT_NAMES if groups.get(s, 0) < need[s]]
+    if not short:
+        return
+    total = sum(groups.get(s, 0) for s in SPLIT_NAMES)
+    counts = ", ".join(f"{s} {groups.get(s, 0)}" for s in SPLIT_NAMES)
+    if cfg.folds >= 2:
+        where = f"{cfg.folds} folds, test = fold {cfg.test_fold}"
+        folds = (f"fewer folds (split.folds = {cfg.folds}; test gets about 1/folds of the "
+                 "groups)")
+    else:
+        where = f"ratios train {cfg.train:g} / val {cfg.val:g} / test {cfg.test:g}"
+        folds = ("k folds (split.folds >= 2: test is one fold, about 1/k of the groups; "
+                 "val comes from the rest)")
+    raise SplitTooSmallError(
+        f"{total} group{'s' * (total != 1)} split into {counts} ({where}); "
+        + " and ".join(f"{s} needs >= {need[s]}" for s in short)
+        + f" (split.min_groups = {cfg.min_groups} for val and test, 1 for train). Nothing was "
+        "written, so no model is trained or scored on this split. Remedies: more data (more "
+        f"groups), {folds}, other ratios (split.train / split.val / split.test), or a lower "
+        "split.min_groups (0 turns this check off).")
 
 
 @dataclass(frozen=True)
@@ -208,6 +253,7 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
                           cluster_id=clusters.set_index("sha256")["cluster_id"]
                           .reindex(table["sha256"]).to_numpy())
     check_invariants(leakage.crossing_counts(pieces, pairs))
+    check_min_groups(table.groupby("split")["group_id"].nunique().to_dict(), cfg)
     moved = moved_pieces(prev, table)
     artifacts.write_parquet(splits, pa.Table.from_pandas(table, schema=SPLITS_SCHEMA,
                                                          preserve_index=False))
@@ -284,9 +330,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("split", args.params, SplitConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
-    s = run(cfg, runtime, manifest=args.manifest, notes=args.notes, dedupe_dir=args.dedupe_dir,
-            splits=args.splits, report=args.report, leakage_report=args.leakage_report,
-            figure=args.figure, previous=args.previous)
+    try:
+        s = run(cfg, runtime, manifest=args.manifest, notes=args.notes,
+                dedupe_dir=args.dedupe_dir, splits=args.splits, report=args.report,
+                leakage_report=args.leakage_report, figure=args.figure, previous=args.previous)
+    except SplitTooSmallError as e:
+        print(f"symkit split: {e}", file=sys.stderr)
+        return 1
     print(f"split: {s.pieces} pieces in {s.groups} groups -> "
           + ", ".join(f"{k} {v}" for k, v in s.counts.items())
           + f"; split_hash {s.split_hash[:12]}; {s.moved} moved")

@@ -74,7 +74,7 @@ def audit(root: Path, world: dict[str, Path], models: dict[str, Any], seed: int)
     run_audit(cfg, {k: models[k] for k in ("copier", "fresh", "noise")},
               samples=root / "samples.parquet", tokens=world["tokens"], info=world["info"],
               tokenizer=world["tokenizer"], per_sample=root / "audit" / "per_sample.parquet",
-              report=root / "audit.json")
+              report=root / "audit.json", spans=root / "audit" / "spans.parquet")
 
 
 def planted_audit(root: Path, seed: int = 0, n_samples: int = 24) -> dict[str, Any]:
@@ -172,12 +172,48 @@ def test_report_keeps_its_keys_and_is_deterministic(audit_dir):
     assert {"thresholds", "human", "samples", "music", "extraction", "membership",
             "flag_rate", "judged"} <= set(report)
     assert {"samples", "human_test", "excess", "by_model"} <= set(report["flag_rate"])
-    first = {p: (audit_dir / p).read_bytes() for p in ("audit.json", "audit/per_sample.parquet")}
+    first = {p: (audit_dir / p).read_bytes()
+             for p in ("audit.json", "audit/per_sample.parquet", "audit/spans.parquet")}
     world = {k: audit_dir / f for k, f in (("tokens", "tokens.parquet"), ("info", "info.json"),
                                            ("tokenizer", "tokenizer.json"))}
     audit(audit_dir, world, planted_models(world, 0), 0)
     for p, data in first.items():
         assert (audit_dir / p).read_bytes() == data, p
+
+
+def test_the_longest_shared_span_is_located_in_both_sequences(audit_dir):
+    """``lcs_start`` / ``lcs_train_start`` point at the same ids in the sample and the training
+    piece, and spans.parquet marks the same notes on both sides (pitches, durations and onsets
+    up to one shift) for the copier, whose spans are whole replayed phrases."""
+    table = artifacts.read_parquet(audit_dir / "audit" / "per_sample.parquet")
+    samples = artifacts.read_parquet(audit_dir / "samples.parquet")
+    tokens = artifacts.read_parquet(audit_dir / "tokens.parquet")
+    ids = {(r["model"], r["kind"], r["index"]): np.asarray(r["ids"]) for _, r in samples.iterrows()}
+    train = {(r["sha256"], r["track"]): np.asarray(r["ids"]) for _, r in tokens.iterrows()}
+    hits = table[(table["source"] == "sample") & (table["lcs_tokens"] > 0)]
+    assert len(hits) > 50
+    for _, r in hits.iterrows():
+        n, a, b = int(r["lcs_tokens"]), int(r["lcs_start"]), int(r["lcs_train_start"])
+        assert a >= r["offset"]  # inside the generated part
+        mine = ids[(r["model"], r["kind"], r["index"])][a: a + n]
+        theirs = train[(r["lcs_train_sha256"], r["lcs_train_track"])][b: b + n]
+        assert len(mine) == n and mine.tolist() == theirs.tolist()
+    spans = artifacts.read_parquet(audit_dir / "audit" / "spans.parquet")
+    copier = spans[spans["model"] == "copier"]
+    assert len(copier) == 2 * len(hits[hits["model"] == "copier"])
+
+    def marked(row) -> list[tuple[float, int, float]]:
+        m = np.asarray(row["in_span"], dtype=bool)
+        onset = np.asarray(row["onset"])[m]
+        return list(zip((onset - onset.min()).tolist(), np.asarray(row["pitch"])[m].tolist(),
+                        np.asarray(row["duration"])[m].tolist(), strict=True))
+
+    total = 0
+    for _, g in copier.groupby(["kind", "index"]):
+        mine, theirs = (g[g["side"] == s].iloc[0] for s in ("sample", "train"))
+        assert marked(mine) == marked(theirs)
+        total += len(marked(mine))
+    assert total >= 8 * len(copier) // 2  # replayed phrases: several notes per span
 
 
 @pytest.mark.slow

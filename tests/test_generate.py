@@ -211,15 +211,16 @@ def test_a_continuations_prompt_notes_are_marked_as_a_multiset(monkeypatch):
     import numpy as np
 
     from pipeline.stages import generate
+    from pipeline.tokens import spans
 
     whole = {"onset": np.array([0.0, 0.0, 1.0, 1.0, 2.0]), "pitch": np.array([60, 60, 62, 64, 65]),
              "duration": np.array([1.0, 1.0, 1.0, 2.0, 1.0])}
     prompt = {"onset": np.array([0.0, 1.0, 1.0]), "pitch": np.array([60, 62, 64]),
               "duration": np.array([1.0, 1.0, 1.0])}
-    monkeypatch.setattr(generate, "decode_ids", lambda tok, ids: ("score", None))
-    monkeypatch.setattr(generate, "score_notes", lambda score: prompt)
+    monkeypatch.setattr(spans, "decode_ids", lambda tok, ids: ("score", None))
+    monkeypatch.setattr(spans, "score_notes", lambda score: prompt)
     row = {"prompt_len": 3, "ids": [1, 2, 3, 4, 5]}
     assert generate.prompt_notes(None, row, whole).tolist() == [True, False, True, False, False]
     assert generate.prompt_notes(None, {**row, "prompt_len": 0}, whole) is None
-    monkeypatch.setattr(generate, "decode_ids", lambda tok, ids: (None, "bad"))
+    monkeypatch.setattr(spans, "decode_ids", lambda tok, ids: (None, "bad"))
     assert generate.prompt_notes(None, row, whole) is None

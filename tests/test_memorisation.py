@@ -204,7 +204,7 @@ def _audit(world, out, models, cfg=None):
     return run_audit(cfg, models, samples=out / "samples.parquet", tokens=world["tokens"],
                      info=world["info"], tokenizer=world["tokenizer"],
                      per_sample=out / "audit" / "per_sample.parquet",
-                     report=out / "audit.json")
+                     spans=out / "audit" / "spans.parquet", report=out / "audit.json")
 
 
 @pytest.mark.parametrize("kind", ["count", "ngram"])

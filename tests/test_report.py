@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -19,6 +20,7 @@ from pipeline.core.config import load_section, read_params
 from pipeline.report.audio import notes_to_midi
 from pipeline.report.figures import piano_roll_png
 from pipeline.report.sections import piece_nll
+from pipeline.stages.audit import SPANS_SCHEMA
 from pipeline.stages.report import ReportConfig, ReportPaths, run
 from pipeline.tools.preregister import AlreadyScored
 from pipeline.tools.preregister import run as preregister
@@ -80,8 +82,17 @@ def make_inputs(root: Path) -> ReportPaths:
                                "lcs_tokens": [5.0, 7.0, 9.0, 30.0, 12.0],
                                "decode_ok": [True] * 4 + [False],
                                "index": [0, 1, 2, 0, 1], "nn_sha256": ["a"] * 5,
-                               "nn_jaccard": [0.1] * 5})
+                               "nn_jaccard": [0.1] * 5, "lcs_bars": [0.0, 1.0, 1.0, 4.0, 2.0],
+                               "lcs_train_sha256": ["a"] * 5})
     artifacts.write_parquet(p.per_sample, per_sample)
+    side = {"model": "ngram", "kind": "unconditional", "index": 0, "length": 30}
+    artifacts.write_parquet(p.spans, pa.Table.from_pylist([
+        {**side, "side": "sample", "sha256": None, "start": 2, "onset": [0.0, 1.0, 2.0, 3.0],
+         "duration": [1.0] * 4, "pitch": [60, 62, 64, 65], "in_span": [False, True, True, False]},
+        {**side, "side": "train", "sha256": "a", "start": 40,
+         "onset": [0.0, 4.0, 5.0, 6.0, 7.0, 30.0], "duration": [1.0] * 6,
+         "pitch": [50, 52, 62, 64, 66, 70], "in_span": [False, False, True, True, False, False]},
+    ], schema=SPANS_SCHEMA))
     p.train_log.parent.mkdir(parents=True, exist_ok=True)
     p.train_log.write_text("step\ttrain_loss\tval_loss\n0\t3.0\t3.1\n10\t2.0\t\n20\t1.5\t1.6\n")
     artifacts.write_bytes(p.samples_dir / "ngram_unconditional_0.png", piano_roll_png(
@@ -527,16 +538,22 @@ def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
     from pipeline.report.sections import pick_samples
 
     p = make_inputs(tmp_path)
-    report(tmp_path, write_params(tmp_path), p)
+    params = write_params(tmp_path)
+    raw = yaml.safe_load(params.read_text())
+    params.write_text(yaml.safe_dump({**raw, "audit": {"flag_quantile": 0.95}}, sort_keys=False))
+    report(tmp_path, params, p)
     md, html = p.md_out.read_text(), p.html_out.read_text()
     assert "### ngram, unconditional sample 0" in md
     link = re.search(r"\[Listen: the ngram, unconditional sample 0, at most its first 10 s\]"
                      r"\((figures/report/[^)]+\.flac)\)", md)
     assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
-    assert "Nearest training piece: a, shingle Jaccard 0.1 with the sample; the sample's " \
-        "longest run of tokens shared with any training piece is 30 tokens" in md
-    assert "[Listen: the opening of training piece a, nearest to the ngram, unconditional " \
-        "sample 0]" in md
+    assert "the longest run of ids this sample shares with any training piece is 30 ids (4 " \
+        "bars), with training piece a;" in md
+    assert "The audit flags a run longer than 20 ids (the 0.95 quantile of the runs of " \
+        "held-out val windows); this one is flagged." in md
+    assert "The nearest training piece by shingle Jaccard is a (0.1), the same piece." in md
+    assert "[Listen: training piece a from beat 3 (2 beats before the shared run), at most " \
+        "10 s]" in md
     assert html.count('<audio controls preload="metadata"') == 2
     names = [Path(f"{m}_{k}_{i}.png") for m in ("ngram", "transformer")
              for k in ("continuation", "unconditional") for i in (0, 1, 2, 10)]

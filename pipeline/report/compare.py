@@ -21,6 +21,7 @@ import numpy as np
 
 from pipeline.report.comparisons import level_words
 from pipeline.report.document import (
+    Details,
     Document,
     Figure,
     Heading,
@@ -333,14 +334,6 @@ def build_document(result: dict[str, Any], cfg: Options,
             doc.add(*(Para(n, kind="note") for n in d.notes))
             if d.png is not None:
                 doc.add(Figure(d.caption, d.png, f"{FIGURES_DIR}/{d.name}.png"))
-    doc.add(Heading("Statistics"),
-            Table(["arm", "metric", "baseline", "arm value", "A − B", "relative improvement %",
-                   "p", "Holm p", "significant", "equivalent", "median piece effect %"],
-                  [[c["arm"], k, _ci(m["baseline"]), _ci(m["arm"]), _ci(m["diff"], digits=3),
-                    _ci(m["rel_improvement"], 100, 3), f"{m['p_value']:.3g}",
-                    f"{m['p_holm']:.3g}", str(m["significant"]).lower(),
-                    str(m["equivalent"]).lower(), f"{c['median_piece_effect'] * 100:.3g}"]
-                   for c in result["comparisons"] for k, m in c["metrics"].items()]))
     doc.add(Heading("Arms"),
             Table(["arm", "source", "commit", "split hash", "tokenizer hash", "seeds", "pieces"],
                   [[a["label"], a["source"], (a["commit"] or "")[:12], a["split_hash"][:12],
@@ -367,6 +360,16 @@ def build_document(result: dict[str, Any], cfg: Options,
         f"Equivalent: the whole relative-improvement interval lies within "
         f"±{result['settings']['equivalence_margin'] * 100:g}%. See docs/compare.md.",
         kind="note"))
+    doc.add(Heading("Statistics"), Details(
+        "Every statistic: each metric's values, difference, relative improvement, p-values and "
+        "the median piece's effect, with intervals (compare.json holds them unrounded)",
+        [Table(["arm", "metric", "baseline", "arm value", "A − B", "relative improvement %",
+                "p", "Holm p", "significant", "equivalent", "median piece effect %"],
+               [[c["arm"], k, _ci(m["baseline"]), _ci(m["arm"]), _ci(m["diff"], digits=3),
+                 _ci(m["rel_improvement"], 100, 3), f"{m['p_value']:.3g}",
+                 f"{m['p_holm']:.3g}", str(m["significant"]).lower(),
+                 str(m["equivalent"]).lower(), f"{c['median_piece_effect'] * 100:.3g}"]
+                for c in result["comparisons"] for k, m in c["metrics"].items()])]))
     return doc
 
 

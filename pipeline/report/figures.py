@@ -15,8 +15,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
 DPI = 80
+MARKED = "#e07b24"
+"""Colour of marked notes (a shared span) against the blue of the rest."""
 _STYLE = {"font.family": "DejaVu Sans", "font.size": 9, "svg.hashsalt": "symkit",
           "path.simplify": False}
 
@@ -68,30 +71,44 @@ def piano_roll_png(notes: Mapping, title: str = "",
 
 
 def pair_rolls_png(left: Mapping, right: Mapping, titles: tuple[str, str],
-                   max_beats: float = 32.0) -> bytes:
+                   max_beats: float = 32.0,
+                   ranges: tuple[tuple[float, float], tuple[float, float]] | None = None,
+                   marked: tuple[np.ndarray, np.ndarray] | None = None,
+                   marked_label: str = "") -> bytes:
     """Two piano rolls side by side on one pitch axis (notes tables as for
-    :func:`piano_roll_png`), each cut to its first ``max_beats`` beats, so a duplicate pair's
-    shared material shows at a glance."""
+    :func:`piano_roll_png`), each cut to its first ``max_beats`` beats or to its own
+    ``ranges`` (beats, from, to), so a pair's shared material shows at a glance. ``marked``: a
+    boolean per note of each side, drawn orange (``marked_label`` in a legend), the rest blue."""
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(1, 2, figsize=(9.0, 2.6), sharey=True, layout="constrained")
+        fig, axes = plt.subplots(1, 2, figsize=(9.0, 2.6 if marked is None else 3.0),
+                                 sharey=True, layout="constrained")
+    spans = ranges or ((0.0, max_beats), (0.0, max_beats))
+    masks = marked or (None, None)
     pitches = []
-    for ax, notes, title in zip(axes, (left, right), titles, strict=True):
+    for ax, notes, title, (lo, hi), mask in zip(axes, (left, right), titles, spans, masks,
+                                                strict=True):
         onset = np.asarray(notes["onset"], dtype=float)
         duration = np.asarray(notes["duration"], dtype=float)
         pitch = np.asarray(notes["pitch"], dtype=float)
-        keep = onset < max_beats
-        onset, duration, pitch = onset[keep], duration[keep], pitch[keep]
+        hot = np.zeros(onset.size, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        keep = (onset < hi) & (onset + np.maximum(duration, 0.05) > lo)
+        onset, duration, pitch, hot = onset[keep], duration[keep], pitch[keep], hot[keep]
+        for sel, colour in ((~hot, "#3b6ea5"), (hot, MARKED)):
+            if sel.any():
+                ax.barh(pitch[sel], np.maximum(np.minimum(duration[sel], hi - onset[sel]), 0.05),
+                        left=onset[sel], height=0.8, color=colour, edgecolor="none")
         if onset.size:
-            ax.barh(pitch, np.maximum(np.minimum(duration, max_beats - onset), 0.05),
-                    left=onset, height=0.8, color="#3b6ea5", edgecolor="none")
             pitches.append(pitch)
-        ax.set_xlim(0, max_beats)
+        ax.set_xlim(lo, hi)
         ax.set_xlabel("beats")
         ax.set_title(title)
     axes[0].set_ylabel("pitch")
     if pitches:
         allp = np.concatenate(pitches)
         axes[0].set_ylim(allp.min() - 2, allp.max() + 2)
+    if marked is not None and marked_label:
+        fig.legend(handles=[Patch(color=MARKED, label=marked_label)],
+                   loc="outside lower center", frameon=False)
     return png_bytes(fig)
 
 
@@ -180,6 +197,22 @@ def grouped_bars_png(categories: Sequence[str], groups: Mapping[str, Sequence[fl
         ax.legend(loc="best", frameon=False)
     if title:
         ax.set_title(title)
+    return png_bytes(fig)
+
+
+def count_bars_png(labels: Sequence[str], counts: Sequence[int], xlabel: str) -> bytes:
+    """Horizontal bars, first label on top, each with its count written beside it (a zero
+    shows as "0", not as a missing bar)."""
+    fig, ax = _figure(7.0, 0.45 * len(labels) + 0.9)
+    y = np.arange(len(labels))[::-1]
+    values = np.asarray(counts, dtype=float)
+    ax.barh(y, values, height=0.6, color="#3b6ea5")
+    top = max(float(values.max()) if values.size else 0.0, 1.0)
+    for yi, v in zip(y, values, strict=True):
+        ax.text(v + top * 0.01, yi, f"{int(v)}", va="center", fontsize=8)
+    ax.set_yticks(y, list(labels))
+    ax.set_xlim(0, top * 1.12)
+    ax.set_xlabel(xlabel)
     return png_bytes(fig)
 
 

@@ -34,10 +34,10 @@ from pipeline.report.document import (
 )
 from pipeline.report.figures import (
     band_png,
+    count_bars_png,
     grouped_bars_png,
     histograms_png,
     pair_rolls_png,
-    piano_roll_png,
 )
 
 
@@ -91,6 +91,29 @@ TIER_WORDS = {"note": "the same notes saved differently",
               "transposed": "the same music transposed or uniformly time-scaled",
               "melody": "the same top-voice melody under other harmony",
               "near": "a near duplicate, confirmed by shingle Jaccard or containment"}
+
+
+def dedupe_tiers(dedupe: Any) -> list[Figure]:
+    """Pairs per dedupe tier, zeros included, and the near candidates verification rejected,
+    from reports/dedupe.json."""
+    if not isinstance(dedupe, dict):
+        return []
+    rows = [("byte-identical files", dedupe.get("byte_duplicates"))]
+    rows += [(f"{tier}: {TIER_SHORT[tier]}", dedupe.get(f"{tier}_pairs")) for tier in TIER_SHORT]
+    rows.append(("near: candidates rejected", dedupe.get("near_rejected")))
+    rows = [(label, int(v)) for label, v in rows if isinstance(v, int | float)]
+    if not rows:
+        return []
+    return [Figure(
+        "Duplicates found by each dedupe tier, in the order the tiers run (a pair counts for the "
+        "first tier that links it; byte-identical files are set aside at ingest), and the near-"
+        "duplicate candidates that exact verification rejected. Look for a tier far above what "
+        "the corpus's provenance suggests (over-merging) or empty where copies are expected.",
+        count_bars_png([r[0] for r in rows], [r[1] for r in rows], "files or pairs"))]
+
+
+TIER_SHORT = {"note": "same notes", "transposed": "transposed or time-scaled",
+              "melody": "same melody", "near": "near duplicates"}
 
 
 def dedupe_examples(pairs: pd.DataFrame | None, notes_path: Path) -> list[Figure | Para]:
@@ -164,7 +187,8 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     pairs = read_table_or_none(inputs["pairs"])
     doc.add(Heading("Deduplication", 3),
             Table(["tier", "duplicate pairs"], _counts(pairs, "tier")) if pairs is not None
-            else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"))
+            else Para(f"data/dedupe/pairs.parquet: {NA}.", "note"),
+            *dedupe_tiers(reports.get("dedupe")))
     doc.add(*dedupe_examples(pairs, Path(inputs["notes"])),
             kv_block(reports.get("dedupe"), "dedupe", d))
     splits = read_table_or_none(inputs["splits"])
@@ -172,9 +196,11 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     doc.add(Heading("Split", 3))
     if counts:
         notes = split_notes(splits, manifest)
-        doc.add(Table(["split", "pieces", "groups", "notes"],
-                      [[s, str(n), str(g), fmt(notes.get(s))] for s, (n, g) in counts.items()]))
         order = [s for s in ("train", "val", "test") if s in counts]
+        order += sorted(set(counts) - set(order))
+        doc.add(Table(["split", "pieces", "groups", "notes"],
+                      [[s, str(counts[s][0]), str(counts[s][1]), fmt(notes.get(s))]
+                       for s in order]))
         total = {k: sum(v[i] for v in counts.values()) for i, k in enumerate(("pieces",
                                                                               "groups"))}
         shares = {"pieces": [counts[s][0] / total["pieces"] for s in order],
@@ -241,9 +267,36 @@ def ngram_table(ngram: Any, d: int) -> list[Table]:
     return [Table(["n-gram order", "val NLL (nats/token)", "val perplexity", ""], rows)]
 
 
-def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]) -> None:
+CONFIG_LABELS = (
+    ("model.n_layer", "blocks"), ("model.n_head", "attention heads"), ("model.n_embd", "width"),
+    ("model.max_seq_len", "context (tokens)"), ("model.dropout", "dropout"),
+    ("optim.lr", "peak learning rate (AdamW)"), ("optim.schedule", "learning-rate schedule"),
+    ("optim.weight_decay", "weight decay"), ("train.micro_batch", "windows per batch"),
+    ("train.grad_accum", "gradient accumulation"), ("train.max_steps", "optimiser steps"),
+    ("train.patience", "early-stopping patience (evaluations)"),
+    ("precision", "precision setting"), ("device", "device setting"))
+"""The transformer settings the report shows, with human labels (params.yaml documents all)."""
+
+
+def transformer_config(params: Mapping[str, Any] | None) -> list[Table]:
+    """The transformer's architecture and training settings from params.yaml."""
+    section = (params or {}).get("transformer")
+    if not isinstance(section, dict):
+        return []
+    rows = []
+    for key, label in CONFIG_LABELS:
+        value: Any = section
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            rows.append([label, fmt(value)])
+    return [Table(["transformer setting", "value"], rows)] if rows else []
+
+
+def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
+           params: Mapping[str, Any] | None = None) -> None:
     d = cfg.digits
-    doc.add(Heading("Models"))
+    doc.add(Heading("Models"), *transformer_config(params))
     train = reports.get("train") or {}
     seeds = train.get("seeds") if isinstance(train.get("seeds"), list) else []
     rows = [["transformer parameters", fmt(train.get("params"), d) if not isinstance(
@@ -254,13 +307,30 @@ def models(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]) -> None
             ["steps (first seed)", fmt(train.get("steps"), d)],
             ["best val loss (first seed)", fmt(train.get("best_val_loss"), d)],
             ["final train loss (first seed)", fmt(train.get("final_train_loss"), d)],
-            ["precision", fmt(train.get("precision"), d)]]
+            ["precision", fmt(train.get("precision"), d)],
+            ["training compute, all seeds (6 x parameters x tokens)",
+             _training_flops(train)]]
     doc.add(Table(["transformer", "value"], rows),
             Para("Timings, throughput and the device are in reports/train.env.json, a sidecar "
                  "that is neither a DVC output nor tracked by git, so that re-running an "
                  "unchanged experiment changes no tracked file.", "note"),
             *ngram_table(reports.get("ngram"), d),
             kv_block(reports.get("ngram"), "ngram", d))
+
+
+def _training_flops(train: Mapping[str, Any]) -> str:
+    """6 x trainable parameters x tokens, summed over the seeds (each seed's tokens from its
+    steps at the first seed's tokens per step): the usual dense-transformer estimate of
+    training FLOPs, attention and evaluation left out."""
+    params = train.get("params")
+    n = params.get("trainable") if isinstance(params, dict) else params
+    tokens, steps = train.get("tokens"), train.get("steps")
+    if not all(isinstance(v, int | float) and v > 0 for v in (n, tokens, steps)):
+        return NA
+    reps = train.get("replicates")
+    per_seed = [r.get("steps") for r in reps.values()] if isinstance(reps, dict) else [steps]
+    total = sum(int(x) for x in per_seed if isinstance(x, int | float)) * tokens / steps
+    return f"{6 * n * total:.3g} FLOP"
 
 
 def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
@@ -504,7 +574,8 @@ def music(doc: Document, cfg: ReportConfig, audit: Any) -> None:
                                 [bool(per_stat[s].get("inside")) for s in order])))
 
 
-def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, Path]) -> None:
+def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, Path],
+            params: Mapping[str, Any] | None = None) -> None:
     doc.add(Heading("Samples"))
     table = read_table_or_none(inputs["per_sample"])
     if table is not None and "source" in table.columns:
@@ -525,7 +596,9 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
                  "continuation "
                  "starts with the test piece's own opening (the prompt, grey in its piano "
                  "roll, up to the dashed line), then the model's notes (blue).", "note"))
-    neighbours = nearest_train(table, shown, Path(inputs["notes"]))
+    neighbours = shared_spans(table, shown, Path(inputs["spans"]))
+    limits = audit.get("thresholds", {}) if isinstance(audit, dict) else {}
+    quantile = ((params or {}).get("audit") or {}).get("flag_quantile")
     for p in shown:
         model, kind, index = _sample_parts(p.stem)
         title = f"{model}, {kind} sample {index}"
@@ -545,7 +618,7 @@ def samples(doc: Document, cfg: ReportConfig, audit: Any, inputs: Mapping[str, P
                 doc.add(Para(f"Audio of the {title}: {e}.", "note"))
         if flac is not None:
             doc.add(Audio(f"the {title}, at most its first {AUDIO_SECONDS:g} s", flac))
-        doc.add(*neighbour_blocks(title, neighbours.get(p.stem)))
+        doc.add(*span_blocks(title, neighbours.get(p.stem), limits.get("lcs_tokens"), quantile))
     if len(pngs) > len(shown):
         doc.add(Para(f"{len(pngs) - len(shown)} more piano rolls and every MIDI file are in "
                      f"{folder.name}/.", "note"))
@@ -561,54 +634,102 @@ SAMPLE_BPM = 120.0
 miditok writes into the samples' MIDI files, so both play at one speed."""
 
 
-def nearest_train(table: pd.DataFrame | None, shown: list[Path],
-                  notes_path: Path) -> dict[str, dict[str, Any]]:
-    """For each shown sample (by file stem): the audit's nearest training piece (``nn_sha256``,
-    by shingle Jaccard), its similarity, the sample's longest shared token run with training
-    (``lcs_tokens``) and the training piece's notes; samples the audit did not record, or
-    whose neighbour's notes cannot be read, are left out."""
-    need = {"source", "model", "kind", "index", "nn_sha256"}
+SPAN_MARGIN = 2.0
+"""Beats shown either side of a shared span in its pair of piano rolls."""
+
+
+def shared_spans(table: pd.DataFrame | None, shown: list[Path],
+                 spans_path: Path) -> dict[str, dict[str, Any]]:
+    """For each shown sample (by file stem): its audit row (``lcs_*`` and ``nn_*`` measures)
+    and, from the audit's spans.parquet, the notes of the sample and of the training piece with
+    the longest shared span marked (``sample`` / ``train``, absent when not recorded)."""
+    need = {"source", "model", "kind", "index", "lcs_tokens"}
     if table is None or not need <= set(table.columns):
         return {}
-    rows = {}
+    spans = read_table_or_none(spans_path)
+    out = {}
     samples = table[table["source"] == "sample"]
+
+    def pick(df: pd.DataFrame, stem: str) -> pd.DataFrame:
+        model, kind, index = _sample_parts(stem)
+        return df[(df["model"] == model) & (df["kind"] == kind)
+                  & (df["index"].astype(str) == index)]
+
     for p in shown:
-        model, kind, index = _sample_parts(p.stem)
-        hit = samples[(samples["model"] == model) & (samples["kind"] == kind)
-                      & (samples["index"].astype(str) == index)]
-        if len(hit) and isinstance(hit.iloc[0]["nn_sha256"], str):
-            rows[p.stem] = hit.iloc[0].to_dict()
-    wanted = sorted({r["nn_sha256"] for r in rows.values()})
-    if not wanted:
-        return {}
-    by_sha = read_notes(notes_path, wanted) or {}
-    return {stem: {**r, "notes": by_sha[r["nn_sha256"]]} for stem, r in rows.items()
-            if r["nn_sha256"] in by_sha}
+        hit = pick(samples, p.stem)
+        if not len(hit):
+            continue
+        entry = {"audit": hit.iloc[0].to_dict()}
+        if spans is not None and {"model", "side", "in_span"} <= set(spans.columns):
+            for _, r in pick(spans, p.stem).iterrows():
+                entry[str(r["side"])] = r.to_dict()
+        out[p.stem] = entry
+    return out
 
 
-def neighbour_blocks(title: str, nn: dict[str, Any] | None) -> list[Any]:
-    """The nearest training piece of one sample: a sentence with the audit's numbers, its
-    opening as a piano roll and as audio."""
-    if nn is None:
+def _span_range(side: Mapping[str, Any]) -> tuple[float, float] | None:
+    """Beats from the span's first onset to its last note's end, with SPAN_MARGIN either side
+    (at least 8 beats in all); None when the span holds no whole note."""
+    mask = np.asarray(side["in_span"], dtype=bool)
+    if not mask.any():
+        return None
+    onset = np.asarray(side["onset"], dtype=float)[mask]
+    end = onset + np.asarray(side["duration"], dtype=float)[mask]
+    lo = max(0.0, float(onset.min()) - SPAN_MARGIN)
+    return lo, max(float(end.max()) + SPAN_MARGIN, lo + 8.0)
+
+
+def span_blocks(title: str, entry: dict[str, Any] | None, limit: float | None = None,
+                quantile: float | None = None) -> list[Any]:
+    """Beside one sample: the audit's longest shared span with the training set, as two piano
+    rolls (the sample and the training piece, the span's notes orange) and the training excerpt
+    as audio; and the nearest training piece by shingle Jaccard, in words."""
+    if entry is None:
         return []
-    sha = str(nn["nn_sha256"])[:12]
-    jac, lcs = nn.get("nn_jaccard"), nn.get("lcs_tokens")
-    notes = nn["notes"]
-    onset = np.asarray(notes["onset"], dtype=float)
-    beats = AUDIO_SECONDS * SAMPLE_BPM / 60.0
-    cut = {k: np.asarray(notes[k])[onset < beats] for k in ("onset", "duration", "pitch")}
+    row = entry["audit"]
+    n = int(row.get("lcs_tokens") or 0)
+    nn = row.get("nn_sha256")
+    near = (f" The nearest training piece by shingle Jaccard is {str(nn)[:12]} "
+            f"({fmt(row.get('nn_jaccard'), 3)})" if isinstance(nn, str) else "")
+    if not n or "sample" not in entry or "train" not in entry:
+        why = "shares no ids with any training piece" if not n else \
+            "shares a span with training whose notes could not be decoded"
+        return [Para(f"This sample {why}.{near}{'.' if near else ''}", "note")]
+    sha = str(row.get("lcs_train_sha256"))[:12]
+    same = ", the same piece." if nn == row.get("lcs_train_sha256") else "."
+    sample, train = entry["sample"], entry["train"]
+    ranges = _span_range(sample), _span_range(train)
+    if limit is None:
+        context = " The audit's flag thresholds are in the memorisation section."
+    else:
+        of = f"the {quantile:g} quantile of" if quantile is not None else "set from"
+        context = (f" The audit flags a run longer than {fmt(limit)} ids ({of} the runs of "
+                   f"held-out val windows); this one is {'' if n > limit else 'not '}flagged.")
     out: list[Any] = [Para(
-        f"Nearest training piece: {sha}, shingle Jaccard {fmt(jac, 3)} with the sample; the "
-        f"sample's longest run of tokens shared with any training piece is {fmt(lcs)} tokens "
-        "(the audit's flag thresholds are in the memorisation section). Its opening:", "note")]
-    if len(cut["onset"]):
-        out.append(Figure(f"Piano roll of the opening of {sha}, the training piece nearest to "
-                          f"the {title}", piano_roll_png(cut)))
-        flac = notes_to_flac(cut, bpm=SAMPLE_BPM, sample_rate=AUDIO_RATE,
-                             max_seconds=AUDIO_SECONDS)
-        if flac is not None:
-            out.append(Audio(f"the opening of training piece {sha}, nearest to the {title}",
-                             flac))
+        f"Nearest training excerpt: the longest run of ids this sample shares with any training "
+        f"piece is {n} ids ({fmt(row.get('lcs_bars'))} bars), with training piece {sha}; the "
+        f"whole notes of that run are orange in both rolls below.{context}{near}{same}",
+        "note")]
+    if None in ranges:
+        out.append(Para("The shared run holds no whole note (only time or bar ids), so no "
+                        "notes are marked.", "note"))
+        return out
+    out.append(Figure(
+        f"The {title} (left) and training piece {sha} (right), each cut to their longest shared "
+        f"run of ids and {SPAN_MARGIN:g} beats around it; the run's notes are orange",
+        pair_rolls_png(sample, train, ("this sample", f"training piece {sha}"),
+                       ranges=ranges, marked=(sample["in_span"], train["in_span"]),
+                       marked_label="longest run of ids shared with the training piece")))
+    lo = ranges[1][0]
+    onset = np.asarray(train["onset"], dtype=float)
+    keep = (onset >= lo) & (onset < lo + AUDIO_SECONDS * SAMPLE_BPM / 60.0)
+    excerpt = {"onset": onset[keep] - lo,
+               **{k: np.asarray(train[k])[keep] for k in ("duration", "pitch")}}
+    flac = notes_to_flac(excerpt, bpm=SAMPLE_BPM, sample_rate=AUDIO_RATE,
+                         max_seconds=AUDIO_SECONDS) if keep.any() else None
+    if flac is not None:
+        out.append(Audio(f"training piece {sha} from beat {lo:g} ({SPAN_MARGIN:g} beats before "
+                         f"the shared run), at most {AUDIO_SECONDS:g} s", flac))
     return out
 
 
@@ -661,12 +782,12 @@ def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> 
 
 def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
                  metrics: Mapping[str, Any], inputs: Mapping[str, Path], registered: Any,
-                 env: Any) -> None:
+                 env: Any, params: Mapping[str, Any] | None = None) -> None:
     """Append every descriptive section, in reading order."""
     data_card(doc, cfg, reports, inputs)
-    models(doc, cfg, reports)
+    models(doc, cfg, reports, params)
     metrics_section(doc, cfg, reports, metrics, inputs)
     memorisation(doc, cfg, reports.get("audit"), inputs)
     music(doc, cfg, reports.get("audit"))
-    samples(doc, cfg, reports.get("audit"), inputs)
+    samples(doc, cfg, reports.get("audit"), inputs, params)
     environment(doc, cfg, env, registered)

@@ -154,6 +154,9 @@ def measure(ids: np.ndarray, notes: Notes | None, shingle_set: np.ndarray, index
         "lcs_tokens": float(match.length),
         "lcs_bars": float(bars[span].sum()) if bars is not None else float("nan"),
         "lcs_train_sha256": index.keys[match.seq_index][0] if match.length else None,
+        "lcs_start": int(match.query_start) if match.length else -1,
+        "lcs_train_track": int(index.keys[match.seq_index][1]) if match.length else -1,
+        "lcs_train_start": int(match.seq_offset) if match.length else -1,
     }
     for n in cfg.ngram_sizes:
         row[f"novelty_tok_{n}"] = novelty(ms, n)

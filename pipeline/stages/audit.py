@@ -21,8 +21,13 @@ Outputs:
   row in its split), ``offset`` (where the audited ids start: the window's offset, or the
   sample's ``prompt_len``), ``sha256`` (human piece, or a sample's prompt), ``track``,
   ``n_tokens``, ``decode_ok``, ``lcs_tokens``, ``lcs_bars``, ``lcs_train_sha256``,
+  ``lcs_start`` (the span's id position in the whole sequence), ``lcs_train_track``,
+  ``lcs_train_start`` (its position in that training sequence; -1 when nothing is shared),
   ``novelty_tok_<n>``, ``novelty_int_<n>``, ``nn_sha256``, ``nn_jaccard``, ``nn_containment``,
   ``flagged``, and the music statistics of :mod:`pipeline.music.stats`.
+- ``reports/audit/spans.parquet``: per sample sharing ids with training, its notes and the
+  training piece's with the longest shared span's notes marked (:func:`shared_spans`), for the
+  report's side-by-side piano rolls.
 - ``reports/audit.json``: thresholds, summaries per group, flag rates, extraction test,
   membership AUC, music statistics, and ``judged.<model>``: each judged quantity with its
   interval and baseline (see docs/report.md for the keys).
@@ -53,6 +58,7 @@ from models.base import SequenceModel
 from pipeline.core import artifacts
 from pipeline.core.artifacts import stable_int
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
+from pipeline.music.midi import score_notes
 from pipeline.music.stats import STATS, quality_guard
 from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
 from pipeline.scoring.memorisation import (
@@ -72,7 +78,8 @@ from pipeline.scoring.overlap import (
     measure_all,
 )
 from pipeline.tokens.contract import TokenInfo, never_sampled
-from pipeline.tokens.tokenizer import load_tokenizer
+from pipeline.tokens.spans import span_mask
+from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
 
 FlagMetric = Literal["lcs_tokens", "nn_jaccard", "nn_containment"]
 
@@ -152,7 +159,8 @@ def summarise(df: pd.DataFrame, cols: Sequence[str]) -> dict[str, Any]:
 
 def _schema(columns: Sequence[str]) -> pa.Schema:
     strings = {"source", "model", "kind", "sha256", "lcs_train_sha256", "nn_sha256"}
-    ints = {"index", "offset", "track", "n_tokens"}
+    ints = {"index", "offset", "track", "n_tokens", "lcs_start", "lcs_train_track",
+            "lcs_train_start"}
     bools = {"decode_ok", "flagged"}
     return pa.schema([(c, pa.string() if c in strings else pa.int64() if c in ints
                        else pa.bool_() if c in bools else pa.float64()) for c in columns])
@@ -252,7 +260,7 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
 
 
 def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
-        info: Path, tokenizer: Path, per_sample: Path, report: Path,
+        info: Path, tokenizer: Path, per_sample: Path, report: Path, spans: Path,
         shingling: Shingling | None = None) -> AuditSummary:
     """Audit every sample and every val/test human window; write the table and audit.json."""
     tok = load_tokenizer(tokenizer)
@@ -283,6 +291,8 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     rows = []
     for head, row in zip(heads, measure_all(seqs, index, tok, cfg, bars), strict=True):
         row["decode_ok"] = bool(row["decode_ok"] and head.pop("ok"))  # full sample must decode too
+        if row["lcs_start"] >= 0:  # where the span starts in the whole sequence, not the window
+            row["lcs_start"] += head["offset"]
         rows.append({**head, **row})
     df = pd.DataFrame(rows)
     human_val = df[(df["source"] == "human") & (df["kind"] == "val")]
@@ -294,6 +304,7 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
                                                    "nn_c"))] + [*STATS, "n_notes"]
     artifacts.write_parquet(per_sample, pa.Table.from_pandas(df, schema=_schema(list(df.columns)),
                                                              preserve_index=False))
+    artifacts.write_parquet(spans, shared_spans(tok, df, gen, split["train"]))
 
     forbid = never_sampled(TokenInfo.read(info), tok)
     checks = model_checks(models, split["train"], split["test"], cfg, forbid)
@@ -302,6 +313,49 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     artifacts.write_json(report, result)
     fr = result["flag_rate"]
     return AuditSummary(len(df), fr["samples"], fr["human_test"])
+
+
+SPANS_SCHEMA = pa.schema([
+    ("model", pa.string()), ("kind", pa.string()), ("index", pa.int64()), ("side", pa.string()),
+    ("sha256", pa.string()), ("start", pa.int64()), ("length", pa.int64()),
+    ("onset", pa.list_(pa.float64())), ("duration", pa.list_(pa.float64())),
+    ("pitch", pa.list_(pa.int64())), ("in_span", pa.list_(pa.bool_()))])
+
+
+def shared_spans(tok: Any, df: pd.DataFrame, gen: pd.DataFrame,
+                 train: pd.DataFrame) -> pa.Table:
+    """Per sample that shares at least one id with a training piece: two rows, ``side`` sample
+    and train, each the notes of its whole sequence decoded (in beats) with ``in_span`` marking
+    the notes of the longest shared span (:func:`pipeline.tokens.spans.span_mask`); ``start``
+    and ``length`` are the span's ids. A side whose ids or span prefixes do not decode has no
+    row (the per-sample table still holds its measures)."""
+    ids_of = {(str(r["model"]), str(r["kind"]), int(r["index"])): r["ids"]
+              for _, r in gen.iterrows()}
+    train_ids = {(str(r["sha256"]), int(r["track"])): r["ids"] for _, r in train.iterrows()}
+    rows: list[dict[str, Any]] = []
+    hits = df[(df["source"] == "sample") & (df["lcs_start"] >= 0)]
+    for _, r in hits.iterrows():
+        key = (str(r["model"]), str(r["kind"]), int(r["index"]))
+        length = int(r["lcs_tokens"])
+        sides = (("sample", r["sha256"], ids_of[key], int(r["lcs_start"])),
+                 ("train", r["lcs_train_sha256"],
+                  train_ids[(str(r["lcs_train_sha256"]), int(r["lcs_train_track"]))],
+                  int(r["lcs_train_start"])))
+        for side, sha, ids, start in sides:
+            ids = np.asarray(ids, dtype=np.int64)
+            score, err = decode_ids(tok, ids)
+            if err is not None:
+                continue
+            notes = score_notes(score)
+            mask = span_mask(tok, ids, start, start + length, notes)
+            if mask is None:
+                continue
+            rows.append({"model": key[0], "kind": key[1], "index": key[2], "side": side,
+                         "sha256": sha if isinstance(sha, str) else None, "start": start,
+                         "length": length, "onset": notes["onset"].tolist(),
+                         "duration": notes["duration"].tolist(),
+                         "pitch": notes["pitch"].tolist(), "in_span": mask.tolist()})
+    return pa.Table.from_pylist(rows, schema=SPANS_SCHEMA)
 
 
 def audit_json(df: pd.DataFrame, cols: Sequence[str], limits: Mapping[str, float | None],
@@ -353,6 +407,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--per-sample", type=Path, default=Path("reports/audit/per_sample.parquet"))
     parser.add_argument("--report", type=Path, default=Path("reports/audit.json"))
+    parser.add_argument("--spans", type=Path, default=Path("reports/audit/spans.parquet"))
     parser.add_argument("--fingerprint", type=Path, default=Path("data/dedupe/fingerprint.json"),
                         help="dedupe's shingle settings, reused for nearest-neighbour similarity")
 
@@ -369,7 +424,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
             tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
-            shingling=Shingling.read(args.fingerprint))
+            spans=args.spans, shingling=Shingling.read(args.fingerprint))
     print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
           f"human test {s.human_flag_rate} -> {args.report}")
     return 0

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from pipeline.music.midi import score_notes
 from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
 from pipeline.scoring.sampling import SamplingParams, sample_sequences
 from pipeline.tokens.contract import TokenInfo, never_sampled
+from pipeline.tokens.spans import prefix_mask
 from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
 
 KINDS = ("unconditional", "continuation")
@@ -132,24 +132,12 @@ def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
 def prompt_notes(tok: Any, row: Mapping[str, Any],
                  notes: Mapping[str, np.ndarray]) -> np.ndarray | None:
     """For a continuation, which of its notes (``notes``, as :func:`score_notes` gives them)
-    come from the prompt: the notes of the prompt's ids decoded alone, matched by (onset,
-    pitch, duration) as a multiset, so a note cut by the prompt's end counts as the model's.
-    None for an unconditional sample or when the prompt does not decode."""
+    come from the prompt (:func:`pipeline.tokens.spans.prefix_mask`), so a note cut by the
+    prompt's end counts as the model's. None for an unconditional sample or when the prompt
+    does not decode."""
     if not row["prompt_len"]:
         return None
-    score, err = decode_ids(tok, row["ids"][: row["prompt_len"]])
-    if err is not None:
-        return None
-    given = score_notes(score)
-    left = Counter(zip(given["onset"].tolist(), given["pitch"].tolist(),
-                       given["duration"].tolist(), strict=True))
-    mask = np.zeros(len(notes["onset"]), dtype=bool)
-    for i, key in enumerate(zip(notes["onset"].tolist(), notes["pitch"].tolist(),
-                                notes["duration"].tolist(), strict=True)):
-        if left[key] > 0:
-            left[key] -= 1
-            mask[i] = True
-    return mask
+    return prefix_mask(tok, row["ids"], int(row["prompt_len"]), notes)
 
 
 def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,

@@ -63,6 +63,7 @@ class ReportPaths:
     audit: Path = Path("reports/audit.json")
     per_piece: Path = Path("reports/eval/per_piece.parquet")
     per_sample: Path = Path("reports/audit/per_sample.parquet")
+    spans: Path = Path("reports/audit/spans.parquet")
     train_log: Path = Path("reports/plots/train_log")
     samples_dir: Path = Path("reports/samples")
     manifest: Path = Path("data/manifest.parquet")
@@ -155,7 +156,7 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                    for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
             *([Para(power)] if power else []))
     inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
-    add_sections(doc, cfg, reports, metrics, inputs, registered, env)
+    add_sections(doc, cfg, reports, metrics, inputs, registered, env, params)
 
     doc = place_figures(doc, paths.figures_dir, paths.md_out.parent)
     artifacts.write_json(paths.metrics_out, metrics)

@@ -220,6 +220,20 @@ def test_spread_of_best_val_loss():
     assert s["best_val_loss_spread"] == {"mean": None, "sd": None, "min": None, "max": None}
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_atomic_files_get_the_mode_a_plain_write_gets(tmp_path, umask):
+    from pipeline.core import artifacts
+
+    old = os.umask(umask)
+    try:
+        artifacts.write_text(tmp_path / "report.md", "x")
+        (tmp_path / "plain.md").write_text("x")
+    finally:
+        os.umask(old)
+    mode = (tmp_path / "report.md").stat().st_mode & 0o777
+    assert mode == (tmp_path / "plain.md").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_atomic_dir_replaces_whole_and_keeps_old_on_failure(tmp_path):
     target = tmp_path / "train_log"
     target.write_text("an older layout: a file where the folder goes")

@@ -38,9 +38,18 @@ PARQUET_OPTIONS = dict(
 )
 
 
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file here: 0o666 less the process's umask (a temp file
+    from ``mkstemp`` is 0o600, readable by its owner only)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path | str) -> Iterator[Path]:
-    """Yield a temp path beside ``path``; on success fsync and rename it over ``path``."""
+    """Yield a temp path beside ``path``; on success fsync it, give it the mode a plainly
+    written file gets, and rename it over ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -50,6 +59,7 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
+        os.chmod(tmp_path, _file_mode())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

@@ -37,10 +37,11 @@ and ``dedupe`` sections of ``--params``.
   variant kind, texture and length bucket of the original.
 - *linked by*: for a found variant, the first tier (stage order: note, transposed, melody, near)
   whose pairs, with those of the earlier tiers, connect it to its original.
-- *missed because*, from exact shingle sets made as the stage makes them: ``short`` (a side has
-  fewer than ``min_shingles`` shingles, so the near tier skips it), ``lsh`` (exact Jaccard or
-  containment reaches its threshold, so verification would accept, but LSH never proposed the
-  pair), ``below`` (both under their thresholds), ``not ok`` (ingest rejected the variant).
+- *missed because*, from the stage's own verification of the pair: ``not proposed`` (the near
+  tier's rules would confirm it, but no candidate generator proposed it), ``short`` (a side has
+  fewer than ``min_shingles`` shingles and fewer than ``min_align_onsets`` onsets, so no near
+  rule applies), ``below`` (every rule measured it under its threshold), ``not ok`` (ingest
+  rejected the variant).
 - A *false merge* is a pair of pieces of different families in one cluster. Pairwise precision =
   same-family pairs / all pairs sharing a cluster. Per set (originals, variants, walk, cadence) the
   table counts pieces whose cluster holds a piece of another family.
@@ -73,6 +74,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.core import artifacts  # noqa: E402
 from pipeline.core.config import RuntimeConfig, load_section  # noqa: E402
 from pipeline.music import fingerprints as fp  # noqa: E402
+from pipeline.music import similarity  # noqa: E402
 from pipeline.stages import dedupe, ingest  # noqa: E402
 from tests.midi_utils import make_midi  # noqa: E402
 
@@ -499,6 +501,12 @@ def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -
                for t in range(len(dedupe.TIERS)))]
     notes = fp.read_notes(out["notes"])
     s_off, s_val = fp.shingles(notes, cfg.shingle_k, cfg.ioi_resolution)
+    # the stage's own view of the ok pieces, to say why a missed pair was missed
+    _, stage_notes, _ = dedupe.load_inputs(out["manifest"], out["notes"])
+    stage_fps = dedupe.fingerprint(stage_notes, cfg)
+    seqs = similarity.Sequences.build(stage_notes, cfg.ioi_resolution)
+    onsets = seqs.n_onsets()
+    stage_index = {s: i for i, s in enumerate(stage_notes.sha256)}
     s_index = {s: i for i, s in enumerate(notes.sha256)}
 
     def shingle_set(path: str) -> np.ndarray:
@@ -529,10 +537,13 @@ def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -
             continue
         x, y = shingle_set(r["path"]), shingle_set(r["original"])
         jac, con = fp.jaccard_containment(x, y)
-        if min(x.size, y.size) < cfg.min_shingles:
+        i, j = stage_index[sha[r["path"]]], stage_index[sha[r["original"]]]
+        pair = (np.asarray([min(i, j)]), np.asarray([max(i, j)]))
+        if dedupe.verify(stage_fps, seqs, *pair, cfg).ok[0]:
+            why = "not proposed"
+        elif min(x.size, y.size) < cfg.min_shingles and \
+                min(onsets[i], onsets[j]) < cfg.min_align_onsets:
             why = "short"
-        elif jac >= cfg.near_jaccard or con >= cfg.near_containment:
-            why = "lsh"
         else:
             why = "below"
         cell["missed_because"][why] += 1

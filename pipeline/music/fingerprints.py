@@ -271,6 +271,13 @@ def note_tokens(notes: NoteArrays, ioi_resolution: int) -> tuple[np.ndarray, np.
     A piece's first note gets no token. Returns ``(tokens, piece)`` for the tokens made.
     Drums-only pieces use absolute drum pitches (offset past the interval range).
     """
+    tokens, piece, _ = note_tokens_with_onsets(notes, ioi_resolution)
+    return tokens, piece
+
+
+def note_tokens_with_onsets(notes: NoteArrays, ioi_resolution: int
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`note_tokens` and the onset (beats) of the note each token stands for."""
     seg = notes.segment()
     mask = _melodic_mask(notes, seg)
     seg, onset = seg[mask], notes.onset[mask]
@@ -291,7 +298,7 @@ def note_tokens(notes: NoteArrays, ioi_resolution: int) -> tuple[np.ndarray, np.
     tokens = pitch_code * 64 + onset_class
     first = np.ones(seg.size, dtype=bool)
     first[1:] = seg[1:] != seg[:-1]
-    return tokens[~first], seg[~first]
+    return tokens[~first], seg[~first], onset[~first]
 
 
 def _is_sorted(seg: np.ndarray, onset: np.ndarray, pitch: np.ndarray) -> bool:

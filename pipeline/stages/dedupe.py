@@ -43,7 +43,7 @@ from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig, load_runtime, load_section
 from pipeline.core.parallel import ordered_map
 from pipeline.music import fingerprints as fp
-from pipeline.music import melody
+from pipeline.music import melody, similarity
 
 TIERS = ("note", "transposed", "melody", "near")
 Policy = Literal["drop", "bind", "off"]
@@ -52,7 +52,12 @@ Policy = Literal["drop", "bind", "off"]
 LSH_WEIGHTS = (0.2, 0.8)
 
 PAIRS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string()), ("tier", pa.string()),
-                          ("similarity", pa.float64()), ("containment", pa.float64())])
+                          ("similarity", pa.float64()), ("containment", pa.float64()),
+                          ("rule", pa.string()), ("alignment", pa.float64()),
+                          ("part_of", pa.string()), ("part_start", pa.float64()),
+                          ("part_end", pa.float64())])
+NEAR_RULES = ("jaccard", "containment", "alignment", "melody", "excerpt")
+"""What confirms a near pair, in the order the ``rule`` column names the first that holds."""
 CLUSTERS_SCHEMA = pa.schema([("sha256", pa.string()), ("cluster_id", pa.string()),
                              ("is_representative", pa.bool_()), ("keep", pa.bool_())])
 
@@ -80,6 +85,18 @@ class DedupeConfig(StageConfig):
     min_shingles: int = Field(16, ge=1)
     min_melody_notes: int = Field(12, ge=2)
     melody_rhythm: bool = False
+    near_alignment: float | None = Field(None, gt=0.0, le=1.0)
+    min_align_onsets: int = Field(10, ge=4)
+    max_df: int = Field(50, ge=2)
+    candidate_share: float = Field(0.1, gt=0.0, le=1.0)
+
+    @property
+    def alignment(self) -> float:
+        """``near_alignment``, or when null the similarity derived from ``near_jaccard``
+        (:func:`pipeline.music.similarity.alignment_threshold`)."""
+        if self.near_alignment is not None:
+            return self.near_alignment
+        return similarity.alignment_threshold(self.near_jaccard, self.shingle_k)
 
     @model_validator(mode="after")
     def _lsh_below_verification(self) -> DedupeConfig:
@@ -205,15 +222,69 @@ def lsh_candidates(signatures: np.ndarray, pieces: np.ndarray, cfg: DedupeConfig
     return code // signatures.shape[0], code % signatures.shape[0]
 
 
-def verify(fps: Fingerprints, a: np.ndarray, b: np.ndarray, cfg: DedupeConfig
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exact Jaccard and containment of each candidate; the mask of confirmed pairs."""
-    jac = np.zeros(a.size)
-    con = np.zeros(a.size)
-    for n, (i, j) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
-        jac[n], con[n] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
-    ok = (jac >= cfg.near_jaccard) | (con >= cfg.near_containment)
-    return ok, jac, con
+@dataclass(frozen=True)
+class Verified:
+    """Each candidate's measures and the mask of confirmed pairs."""
+
+    ok: np.ndarray
+    jaccard: np.ndarray
+    containment: np.ndarray
+    rule: np.ndarray  # first rule of NEAR_RULES that holds ("" when none)
+    alignment: np.ndarray  # the alignment similarity of that rule (NaN for shingle rules)
+    longer: np.ndarray  # 0: a is longer, 1: b (an excerpt's location is in the longer piece)
+    part_start: np.ndarray
+    part_end: np.ndarray
+
+
+def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.ndarray,
+           cfg: DedupeConfig, label: np.ndarray | None = None) -> Verified:
+    """Check each candidate pair against the near rules, in order: exact shingle Jaccard
+    >= ``near_jaccard`` or containment >= ``near_containment`` (both pieces with at least
+    ``min_shingles`` shingles); alignment similarity >= the alignment threshold of the whole
+    note-token sequences, or of the melodies (both of at least ``min_melody_notes`` notes), or
+    of the shorter piece with the stretch of the longer where it lies (an excerpt). The whole
+    and excerpt alignments need both pieces of at least ``min_align_onsets`` distinct onsets.
+
+    Candidates are taken in the order given (sorted by ``a``, then ``b``). With ``label`` (the
+    component of each piece after the earlier tiers), a candidate whose pieces are already
+    joined, by those tiers or by pairs confirmed before it, is skipped unmeasured: it would add
+    no link, and a family of n variants would otherwise cost all n(n - 1)/2 pairs."""
+    n = a.size
+    jac, con, ali = np.zeros(n), np.zeros(n), np.full(n, np.nan)
+    start, end = np.full(n, np.nan), np.full(n, np.nan)
+    longer = np.zeros(n, dtype=np.int8)
+    rule = np.full(n, "", dtype=object)
+    sizes = np.diff(fps.shingle_offsets)
+    onsets = seqs.n_onsets()
+    limit = cfg.alignment
+    parent = (label if label is not None else np.arange(sizes.size)).tolist()
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for m, (i, j) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+        ri, rj = root(i), root(j)
+        if label is not None and ri == rj:
+            continue
+        jac[m], con[m] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
+        shingled = min(sizes[i], sizes[j]) >= cfg.min_shingles
+        if shingled and jac[m] >= cfg.near_jaccard:
+            rule[m] = "jaccard"
+        al = similarity.align(seqs, i, j, cfg.min_melody_notes, cutoff=limit)
+        if not rule[m] and shingled and con[m] >= cfg.near_containment and al.part >= limit:
+            rule[m] = "containment"
+        longer[m], start[m], end[m] = al.longer, al.part_start, al.part_end
+        both = min(onsets[i], onsets[j]) >= cfg.min_align_onsets
+        for name, value, holds in (("alignment", al.whole, both), ("melody", al.melody, True),
+                                   ("excerpt", al.part, both)):
+            if not rule[m] and holds and value >= limit:
+                rule[m], ali[m] = name, value
+        if rule[m] and label is not None:
+            parent[max(ri, rj)] = min(ri, rj)
+    return Verified(rule != "", jac, con, rule, ali, longer, start, end)
 
 
 def components(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -232,13 +303,18 @@ class _Edges:
     tier: list[np.ndarray]
     sim: list[np.ndarray]
     con: list[np.ndarray]
+    extra: list[dict[str, np.ndarray]]
 
-    def add(self, a, b, tier: str, sim, con) -> None:
+    def add(self, a, b, tier: str, sim, con, extra: dict[str, np.ndarray] | None = None) -> None:
         self.a.append(a)
         self.b.append(b)
         self.tier.append(np.full(a.size, tier, dtype=object))
         self.sim.append(np.asarray(sim, dtype=np.float64))
         self.con.append(np.asarray(con, dtype=np.float64))
+        self.extra.append(extra or {
+            "rule": np.full(a.size, None, dtype=object), "alignment": np.full(a.size, np.nan),
+            "part_of": np.full(a.size, None, dtype=object), "part_start": np.full(a.size, np.nan),
+            "part_end": np.full(a.size, np.nan)})
 
     def arrays(self, tiers: set[str] | None = None):
         keep = [k for k, t in enumerate(self.tier) if tiers is None or (t.size and t[0] in tiers)]
@@ -249,14 +325,56 @@ class _Edges:
         return (cat(self.a, np.int64), cat(self.b, np.int64), cat(self.tier, object),
                 cat(self.sim, np.float64), cat(self.con, np.float64))
 
+    def extras(self) -> dict[str, np.ndarray]:
+        """The near tier's columns of every edge, in :meth:`arrays` order (all tiers)."""
+        names = ("rule", "alignment", "part_of", "part_start", "part_end")
+        if not self.extra:
+            return {k: np.zeros(0, object if k in ("rule", "part_of") else np.float64)
+                    for k in names}
+        return {k: np.concatenate([e[k] for e in self.extra]) for k in names}
 
-def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig
-               ) -> tuple[_Edges, dict[str, int]]:
+
+def near_candidates(fps: Fingerprints, seqs: similarity.Sequences, cfg: DedupeConfig,
+                    stats: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                    np.ndarray]:
+    """Candidate pairs ``i < j`` of the near tier: LSH over the shingle sets of the pieces with
+    ``min_shingles`` shingles (one of each set of equal transposed keys, whose shingle sets are
+    equal: the star edges returned with it), plus pairs sharing a run of note tokens long
+    enough for an excerpt of ``min_align_onsets`` onsets, or a melody run of
+    ``min_melody_notes`` - 2 intervals (:func:`pipeline.music.similarity.winnow_candidates`)."""
+    n_shingles = np.diff(fps.shingle_offsets)
+    eligible = n_shingles >= cfg.min_shingles
+    stats["near_too_short"] = int((~eligible).sum())
+    keys = np.where(eligible, fps.transposed, "")
+    sa, sb = star_edges(keys)
+    reps = np.setdiff1d(np.flatnonzero(eligible), sb)
+    parts = [lsh_candidates(fps.signatures, reps, cfg)]
+    stats["near_candidates_lsh"] = int(parts[0][0].size)
+    onsets = seqs.n_onsets()
+    run = cfg.min_align_onsets - 2  # an excerpt's first token differs from the original's
+    parts.append(similarity.winnow_candidates(seqs.tokens, onsets >= cfg.min_align_onsets, run,
+                                              k=max(2, run - 1), max_df=cfg.max_df,
+                                              min_share=cfg.candidate_share))
+    m_run = cfg.min_melody_notes - 2
+    for view in seqs.melodies:
+        lengths = np.fromiter((len(t) for t in view), dtype=np.int64, count=len(view))
+        parts.append(similarity.winnow_candidates(view, lengths + 1 >= cfg.min_melody_notes,
+                                                  m_run, k=max(2, m_run - 1),
+                                                  max_df=cfg.max_df,
+                                                  min_share=cfg.candidate_share))
+    a = np.concatenate([p[0] for p in parts])
+    b = np.concatenate([p[1] for p in parts])
+    n = max(int(fps.signatures.shape[0]), 1)
+    code = np.unique(a.astype(np.int64) * n + b)
+    return code // n, code % n, sa, sb
+
+
+def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
+               seqs: similarity.Sequences) -> tuple[_Edges, dict[str, int]]:
     """Confirmed edges of every tier, skipping pairs already linked by earlier tiers."""
     n = note_hash.size
-    edges = _Edges([], [], [], [], [])
+    edges = _Edges([], [], [], [], [], [])
     stats: dict[str, int] = {}
-    n_shingles = np.diff(fps.shingle_offsets)
     for tier in TIERS:
         policy = getattr(cfg.policy, tier)
         stats[f"{tier}_pairs"] = 0
@@ -276,24 +394,31 @@ def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig
             a2, b2 = star_edges(fps.melody[:, 1])
             a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
         else:
-            eligible = n_shingles >= cfg.min_shingles
-            stats["near_too_short"] = int((~eligible).sum())
-            keys = np.where(eligible, fps.transposed, "")
-            # pieces with equal transposed keys have identical shingle sets: index one of them
-            sa, sb = star_edges(keys)
-            reps = np.flatnonzero(eligible)
-            reps = np.setdiff1d(reps, sb)
-            ca, cb = lsh_candidates(fps.signatures, reps, cfg)
+            ca, cb, sa, sb = near_candidates(fps, seqs, cfg, stats)
             fresh = label[ca] != label[cb]
             ca, cb = ca[fresh], cb[fresh]
-            ok, jac, con = verify(fps, ca, cb, cfg)
+            v = verify(fps, seqs, ca, cb, cfg, label)
             stats["near_candidates"] = int(ca.size)
-            stats["near_rejected"] = int((~ok).sum())
+            stats["near_rejected"] = int((~v.ok).sum())
+            for r in NEAR_RULES:
+                stats[f"near_by_{r}"] = int((v.rule == r).sum())
+            ok = v.ok
             a, b = np.concatenate([sa, ca[ok]]), np.concatenate([sb, cb[ok]])
-            sim = np.concatenate([np.ones(sa.size), jac[ok]])
-            cont = np.concatenate([np.ones(sa.size), con[ok]])
+            sim = np.concatenate([np.ones(sa.size), v.jaccard[ok]])
+            cont = np.concatenate([np.ones(sa.size), v.containment[ok]])
+            longer = np.concatenate([np.zeros(sa.size, np.int8), v.longer[ok]])
+            excerpt = np.concatenate([np.zeros(sa.size, bool),
+                                      np.isin(v.rule[ok], ["containment", "excerpt"])])
+            extra = {"rule": np.concatenate([np.full(sa.size, "transposed-key", object),
+                                             v.rule[ok]]),
+                     "alignment": np.concatenate([np.ones(sa.size), v.alignment[ok]]),
+                     "longer": longer, "excerpt": excerpt,
+                     "part_start": np.concatenate([np.full(sa.size, np.nan), v.part_start[ok]]),
+                     "part_end": np.concatenate([np.full(sa.size, np.nan), v.part_end[ok]])}
         if tier != "near":
             sim = cont = np.ones(a.size)
+            extra = None
+        # candidates come as i < j, so an excerpt's longer side is a (0) or b (1) after this too
         a, b = np.minimum(a, b), np.maximum(a, b)
         fresh = label[a] != label[b]
         a, b, sim, cont = a[fresh], b[fresh], sim[fresh], cont[fresh]
@@ -302,7 +427,15 @@ def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig
         a, b, sim, cont = a[order], b[order], sim[order], cont[order]
         first = np.ones(a.size, dtype=bool)
         first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
-        edges.add(a[first], b[first], tier, sim[first], cont[first])
+        near = None
+        if extra is not None:
+            e = {k: v[fresh][order][first] for k, v in extra.items()}
+            a1, b1 = a[first], b[first]
+            near = {"rule": e["rule"], "alignment": e["alignment"],
+                    "part_of": np.where(e["excerpt"], np.where(e["longer"] == 0, a1, b1), -1),
+                    "part_start": np.where(e["excerpt"], e["part_start"], np.nan),
+                    "part_end": np.where(e["excerpt"], e["part_end"], np.nan)}
+        edges.add(a[first], b[first], tier, sim[first], cont[first], near)
         stats[f"{tier}_pairs"] = int(first.sum())
     return edges, stats
 
@@ -388,15 +521,23 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
     fps = fingerprint(note_arrays, cfg, runtime.n_workers(), runtime.progress)
     t1 = time.perf_counter()
     note_hash = np.asarray(ok["note_hash"].fill_null("").to_pylist(), dtype=object)
-    edges, stats = link_tiers(fps, note_hash, cfg)
+    seqs = similarity.Sequences.build(note_arrays, cfg.ioi_resolution)
+    edges, stats = link_tiers(fps, note_hash, cfg, seqs)
     label, rep, keep, tier_counts = cluster(edges, note_arrays.lengths, cfg)
     t2 = time.perf_counter()
 
     a, b, tier, sim, con = edges.arrays()
+    extra = edges.extras()
     order = np.lexsort((b, a))
+    part_of = [shas[int(k)] if isinstance(k, int | np.integer) and k >= 0 else None
+               for k in extra["part_of"][order].tolist()]
     artifacts.write_parquet(out_dir / "pairs.parquet", pa.table({
         "a": shas[a[order]].tolist(), "b": shas[b[order]].tolist(), "tier": tier[order].tolist(),
         "similarity": np.round(sim[order], 12), "containment": np.round(con[order], 12),
+        "rule": extra["rule"][order].tolist(),
+        "alignment": np.round(extra["alignment"][order].astype(np.float64), 12),
+        "part_of": part_of, "part_start": extra["part_start"][order].astype(np.float64),
+        "part_end": extra["part_end"][order].astype(np.float64),
     }, schema=PAIRS_SCHEMA))
     artifacts.write_parquet(out_dir / "clusters.parquet", pa.table({
         "sha256": shas.tolist(), "cluster_id": shas[label].tolist(),
@@ -427,7 +568,8 @@ def fingerprint_settings(cfg: DedupeConfig) -> dict:
     """What the leakage audit needs to measure similarity the way dedupe did."""
     return {"shingle_k": cfg.shingle_k, "ioi_resolution": cfg.ioi_resolution,
             "near_jaccard": cfg.near_jaccard, "near_containment": cfg.near_containment,
-            "min_shingles": cfg.min_shingles}
+            "min_shingles": cfg.min_shingles, "near_alignment": cfg.alignment,
+            "min_align_onsets": cfg.min_align_onsets, "min_melody_notes": cfg.min_melody_notes}
 
 
 # --------------------------------------------------------------------------- CLI

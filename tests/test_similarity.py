@@ -1,0 +1,142 @@
+"""Edit-tolerant near duplicates (:mod:`pipeline.music.similarity` and the dedupe near tier):
+short pieces with a few edited notes and short excerpts are linked, the excerpt with where it lies
+in the longer piece; unrelated pieces that share only stock figures are not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.music import fingerprints as fp
+from pipeline.music import similarity
+from pipeline.stages.dedupe import DedupeConfig
+from tests.test_dedupe import _sorted, run_dedupe
+
+
+def melody_piece(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
+    """A monophonic tune: scale steps, rhythm on an eighth-note grid."""
+    steps = rng.choice([-2, -1, -1, 1, 1, 2, 3, -3, 0], size=n)
+    pitch = np.clip(67 + np.cumsum(steps), 55, 84)
+    ioi = rng.choice([0.5, 0.5, 1.0, 1.0, 1.5, 2.0], size=n)
+    onset = np.concatenate([[0.0], np.cumsum(ioi)[:-1]])
+    return _sorted({"onset": onset, "duration": ioi.astype(float),
+                    "pitch": pitch.astype(np.int16), "velocity": np.full(n, 80, np.int16),
+                    "track": np.zeros(n, np.int16), "program": np.zeros(n, np.int16),
+                    "is_drum": np.zeros(n, bool)})
+
+
+def take(n: dict, keep: np.ndarray) -> dict:
+    return {k: v[keep] for k, v in n.items()}
+
+
+def edited(rng: np.random.Generator, n: dict, count: int) -> dict:
+    """``count`` notes moved by a step (never the first, so the opening stays)."""
+    n = {k: v.copy() for k, v in n.items()}
+    at = rng.choice(np.arange(1, n["pitch"].size), size=count, replace=False)
+    n["pitch"][at] = (n["pitch"][at] + rng.choice([-2, 2], size=count)).astype(np.int16)
+    return n
+
+
+def excerpt(n: dict, start: int, length: int) -> dict:
+    """Notes ``start .. start + length - 1`` shifted to begin at beat 0."""
+    keep = np.zeros(n["pitch"].size, dtype=bool)
+    keep[start: start + length] = True
+    out = take(n, keep)
+    out["onset"] = out["onset"] - out["onset"][0]
+    return out
+
+
+def test_alignment_threshold_is_the_jaccard_definition_measured_by_alignment():
+    assert similarity.alignment_threshold(0.5, 4) == pytest.approx(1 - 2 / 15)
+    assert DedupeConfig().alignment == pytest.approx(similarity.alignment_threshold(0.5, 4))
+    assert DedupeConfig(near_alignment=0.9).alignment == 0.9
+
+
+def test_locate_finds_an_edited_excerpt_and_where_it_lies():
+    rng = np.random.default_rng(0)
+    long_ = "".join(chr(300 + v) for v in rng.integers(0, 12, 400))
+    part = list(long_[150:230])
+    part[40] = "A"  # one substitution
+    score, start, end = similarity.locate("".join(part), long_)
+    assert (start, end) == (150, 230)
+    assert score == pytest.approx(1 - 2 / 160)
+    assert similarity.locate("xyz" * 10, long_)[0] < 0.5  # nothing shared: a poor score
+    assert similarity.locate(long_[7:10], long_) == (1.0, 7, 10)  # shorter than a gram
+    assert similarity.locate("", "ab")[0] == 0.0
+
+
+def test_winnowing_proposes_every_pair_sharing_a_long_run_and_no_other():
+    rng = np.random.default_rng(1)
+    texts = ["".join(chr(300 + v) for v in rng.integers(0, 40, 60)) for _ in range(6)]
+    texts[5] = texts[5][:20] + texts[0][10:24] + texts[5][34:]  # a 14-token run of piece 0
+    a, b = similarity.winnow_candidates(texts, np.ones(6, bool), min_run=14, k=7, max_df=50,
+                                        min_share=0.0)
+    assert list(zip(a.tolist(), b.tolist(), strict=True)) == [(0, 5)]
+    a, b = similarity.winnow_candidates(texts, np.ones(6, bool), min_run=14, k=7, max_df=1,
+                                        min_share=0.0)
+    assert a.size == 0  # a run more pieces hold than max_df proposes nothing
+
+
+def test_onsets_count_chords_once():
+    n = _sorted({"onset": np.array([0.0, 0.0, 1.0, 1.0, 2.0]),
+                 "duration": np.ones(5), "pitch": np.array([60, 64, 62, 65, 67], np.int16),
+                 "velocity": np.full(5, 80, np.int16), "track": np.zeros(5, np.int16),
+                 "program": np.zeros(5, np.int16), "is_drum": np.zeros(5, bool)})
+    arrays = fp.notes_from_table(pa.Table.from_pylist(
+        [{"sha256": "x", **{k: v.tolist() for k, v in n.items()}}]))
+    seqs = similarity.Sequences.build(arrays, 4)
+    assert seqs.n_onsets().tolist() == [3]
+    assert seqs.onsets[0].tolist() == [0.0, 1.0, 1.0, 2.0]  # one per token (notes after the first)
+
+
+@pytest.fixture(scope="module")
+def linked(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    tune = melody_piece(rng, 48)  # short: one edited note breaks 5 of its ~44 shingles
+    long_tune = melody_piece(rng, 240)
+    pieces = {
+        "tune": tune, "tune_edited": edited(rng, tune, 3),  # 6% of its notes changed
+        "long": long_tune, "long_excerpt": excerpt(long_tune, 90, 30),  # 12.5% of it
+        "long_excerpt_short": excerpt(long_tune, 10, 8),  # fewer onsets than min_align_onsets
+    }
+    # unrelated tunes of one style that share an 8-note opening figure
+    figure = melody_piece(rng, 8)
+    for s in range(6):
+        other = melody_piece(rng, int(rng.integers(30, 80)))
+        head = {k: v[:8] for k, v in figure.items()}
+        tail = {k: v[8:] for k, v in other.items()}
+        tail["onset"] = tail["onset"] - tail["onset"][0] + head["onset"][-1] + 1.0
+        pieces[f"stock{s}"] = _sorted({k: np.concatenate([head[k], tail[k]]) for k in head})
+    root = tmp_path_factory.mktemp("similar")
+    return pieces, *run_dedupe(root, pieces)
+
+
+def test_edited_short_tune_is_linked_by_alignment(linked):
+    _, shas, clusters, pairs, _ = linked
+    assert clusters.loc[shas["tune"], "cluster_id"] == clusters.loc[shas["tune_edited"],
+                                                                    "cluster_id"]
+    a, b = sorted([shas["tune"], shas["tune_edited"]])
+    row = pairs[(pairs["a"] == a) & (pairs["b"] == b)].iloc[0]
+    assert row["similarity"] < DedupeConfig().near_jaccard  # shingles alone would miss it
+    assert row["rule"] in ("alignment", "melody") and row["alignment"] >= DedupeConfig().alignment
+
+
+def test_an_excerpt_is_linked_with_where_it_lies(linked):
+    pieces, shas, clusters, pairs, _ = linked
+    a, b = sorted([shas["long"], shas["long_excerpt"]])
+    row = pairs[(pairs["a"] == a) & (pairs["b"] == b)].iloc[0]
+    assert row["rule"] in ("containment", "excerpt")
+    assert row["part_of"] == shas["long"]
+    onset = pieces["long"]["onset"]
+    assert row["part_start"] == pytest.approx(onset[91])  # its first token is its second note
+    assert row["part_end"] == pytest.approx(onset[119])
+    assert clusters.loc[shas["long_excerpt_short"], "cluster_id"] != \
+        clusters.loc[shas["long"], "cluster_id"]  # 8 onsets: below min_align_onsets
+
+
+def test_tunes_sharing_only_a_stock_figure_stay_apart(linked):
+    _, shas, clusters, _, report = linked
+    ids = {clusters.loc[shas[f"stock{s}"], "cluster_id"] for s in range(6)}
+    assert len(ids) == 6
+    assert report["near_candidates"] > 0  # they were proposed (a shared run) and rejected

@@ -90,7 +90,8 @@ def read_notes(path: Path, shas: list[str]) -> dict[str, dict[str, Any]] | None:
 TIER_WORDS = {"note": "the same notes saved differently",
               "transposed": "the same music transposed or uniformly time-scaled",
               "melody": "the same top-voice melody under other harmony",
-              "near": "a near duplicate, confirmed by shingle Jaccard or containment"}
+              "near": "a near duplicate, confirmed by shingle similarity or by alignment of the "
+                      "notes or melodies"}
 
 
 def dedupe_tiers(dedupe: Any) -> list[Figure]:
@@ -100,18 +101,22 @@ def dedupe_tiers(dedupe: Any) -> list[Figure]:
         return []
     rows = [("byte-identical files", dedupe.get("byte_duplicates"))]
     rows += [(f"{tier}: {TIER_SHORT[tier]}", dedupe.get(f"{tier}_pairs")) for tier in TIER_SHORT]
+    rows += [(f"near, confirmed by {rule}", dedupe.get(f"near_by_{rule}")) for rule in NEAR_RULES]
     rows.append(("near: candidates rejected", dedupe.get("near_rejected")))
     rows = [(label, int(v)) for label, v in rows if isinstance(v, int | float)]
     if not rows:
         return []
     return [Figure(
         "Duplicates found by each dedupe tier, in the order the tiers run (a pair counts for the "
-        "first tier that links it; byte-identical files are set aside at ingest), and the near-"
-        "duplicate candidates that exact verification rejected. Look for a tier far above what "
-        "the corpus's provenance suggests (over-merging) or empty where copies are expected.",
+        "first tier that links it; byte-identical files are set aside at ingest), the rule that "
+        "confirmed each near pair, and the near-duplicate candidates that verification "
+        "rejected. Look for a tier far above what the corpus's provenance suggests (over-"
+        "merging) or empty where copies are expected.",
         count_bars_png([r[0] for r in rows], [r[1] for r in rows], "files or pairs"))]
 
 
+NEAR_RULES = ("jaccard", "containment", "alignment", "melody", "excerpt")
+"""The near tier's rules, as dedupe.json counts them (``near_by_<rule>``)."""
 TIER_SHORT = {"note": "same notes", "transposed": "transposed or time-scaled",
               "melody": "same melody", "near": "near duplicates"}
 

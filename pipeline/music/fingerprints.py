@@ -310,6 +310,19 @@ def _is_sorted(seg: np.ndarray, onset: np.ndarray, pitch: np.ndarray) -> bool:
     return bool(ok.all() and (np.diff(seg) >= 0).all())
 
 
+def gram_hashes(tokens: np.ndarray, k: int) -> np.ndarray:
+    """64-bit hash of every run of ``k`` consecutive tokens (``tokens.size - k + 1`` of them,
+    none when fewer than ``k``), chained through :func:`mix64`."""
+    n = tokens.size - k + 1
+    h = np.zeros(max(n, 0), dtype=np.uint64)
+    if n <= 0:
+        return h
+    with np.errstate(over="ignore"):
+        for i in range(k):
+            h = mix64((h ^ tokens[i : i + n].astype(np.uint64)) + _GOLDEN)
+    return h
+
+
 def shingles(notes: NoteArrays, k: int, ioi_resolution: int) -> tuple[np.ndarray, np.ndarray]:
     """Per piece the sorted set of k-gram hashes of :func:`note_tokens` (uint64).
 
@@ -323,10 +336,7 @@ def shingles(notes: NoteArrays, k: int, ioi_resolution: int) -> tuple[np.ndarray
     if n_grams <= 0:
         return np.zeros(p + 1, dtype=np.int64), np.zeros(0, dtype=np.uint64)
     valid = piece[: n_grams] == piece[k - 1 :]  # the k-gram stays inside one piece
-    h = np.zeros(n_grams, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for i in range(k):
-            h = mix64((h ^ tokens[i : i + n_grams].astype(np.uint64)) + _GOLDEN)
+    h = gram_hashes(tokens, k)
     h, piece = h[valid], piece[: n_grams][valid]
     # set per piece: one sort of (piece, hash) packed into a uint64, the piece index in the top
     # bits; a shingle keeps SHINGLE_BITS of its hash (collisions within a piece stay negligible)

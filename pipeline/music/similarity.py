@@ -149,15 +149,7 @@ ANCHOR_K = 6
 
 
 def _grams(text: str, k: int) -> np.ndarray:
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
-    n = codes.size - k + 1
-    if n <= 0:
-        return np.zeros(0, dtype=np.uint64)
-    h = np.zeros(n, dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for i in range(k):
-            h = fp.mix64((h ^ codes[i: i + n]) + np.uint64(0x9E3779B97F4A7C15))
-    return h
+    return fp.gram_hashes(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32), k)
 
 
 def locate(short: str, long_: str, k: int = ANCHOR_K, cutoff: float = 0.0
@@ -215,14 +207,10 @@ def winnow(texts: Sequence[str], k: int, w: int, eligible: np.ndarray) -> np.nda
         lengths = np.asarray([r.size for r in rows], dtype=np.int64)
         tokens = np.concatenate(rows).astype(np.uint64) if rows else np.zeros(0, np.uint64)
         piece = np.repeat(block, lengths)
-        n = tokens.size - k + 1
-        m = n - w + 1
+        m = tokens.size - k + 1 - w + 1
         if m <= 0:
             continue
-        h = np.zeros(n, dtype=np.uint64)
-        with np.errstate(over="ignore"):
-            for i in range(k):
-                h = fp.mix64((h ^ tokens[i: i + n]) + np.uint64(0x9E3779B97F4A7C15))
+        h = fp.gram_hashes(tokens, k)
         # a window is valid when its first and last k-gram lie in one piece (grams are contiguous)
         valid = piece[:m] == piece[w + k - 2: w + k - 2 + m]
         mins = sliding_window_view(h, w).min(axis=1)[valid] >> np.uint64(64 - KEY_BITS)

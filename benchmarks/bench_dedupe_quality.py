@@ -505,7 +505,7 @@ def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -
     _, stage_notes, _ = dedupe.load_inputs(out["manifest"], out["notes"])
     stage_fps = dedupe.fingerprint(stage_notes, cfg)
     seqs = similarity.Sequences.build(stage_notes, cfg.ioi_resolution)
-    onsets = seqs.n_onsets()
+    onsets = seqs.distinct_onsets
     stage_index = {s: i for i, s in enumerate(stage_notes.sha256)}
     s_index = {s: i for i, s in enumerate(notes.sha256)}
 

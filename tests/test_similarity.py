@@ -86,7 +86,7 @@ def test_onsets_count_chords_once():
     arrays = fp.notes_from_table(pa.Table.from_pylist(
         [{"sha256": "x", **{k: v.tolist() for k, v in n.items()}}]))
     seqs = similarity.Sequences.build(arrays, 4)
-    assert seqs.n_onsets().tolist() == [3]
+    assert seqs.distinct_onsets.tolist() == [3]
     assert seqs.onsets[0].tolist() == [0.0, 1.0, 1.0, 2.0]  # one per token (notes after the first)
 
 

@@ -95,12 +95,6 @@ class Sequences:
         onsets = np.split(onset, off[1:-1]) if notes.n_pieces else []
         return cls(_texts(tokens, off), tuple(onsets), (views[0], views[1]), distinct)
 
-    def n_tokens(self) -> np.ndarray:
-        return np.fromiter((len(t) for t in self.tokens), dtype=np.int64, count=len(self.tokens))
-
-    def n_onsets(self) -> np.ndarray:
-        return self.distinct_onsets
-
 
 @dataclass(frozen=True)
 class Alignment:

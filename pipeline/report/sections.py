@@ -101,7 +101,8 @@ def dedupe_tiers(dedupe: Any) -> list[Figure]:
         return []
     rows = [("byte-identical files", dedupe.get("byte_duplicates"))]
     rows += [(f"{tier}: {TIER_SHORT[tier]}", dedupe.get(f"{tier}_pairs")) for tier in TIER_SHORT]
-    rows += [(f"near, confirmed by {rule}", dedupe.get(f"near_by_{rule}")) for rule in NEAR_RULES]
+    rows += [(f"near, confirmed by {key.removeprefix('near_by_')}", v)
+             for key, v in dedupe.items() if key.startswith("near_by_")]
     rows.append(("near: candidates rejected", dedupe.get("near_rejected")))
     rows = [(label, int(v)) for label, v in rows if isinstance(v, int | float)]
     if not rows:
@@ -115,8 +116,6 @@ def dedupe_tiers(dedupe: Any) -> list[Figure]:
         count_bars_png([r[0] for r in rows], [r[1] for r in rows], "files or pairs"))]
 
 
-NEAR_RULES = ("jaccard", "containment", "alignment", "melody", "excerpt")
-"""The near tier's rules, as dedupe.json counts them (``near_by_<rule>``)."""
 TIER_SHORT = {"note": "same notes", "transposed": "transposed or time-scaled",
               "melody": "same melody", "near": "near duplicates"}
 

@@ -255,7 +255,7 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
     longer = np.zeros(n, dtype=np.int8)
     rule = np.full(n, "", dtype=object)
     sizes = np.diff(fps.shingle_offsets)
-    onsets = seqs.n_onsets()
+    onsets = seqs.distinct_onsets
     limit = cfg.alignment
     parent = (label if label is not None else np.arange(sizes.size)).tolist()
 
@@ -272,7 +272,10 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
         jac[m], con[m] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
         shingled = min(sizes[i], sizes[j]) >= cfg.min_shingles
         if shingled and jac[m] >= cfg.near_jaccard:
-            rule[m] = "jaccard"
+            rule[m] = "jaccard"  # no alignment needed: a Jaccard pair records no location
+            if label is not None:
+                parent[max(ri, rj)] = min(ri, rj)
+            continue
         al = similarity.align(seqs, i, j, cfg.min_melody_notes, cutoff=limit)
         if not rule[m] and shingled and con[m] >= cfg.near_containment and al.part >= limit:
             rule[m] = "containment"
@@ -350,7 +353,7 @@ def near_candidates(fps: Fingerprints, seqs: similarity.Sequences, cfg: DedupeCo
     reps = np.setdiff1d(np.flatnonzero(eligible), sb)
     parts = [lsh_candidates(fps.signatures, reps, cfg)]
     stats["near_candidates_lsh"] = int(parts[0][0].size)
-    onsets = seqs.n_onsets()
+    onsets = seqs.distinct_onsets
     run = cfg.min_align_onsets - 2  # an excerpt's first token differs from the original's
     parts.append(similarity.winnow_candidates(seqs.tokens, onsets >= cfg.min_align_onsets, run,
                                               k=max(2, run - 1), max_df=cfg.max_df,

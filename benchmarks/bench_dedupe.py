@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.core import artifacts  # noqa: E402
 from pipeline.music import fingerprints as fp  # noqa: E402
+from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
 from pipeline.music.midi import note_hash  # noqa: E402
-from pipeline.stages.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
 
 KINDS = ("transposed", "edited", "prefix", "resaved")
 

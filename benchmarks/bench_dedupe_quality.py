@@ -28,7 +28,7 @@ same arguments give the same files, table and JSON, and raising ``--pieces`` kee
   later phrase with a shared cadence figure, a figure filling at most half of its phrase).
 
 How it is measured: every piece is written as a MIDI file and passes through the real stages,
-``pipeline.stages.ingest.run`` then ``pipeline.stages.dedupe.run``, configured by the ``ingest``
+``pipeline.music.ingestion.run`` then ``pipeline.stages.dedupe.run``, configured by the ``ingest``
 and ``dedupe`` sections of ``--params``.
 
 - A planted variant is *found* when ``clusters.parquet`` gives it the ``cluster_id`` of its

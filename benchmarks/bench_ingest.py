@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.core.config import RuntimeConfig
-from pipeline.stages.ingest import IngestConfig, inspect_file, run
+from pipeline.music.ingestion import IngestConfig, inspect_file, run
 from tests.midi_utils import make_midi, random_piece
 
 

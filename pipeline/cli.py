@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "hash, parse and quarantine sources -> data/manifest.parquet"),
     "dedupe": ("pipeline.stages.dedupe", "exact, transposed, melody and near-duplicate clusters"),
     "split": ("pipeline.stages.split", "grouped train/val/test split and leakage audit"),
+    "contamination": ("pipeline.stages.contamination",
+                      "which val/test pieces also appear in other corpora (--against DIR)"),
     "tokenize": ("pipeline.stages.tokenize",
                  "miditok tokenizer (BPE on train only) and token tables"),
     "train-ngram": ("pipeline.stages.train_ngram", "fit n-gram baselines, choose the order on val"),

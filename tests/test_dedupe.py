@@ -18,9 +18,9 @@ from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody
+from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.midi import note_hash
 from pipeline.stages.dedupe import DedupeConfig, run
-from pipeline.stages.ingest import MANIFEST_SCHEMA, NOTES_SCHEMA
 
 Notes = dict[str, np.ndarray]
 VARIANTS = ("resaved", "tempo", "scaled", "transposed", "edited", "prefix")
@@ -251,7 +251,7 @@ def test_signatures_match_datasketch():
 def test_lsh_candidates_equal_datasketch_minhashlsh():
     from datasketch import LeanMinHash, MinHashLSH
 
-    from pipeline.stages.dedupe import LSH_WEIGHTS, lsh_candidates
+    from pipeline.music.duplicates import LSH_WEIGHTS, lsh_candidates
 
     rng = np.random.default_rng(0)
     sets = []

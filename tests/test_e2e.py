@@ -129,7 +129,9 @@ def test_manifest_quarantines_and_marks_duplicates(project: Path):
 def test_second_repro_runs_nothing(project: Path):
     out = sh(["dvc", "repro"], project)
     ran = [line for line in out.splitlines() if line.startswith("Running stage")]
-    assert ran == ["Running stage 'corpus':"], out  # corpus always checks its source folder
+    # corpus always checks its source folder, contamination its reference corpora; their
+    # unchanged outputs re-run nothing after them
+    assert ran == ["Running stage 'corpus':", "Running stage 'contamination':"], out
 
 
 def test_tokenizer_change_reruns_only_tokenisation_and_after(project: Path):
@@ -144,10 +146,11 @@ def test_tokenizer_change_reruns_only_tokenisation_and_after(project: Path):
         shutil.copy(project / "params-orig.yaml", project / "params.yaml")
     ran = {line.split("'")[1] for line in out.splitlines() if line.startswith("Running stage")}
     # A dry run lists the stages whose own dependencies changed; everything downstream of
-    # tokenize then follows from its new outputs. Corpus always checks its source folder, and
-    # report reads every section the registration freezes (to name the deviation). Nothing
-    # upstream of tokenize (ingest, dedupe, split) runs: the split does not depend on tokens.
-    assert ran == {"corpus", "tokenize", "report"}, out
+    # tokenize then follows from its new outputs. Corpus and contamination always check their
+    # source folders, and report reads every section the registration freezes (to name the
+    # deviation). Nothing upstream of tokenize (ingest, dedupe, split) runs: the split does not
+    # depend on tokens.
+    assert ran == {"corpus", "contamination", "tokenize", "report"}, out
 
 
 def test_forced_rerun_is_byte_identical(project: Path):

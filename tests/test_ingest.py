@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.music import ingestion as ingest_mod
+from pipeline.music.ingestion import IngestConfig, run
 from pipeline.music.midi import note_hash, parse_midi
-from pipeline.stages import ingest as ingest_mod
-from pipeline.stages.ingest import IngestConfig, run
 from tests.midi_utils import make_midi, random_piece
 
 SCALE = [(i * 0.5, 0.5, 60 + i, 80) for i in range(8)]

@@ -1,7 +1,8 @@
 """Leakage audit: exact nearest neighbours, crossing counts that can see a leak, the independent
 near-copy measure (planted edited copies dedupe does not link, short ones caught by the melody
-alignment, unrelated tunes of one style never matched, equal to brute force), and real Bach
-chorales whose soprano tunes agree ending in one split whatever their titles."""
+alignment or by the alignment of the whole note tokens, unrelated pieces of one style never
+matched, dedupe's alignment threshold honoured, equal to brute force), and real Bach chorales
+whose soprano tunes agree ending in one split whatever their titles."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ import pytest
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, parse_section
 from pipeline.music import fingerprints as fp
+from pipeline.music import similarity
+from pipeline.music.ingestion import NOTES_SCHEMA
 from pipeline.music.leakage import (
     Melodies,
     NearCopyRule,
     ShingleMatrix,
+    TokenStrings,
     audit,
     crossing_counts,
     near_copies,
@@ -25,7 +29,6 @@ from pipeline.music.leakage import (
 )
 from pipeline.stages.dedupe import DedupeConfig
 from pipeline.stages.dedupe import run as run_dedupe
-from pipeline.stages.ingest import NOTES_SCHEMA
 from pipeline.stages.split import SplitConfig, assign
 from pipeline.stages.split import run as run_split
 from tests.test_dedupe import base_piece, planted_corpus, variant, write_corpus
@@ -99,10 +102,11 @@ def test_audit_contrasts_grouped_and_random_split(tmp_path):
     sm = ShingleMatrix.build(all_notes, 4, 4)
     sm = ShingleMatrix(sm.sha256[rows], sm.matrix[rows], sm.sizes[rows])
     mel = Melodies.build(all_notes).select(rows)
+    tok = TokenStrings.build(all_notes, 4).select(rows)
     pairs = artifacts.read_parquet(tmp_path / "dedupe" / "pairs.parquet")
     kw = dict(seed=1, ratios=(0.8, 0.1, 0.1), max_test=5, rule=RULE)
-    r1, png1 = audit(kept, pairs, sm, mel, **kw)
-    r2, png2 = audit(kept, pairs, sm, mel, **kw, workers=2)
+    r1, png1 = audit(kept, pairs, sm, mel, tok, **kw)
+    r2, png2 = audit(kept, pairs, sm, mel, tok, **kw, workers=2)
     assert r1 == r2 and png1 == png2 and r1["grouped_test_audited"] <= 5
     ind = r1["independent"]
     assert ind["test_measured"] == min(5, ind["test_pieces"]) and ind["val_measured"] <= 5
@@ -195,17 +199,20 @@ def test_edited_copy_that_dedupe_does_not_link_is_found(tmp_path):
     assert ind["test_near_train_share"] == pytest.approx(1 / ind["test_pieces"], abs=1e-6)
     [example] = ind["examples"]
     assert (example["test_sha256"], example["train_sha256"]) == (shas["copy"], shas["original"])
-    assert example["fired"] and example["melody_similarity"] >= ind["melody_threshold"]
+    assert example["fired"] and example["melody_similarity"] >= ind["alignment_threshold"]
     assert ind["val_near_train"] == 0 and ind["within_train"]["near_other_group"] == 0
-    assert ind["within_train"]["melody_max"] < ind["melody_threshold"]
+    assert ind["within_train"]["melody_max"] < ind["alignment_threshold"]
+    assert ind["within_train"]["alignment_max"] < ind["alignment_threshold"]
 
 
-def _arrays(pieces: dict) -> tuple[ShingleMatrix, Melodies, list[str]]:
+def _arrays(pieces: dict, symbols: int = 256
+            ) -> tuple[ShingleMatrix, Melodies, TokenStrings, list[str]]:
     names = sorted(pieces)  # the sha256 column is the name here: rows stay in name order
     table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **pieces[k]} for k in names]),
                                  schema=NOTES_SCHEMA, preserve_index=False)
     notes = fp.notes_from_table(table)
-    return ShingleMatrix.build(notes, 4, 4), Melodies.build(notes), names
+    return (ShingleMatrix.build(notes, 4, 4), Melodies.build(notes),
+            TokenStrings.build(notes, 4, symbols=symbols), names)
 
 
 def test_short_edited_copy_is_caught_by_the_melody_alignment():
@@ -214,22 +221,146 @@ def test_short_edited_copy_is_caught_by_the_melody_alignment():
     pieces |= {f"long{i:02d}": tune(rng, int(rng.integers(40, 150))) for i in range(10)}
     pieces["original"] = tune(rng, 18)
     pieces["copy"] = edited(rng, pieces["original"], k=1)
-    sm, mel, names = _arrays(pieces)
+    sm, mel, tok, names = _arrays(pieces)
     row = {name: i for i, name in enumerate(names)}
     assert sm.sizes[row["copy"]] < RULE.min_shingles  # too short for the shingle measure
     assert sm.sizes[row["original"]] < RULE.min_shingles
     query = np.array([row["copy"]] + [row[f"short{i:02d}"] for i in range(20)])
     pool = np.array(sorted(set(row.values()) - set(query.tolist())))
-    found = near_copies(sm, mel, query, pool, RULE)
+    found = near_copies(sm, mel, tok, query, pool, RULE)
     assert found.near.tolist() == [True] + [False] * 20  # unrelated short tunes: no match
     assert found.melody_partner[0] == row["original"] and found.shingle_partner[0] == -1
-    assert found.melody[0] >= RULE.melody > found.melody[1:].max()
+    assert found.melody[0] >= RULE.alignment > found.melody[1:].max()
+
+
+def chorale(rng: np.random.Generator, n_chords: int) -> dict:
+    """A four-voice piece of ``n_chords`` chords whose soprano holds each pitch for two chords, so
+    its melody (repeated pitches merged) has fewer than ``min_melody_notes`` notes: a piece the
+    melody rule cannot measure. Voices lie 3-9 semitones apart, leaving room for an inner note."""
+    steps = rng.choice([-2, -1, 1, 2], size=(n_chords + 1) // 2)
+    soprano = 72 + np.repeat(np.cumsum(steps), 2)[:n_chords]
+    alto = soprano - rng.integers(3, 6, size=n_chords)
+    tenor = alto - rng.integers(3, 6, size=n_chords)
+    bass = tenor - rng.integers(6, 10, size=n_chords)
+    dur = rng.choice([0.5, 1.0, 1.0, 2.0], size=n_chords)
+    onset = np.concatenate([[0.0], np.cumsum(dur)[:-1]])
+    pitch = np.stack([bass, tenor, alto, soprano], axis=1)  # a chord reads bottom-up
+    return _chords(onset, dur, pitch.ravel(), np.tile([3, 2, 1, 0], n_chords))
+
+
+def _chords(onset, dur, pitch, track) -> dict:
+    size = len(pitch)
+    per = size // len(onset)
+    return {"onset": np.repeat(onset, per), "duration": np.repeat(dur, per),
+            "pitch": np.asarray(pitch, dtype=np.int16), "velocity": np.full(size, 80, np.int16),
+            "track": np.asarray(track, dtype=np.int16), "program": np.zeros(size, np.int16),
+            "is_drum": np.zeros(size, bool)}
+
+
+def with_inner_notes(notes: dict, chords: list[int]) -> dict:
+    """``notes`` (four voices a chord) with one note added between bass and tenor in each of
+    ``chords``: each costs an alignment 3 insertions/deletions (the note, and the tenor's new
+    interval) but breaks every shingle through those two tokens."""
+    out = {k: [] for k in notes}
+    for c in range(notes["pitch"].size // 4):
+        rows = slice(4 * c, 4 * c + 4)
+        for k, v in notes.items():
+            out[k].extend(v[rows][:1])
+        if c in chords:
+            bass, tenor = int(notes["pitch"][4 * c]), int(notes["pitch"][4 * c + 1])
+            for k, v in notes.items():
+                out[k].append((bass + tenor) // 2 if k == "pitch" else v[4 * c])
+        for k, v in notes.items():
+            out[k].extend(v[rows][1:])
+    return {k: np.asarray(v, dtype=notes[k].dtype) for k, v in out.items()}
+
+
+def _chorale_corpus() -> dict:
+    rng = np.random.default_rng(13)
+    pieces = {f"other{i:02d}": chorale(rng, int(rng.integers(12, 30))) for i in range(30)}
+    pieces["original"] = chorale(rng, 15)
+    pieces["copy"] = with_inner_notes(pieces["original"], [1, 4, 7, 10, 13])
+    return pieces
+
+
+def test_edited_short_chorale_is_caught_by_the_whole_token_alignment():
+    """A 15-chord, four-voice piece with 5 inner notes added: its shingle Jaccard and
+    containment fall under dedupe's thresholds and its melody is too short to align, but its
+    whole note tokens align at >= 0.867. Unrelated pieces of the same kind match nothing, and
+    the result does not depend on ``workers``."""
+    sm, mel, tok, names = _arrays(_chorale_corpus())
+    row = {name: i for i, name in enumerate(names)}
+    others = [row[f"other{i:02d}"] for i in range(30)]
+    query = np.array([row["copy"], *others[:15]])
+    pool = np.array(sorted([row["original"], *others[15:]]))
+    assert min(tok.onsets[row["copy"]], tok.onsets[row["original"]]) >= RULE.min_align_onsets
+    found = near_copies(sm, mel, tok, query, pool, RULE)
+    assert found.jaccard[0] < RULE.jaccard and found.containment[0] < RULE.containment
+    assert found.shingle_partner[0] == found.melody_partner[0] == -1
+    assert mel.lengths[:, row["copy"]].max() < RULE.min_melody_notes - 1
+    assert found.alignment_partner[0] == row["original"]
+    assert found.alignment[0] >= RULE.alignment > found.alignment[1:].max()
+    assert found.near.tolist() == [True] + [False] * 15  # unrelated pieces: no match
+    again = near_copies(sm, mel, tok, query, pool, RULE, workers=2)
+    for field in found.__dataclass_fields__:
+        assert np.array_equal(getattr(found, field), getattr(again, field)), field
+
+
+def test_dedupes_near_alignment_is_the_audits_threshold(tmp_path):
+    """The audit reads ``near_alignment`` from dedupe's fingerprint.json: with the default the
+    edited chorale dedupe does not link (near tier off) is a near copy by alignment alone; with
+    dedupe's ``near_alignment`` raised to 0.95 it is not. ``workers`` changes nothing."""
+    pieces = _chorale_corpus()
+    groups = {"original": _labels_in("train", 1, "o")[0], "copy": _labels_in("test", 1, "c")[0]}
+    manifest, notes, shas = write_corpus(tmp_path, pieces, groups=groups)
+
+    def audit_with(dedupe: dict, workers: int = 1) -> tuple[dict, bytes]:
+        cfg = parse_section("dedupe", {"policy": {"near": "off", "melody": "off"}, **dedupe},
+                            DedupeConfig)
+        runtime = RuntimeConfig(workers=workers, progress=False)
+        run_dedupe(cfg, runtime, manifest=manifest, notes=notes, out_dir=tmp_path / "dedupe",
+                   report=tmp_path / "dedupe.json")
+        paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
+                     leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
+        run_split(SplitConfig(min_groups=0), runtime, manifest=manifest, notes=notes,
+                  dedupe_dir=tmp_path / "dedupe", **paths)
+        split_of = artifacts.read_parquet(paths["splits"]).set_index("sha256")["split"]
+        assert split_of[shas["original"]] == "train" and split_of[shas["copy"]] == "test"
+        return (artifacts.read_json(paths["leakage_report"])["independent"],
+                paths["leakage_report"].read_bytes())
+
+    ind, raw = audit_with({})
+    assert ind["alignment_threshold"] == pytest.approx(13 / 15, abs=1e-6)
+    assert ind["test_near_train"] == ind["test_near_train_by_alignment"] == 1
+    assert ind["test_near_train_by_shingles"] == ind["test_near_train_by_melody"] == 0
+    [example] = ind["examples"]
+    assert (example["test_sha256"], example["train_sha256"]) == (shas["copy"], shas["original"])
+    assert example["fired"] == ["alignment"]
+    assert ind["alignment_threshold"] <= example["alignment_similarity"] < 0.95
+    assert audit_with({}, workers=2)[1] == raw
+    ind, _ = audit_with({"near_alignment": 0.95})
+    assert ind["alignment_threshold"] == 0.95
+    assert ind["test_near_train"] == ind["test_near_train_by_alignment"] == 0
+
+
+def test_rule_from_settings_reads_dedupes_thresholds():
+    settings = {"near_jaccard": 0.5, "near_containment": 0.8, "min_shingles": 16,
+                "shingle_k": 4, "ioi_resolution": 4}
+    old = NearCopyRule.from_settings(settings)  # a file from before the alignment keys
+    assert old == RULE and old.alignment == pytest.approx(13 / 15)
+    new = NearCopyRule.from_settings(settings | {"near_alignment": 0.9, "min_align_onsets": 12,
+                                                 "min_melody_notes": 8})
+    assert (new.alignment, new.min_align_onsets, new.min_melody_notes) == (0.9, 12, 8)
+    with pytest.raises(ValueError, match="near_containment"):
+        NearCopyRule.from_settings({k: v for k, v in settings.items()
+                                    if k != "near_containment"})
 
 
 def test_melody_threshold_is_dedupes_edit_tolerance():
     """Jaccard 0.5 on 4-shingles tolerates 1/15 changed notes; an interval sequence with that
-    share changed sits exactly at the melody threshold, one more change falls below it."""
-    assert RULE.edit_rate == pytest.approx(1 / 15) and RULE.melody == pytest.approx(13 / 15)
+    share changed sits exactly at the alignment threshold, one more change falls below it."""
+    assert RULE.near_alignment is None  # derived, as dedupe derives a null near_alignment
+    assert RULE.alignment == similarity.alignment_threshold(0.5, 4) == pytest.approx(13 / 15)
     original = tune(np.random.default_rng(3), 31)  # 30 intervals, steps of 1-4 semitones
 
     def octave_up(at: tuple[int, ...]) -> dict:  # its two intervals become ones no tune has
@@ -238,15 +369,19 @@ def test_melody_threshold_is_dedupes_edit_tolerance():
         return _notes(pitch, original["duration"])
 
     pieces = {"original": original, "two": octave_up((5, 15)), "three": octave_up((5, 15, 25))}
-    sm, mel, names = _arrays(pieces)
+    sm, mel, tok, names = _arrays(pieces)
     row = {name: i for i, name in enumerate(names)}
-    found = near_copies(sm, mel, np.array([row["two"], row["three"]]),
+    found = near_copies(sm, mel, tok, np.array([row["two"], row["three"]]),
                         np.array([row["original"]]), RULE)
     assert found.melody.tolist() == pytest.approx([1 - 8 / 60, 1 - 12 / 60])
     assert found.melody_partner.tolist() == [row["original"], -1]
 
 
-def test_near_copies_equal_brute_force():
+@pytest.mark.parametrize("symbols", [256, 2], ids=["coarse-256", "coarse-2"])
+def test_near_copies_equal_brute_force(symbols):
+    """Every measure equals a brute-force pass over all pairs. With 2 symbols the one-byte token
+    strings bound the similarity loosely, so the exact alignment decides nearly every pair:
+    the result does not depend on the bound."""
     from rapidfuzz.distance import Indel
 
     rng = np.random.default_rng(5)
@@ -256,14 +391,15 @@ def test_near_copies_equal_brute_force():
             pieces[f"t{i:02d}"]["pitch"]) // 20))
     pieces["chordal"] = base_piece(rng, n_events=50)
     pieces["chordal_copy"] = variant(rng, pieces["chordal"], "edited")
-    sm, mel, names = _arrays(pieces)
+    sm, mel, tok, names = _arrays(pieces, symbols=symbols)
     rule = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4,
-                        max_melody_notes=200)
+                        max_melody_notes=200, max_align_tokens=200)
+    t = rule.alignment - 1e-9
     query = np.arange(0, len(names), 2)
     pool = np.arange(1, len(names), 2)
     groups = np.arange(len(names)) // 4  # some (query, pool) pairs share a group
     for g in (None, groups):
-        found = near_copies(sm, mel, query, pool, rule, groups=g)
+        found = near_copies(sm, mel, tok, query, pool, rule, groups=g)
         for n, q in enumerate(query):
             others = [p for p in pool if g is None or g[p] != g[q]]
             jc = {p: fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p)) for p in others}
@@ -272,21 +408,31 @@ def test_near_copies_equal_brute_force():
             assert found.containment[n] == pytest.approx(max([jc[p][1] for p in big], default=0))
             shingle_hit = [p for p in big if jc[p][0] >= rule.jaccard
                            or jc[p][1] >= rule.containment]
+            lq = tok.lengths[q]
+            aligned = {p: Indel.normalized_similarity(tok.exact[q], tok.exact[p]) for p in others
+                       if min(tok.onsets[q], tok.onsets[p]) >= rule.min_align_onsets
+                       and lq < rule.max_align_tokens
+                       and 2 * min(lq, tok.lengths[p]) / (lq + tok.lengths[p]) >= t}
+            assert found.alignment[n] == max(aligned.values(), default=0.0), names[q]  # exact
+            alignment_hit = [p for p, s in aligned.items() if s >= t]
             melody_hit = [p for p in others for v in range(2)
                           if rule.min_melody_notes - 1 <= mel.lengths[v, q]
                           < rule.max_melody_notes - 1
                           and mel.lengths[v, p] >= rule.min_melody_notes - 1
-                          and Indel.normalized_similarity(mel.views[v][q], mel.views[v][p])
-                          >= rule.melody - 1e-9]
+                          and Indel.normalized_similarity(mel.views[v][q], mel.views[v][p]) >= t]
             assert (found.shingle_partner[n] >= 0) == bool(shingle_hit), names[q]
+            assert (found.alignment_partner[n] >= 0) == bool(alignment_hit), names[q]
             assert (found.melody_partner[n] >= 0) == bool(melody_hit), names[q]
-            assert found.near[n] == bool(shingle_hit or melody_hit)
+            assert found.near[n] == bool(shingle_hit or alignment_hit or melody_hit)
             if shingle_hit:
                 assert found.shingle_partner[n] in shingle_hit
+            if alignment_hit:
+                assert found.alignment_partner[n] in alignment_hit
             if melody_hit:
                 assert found.melody_partner[n] in melody_hit
-        if g is None:  # the planted copies were found (by both measures)
+        if g is None:  # the planted copies were found (by every measure)
             assert (found.shingle_partner >= 0).sum() >= 3
+            assert (found.alignment_partner >= 0).sum() >= 3
             assert (found.melody_partner >= 0).sum() >= 3
 
 
@@ -351,4 +497,5 @@ def test_bach_same_soprano_same_split_whatever_the_title(bach_tables):
     # chorales on different tunes (sharing cadences) are not near copies of each other
     within = leak["independent"]["within_train"]
     assert within["measured"] >= 3 and within["near_other_group"] == 0
-    assert within["melody_max"] < leak["independent"]["melody_threshold"]
+    assert within["melody_max"] < leak["independent"]["alignment_threshold"]
+    assert within["alignment_max"] < leak["independent"]["alignment_threshold"]

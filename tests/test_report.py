@@ -576,3 +576,29 @@ def test_tokenisation_and_ngram_orders_have_readable_tables():
                                                      "3": {"val_nats_per_token": 3.5}}}, 4)
     assert [r[0] for r in ng.rows] == ["3", "10"] and ng.rows[0][3] == "chosen"
     assert tokenisation_table(None, 4) == [] and ngram_table({}, 4) == []
+
+
+def test_contamination_section_says_what_was_checked_and_found(tmp_path):
+    from pipeline.report.sections import contamination
+
+    (note,) = contamination({"references": [], "by_split": {"test": {"pieces": 4}}}, tmp_path, 4)
+    assert "No reference corpus declared" in note.text
+    assert "not available" in contamination(None, tmp_path, 4)[0].text
+    summary = {"references": [{"reference": "../lakh", "files": 9, "by_status": {
+        "ok": 7, "quarantined": 1, "duplicate": 1}, "by_reason": {"corrupt": 1},
+        "pieces_matched": 1}], "tiers": ["note", "transposed", "melody", "near"],
+        "by_split": {"test": {"pieces": 4, "in_reference": 2, "by_tier": {
+            "note": 1, "transposed": 0, "melody": 0, "near": 1}}}}
+    artifacts.write_parquet(tmp_path / "matches.parquet", pd.DataFrame({
+        "split": ["test", "test", "test"], "sha256": ["q1", "q1", "q2"],
+        "path": ["a.mid", "a.mid", "b.mid"], "reference": ["../lakh"] * 3,
+        "ref_sha256": ["r1", "r2", "r3"], "ref_path": ["x.mid", "y.mid", "z.mid"],
+        "tier": ["note", "near", "near"], "rule": [None, "jaccard", "excerpt"],
+        "similarity": [1.0, 0.7, 0.2], "alignment": [np.nan, np.nan, 0.91]}))
+    refs, per_split, matches, more = contamination(summary, tmp_path, 4)
+    assert refs.rows[0][:4] == ["../lakh", "9", "7", "1; corrupt 1"]
+    assert per_split.rows == [["test", "4", "2", "1", "0", "0", "1"]]
+    # one row per held-out piece, its strongest match first
+    assert [r[1:4] for r in matches.rows] == [["a.mid", "note", "1"],
+                                              ["b.mid", "near (excerpt)", "0.91"]]
+    assert "matches.parquet" in more.text

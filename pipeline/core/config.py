@@ -26,9 +26,10 @@ DEFAULT_PARAMS = Path("params.yaml")
 SECTIONS: dict[str, str] = {
     "runtime": "pipeline.core.config:RuntimeConfig",
     "corpus": "pipeline.stages.corpus:CorpusConfig",
-    "ingest": "pipeline.stages.ingest:IngestConfig",
-    "dedupe": "pipeline.stages.dedupe:DedupeConfig",
+    "ingest": "pipeline.music.ingestion:IngestConfig",
+    "dedupe": "pipeline.music.duplicates:DedupeConfig",
     "split": "pipeline.stages.split:SplitConfig",
+    "contamination": "pipeline.stages.contamination:ContaminationConfig",
     "tokenize": "pipeline.stages.tokenize:TokenizeConfig",
     "ngram": "pipeline.stages.train_ngram:NGramConfig",
     "evaluate": "pipeline.stages.evaluate:EvaluateConfig",

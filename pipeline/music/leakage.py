@@ -10,22 +10,28 @@ Checks, from the raw evidence rather than from the split's own bookkeeping:
 - nearest-training-neighbour similarity of each test piece (exact shingle Jaccard, the measure
   dedupe uses), against the nearest *other test* piece for scale;
 - ``independent``: the evidence. Each test and val piece is compared with *every* train piece,
-  without dedupe's pairs or LSH candidates: a **near copy** is a train piece with exact shingle
-  Jaccard >= dedupe's ``near_jaccard`` or containment >= ``near_containment`` (both pieces with
-  at least ``min_shingles`` shingles, as in dedupe), or, for melodies of ``min_melody_notes`` to
-  ``max_melody_notes`` notes, a top-voice interval sequence with normalised Indel similarity >=
-  :attr:`NearCopyRule.melody` (see there for why that threshold). Within-train neighbours of
-  *other* groups show how often the rule fires between pieces the split may separate;
+  without dedupe's pairs or candidates. A **near copy** is a train piece that meets one of
+  dedupe's near rules: exact shingle Jaccard >= ``near_jaccard`` or containment >=
+  ``near_containment`` (both pieces with at least ``min_shingles`` shingles), or normalised Indel
+  similarity >= ``near_alignment`` (:attr:`NearCopyRule.alignment`) of the whole note-token
+  sequences (both pieces with at least ``min_align_onsets`` distinct onsets) or of the top-voice
+  interval sequences (melodies of at least ``min_melody_notes`` notes). A held-out piece is
+  aligned when it has fewer than ``max_align_tokens`` tokens (``max_melody_notes`` melody notes);
+  a longer one is judged by the other rules. Within-train neighbours of *other* groups show how
+  often the rule fires between pieces the split may separate;
 - the same numbers for a plain seeded random split of the same pieces, for contrast.
 
 Similarity is exact: pieces are rows of a sparse piece × shingle incidence matrix and one sparse
 product gives every intersection size, processed in blocks of query rows to bound memory;
-melodies are aligned with rapidfuzz ``cdist`` in blocks of queries sorted by length, against the
-train melodies whose length alone does not rule out the threshold.
+sequences are aligned with rapidfuzz ``cdist`` in blocks of queries sorted by length, against the
+train sequences whose length alone does not rule out the threshold. Note tokens are aligned first
+as one-byte strings in which rare tokens share a character (:class:`TokenStrings`), an upper
+bound of the similarity, and then exactly wherever the bound allows a better pair.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,17 +42,25 @@ from scipy.sparse import csr_array
 
 from pipeline.core.splits import SPLIT_NAMES
 from pipeline.music import fingerprints as fp
-from pipeline.music import melody
+from pipeline.music import melody, similarity
 from pipeline.report.figures import histograms_png
 
 BLOCK_ROWS = 256
-MELODY_BLOCK = 64
-"""Query melodies per ``cdist`` call (memory: this × candidate train melodies × 8 bytes)."""
+ALIGN_BLOCK = 64
+"""Query strings per ``cdist`` call (memory: this × candidate train strings × 8 bytes)."""
 MIN_MELODY_NOTES = 12
 """dedupe's ``min_melody_notes`` default, used when ``fingerprint.json`` does not carry it."""
 MAX_MELODY_NOTES = 256
-"""Melodies of fewer notes are aligned; longer pieces are judged by their shingles alone (which
-bounds an alignment's cost, and at that length a shingle set is large enough to judge)."""
+"""Melodies of fewer notes are aligned; longer ones are judged by the other rules (which bounds
+an alignment's cost, and at that length a shingle set is large enough to judge)."""
+MIN_ALIGN_ONSETS = 10
+"""dedupe's ``min_align_onsets`` default, used when ``fingerprint.json`` does not carry it."""
+MAX_ALIGN_TOKENS = 512
+"""Note-token sequences of fewer tokens are aligned whole; longer pieces are judged by the other
+rules. An alignment costs about the product of the two lengths, so the cap bounds the audit's
+time; and at that length a shingle set is large enough to judge: the alignment threshold is the
+similarity left by the edit rate at which Jaccard falls to ``near_jaccard``, and a long piece's
+Jaccard stays near its expectation. 96% of the Bach chorales have fewer than 512."""
 MAX_EXAMPLES = 10
 _EPS = 1e-9  # a similarity equal to the threshold in exact arithmetic counts as reaching it
 _CODE = 128  # interval i (|i| <= 127) -> chr(_CODE + i): exact, and a one-byte string is
@@ -91,9 +105,7 @@ class Melodies:
         views, lengths = [], []
         for off, interval in melody.melody_intervals(notes):
             text = (np.clip(interval, -127, 127) + _CODE).astype(np.uint8).tobytes()
-            text = text.decode("latin-1")
-            views.append(tuple(text[a:b] for a, b in zip(off[:-1].tolist(), off[1:].tolist(),
-                                                        strict=True)))
+            views.append(_slices(text.decode("latin-1"), off))
             lengths.append(np.diff(off))
         same = np.fromiter((a == b for a, b in zip(*views, strict=True)), dtype=bool,
                            count=notes.n_pieces)
@@ -106,35 +118,98 @@ class Melodies:
 
 
 @dataclass(frozen=True)
-class NearCopyRule:
-    """When a held-out piece counts as a near copy of a train piece.
+class TokenStrings:
+    """The note tokens of each piece (rows in ``sha256`` order) as one string, one character per
+    token (:class:`pipeline.music.similarity.Sequences`, the strings dedupe aligns), and its
+    distinct onsets (a chord counts once).
 
-    ``jaccard``, ``containment``, ``min_shingles`` and ``shingle_k`` are dedupe's own settings
-    (``data/dedupe/fingerprint.json``): the project's definition of a near duplicate. The melody
-    threshold is derived from the same definition, see :attr:`melody`.
-    """
+    Token characters lie above 255, which rapidfuzz aligns about 5 times slower than one-byte
+    strings. ``coarse`` writes the same strings in ``symbols`` bytes: the commonest tokens of
+    these pieces take three quarters of the bytes, one each, and the rarer tokens share the last
+    quarter (frequency rank modulo its size). Merging symbols never lowers an Indel similarity,
+    so a similarity on ``coarse`` bounds the exact one from above: a pair under a threshold there
+    is under it exactly, and the rest are aligned again on ``exact``. Sharing a quarter rather
+    than one byte keeps the bound tight: on generated pieces whose rarer tokens make 5% of all,
+    a query then needs about 1.3 exact alignments instead of 80."""
+
+    sha256: np.ndarray
+    exact: tuple[str, ...]
+    coarse: tuple[str, ...]
+    lengths: np.ndarray  # (P,) tokens per piece
+    onsets: np.ndarray  # (P,) distinct onsets per piece
+
+    @classmethod
+    def build(cls, notes: fp.NoteArrays, ioi_resolution: int, symbols: int = 256
+              ) -> TokenStrings:
+        if not 1 <= symbols <= 256:
+            raise ValueError(f"TokenStrings.build: symbols must be 1 to 256, got {symbols}")
+        seqs = similarity.Sequences.build(notes, ioi_resolution)
+        lengths = np.fromiter(map(len, seqs.tokens), dtype=np.int64, count=len(seqs.tokens))
+        chars = np.frombuffer("".join(seqs.tokens).encode("utf-32-le"), dtype=np.uint32)
+        _, inverse, counts = np.unique(chars, return_inverse=True, return_counts=True)
+        rank = np.empty(counts.size, dtype=np.int64)
+        rank[np.argsort(-counts, kind="stable")] = np.arange(counts.size)
+        own = symbols * 3 // 4
+        code = np.where(rank < own, rank, own + (rank - own) % (symbols - own))
+        code = code.astype(np.uint8)[inverse.reshape(-1)]
+        off = np.concatenate([[0], np.cumsum(lengths)])
+        return cls(notes.sha256, seqs.tokens, _slices(code.tobytes().decode("latin-1"), off),
+                   lengths, seqs.distinct_onsets)
+
+    def select(self, rows: np.ndarray) -> TokenStrings:
+        """The token strings of pieces ``rows``, in that order."""
+        return TokenStrings(self.sha256[rows], tuple(self.exact[i] for i in rows),
+                            tuple(self.coarse[i] for i in rows), self.lengths[rows],
+                            self.onsets[rows])
+
+
+def _slices(text: str, offsets: np.ndarray) -> tuple[str, ...]:
+    return tuple(text[a:b] for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(),
+                                           strict=True))
+
+
+@dataclass(frozen=True)
+class NearCopyRule:
+    """When a held-out piece counts as a near copy of a train piece: dedupe's own near rules
+    (``data/dedupe/fingerprint.json``, :meth:`from_settings`), the project's definition of a near
+    duplicate, with the audit's length caps on the alignments."""
 
     jaccard: float
     containment: float
     min_shingles: int
     shingle_k: int
+    near_alignment: float | None = None
+    """dedupe's ``near_alignment``; None: derived, see :attr:`alignment`."""
+    min_align_onsets: int = MIN_ALIGN_ONSETS
     min_melody_notes: int = MIN_MELODY_NOTES
     max_melody_notes: int = MAX_MELODY_NOTES
+    max_align_tokens: int = MAX_ALIGN_TOKENS
+
+    @classmethod
+    def from_settings(cls, settings: Mapping) -> NearCopyRule:
+        """The rule in dedupe's ``fingerprint.json``; keys that older files lack take their
+        defaults (a missing ``near_alignment`` is derived, as dedupe derives a null one)."""
+        missing = [k for k in ("near_jaccard", "near_containment", "min_shingles", "shingle_k")
+                   if k not in settings]
+        if missing:
+            raise ValueError(f"dedupe's fingerprint.json lacks {', '.join(missing)}: re-run the "
+                             "dedupe stage (symkit dedupe) to write it")
+        return cls(jaccard=settings["near_jaccard"], containment=settings["near_containment"],
+                   min_shingles=settings["min_shingles"], shingle_k=settings["shingle_k"],
+                   near_alignment=settings.get("near_alignment"),
+                   min_align_onsets=settings.get("min_align_onsets", MIN_ALIGN_ONSETS),
+                   min_melody_notes=settings.get("min_melody_notes", MIN_MELODY_NOTES))
 
     @property
-    def edit_rate(self) -> float:
-        """Share of changed notes of a melodic line at which its shingle Jaccard falls to
-        ``jaccard``: a changed note alters two interval tokens, so k + 1 shingles of each copy,
-        and with ``b`` of ``n`` shingles changed Jaccard is (n - b) / (n + b)."""
-        return (1 - self.jaccard) / ((1 + self.jaccard) * (self.shingle_k + 1))
-
-    @property
-    def melody(self) -> float:
-        """Indel similarity the same edit rate leaves at worst on an interval sequence: a changed
-        note replaces two intervals, 4 insertions/deletions out of the 2(n - 1) symbols of both
-        copies, so the similarity is 1 - 2·edit_rate (0.867 for Jaccard 0.5, k = 4). A 60-note
-        melody with 5% (3) changed notes keeps >= 0.898; a dropped note costs 3, not 4."""
-        return 1.0 - 2.0 * self.edit_rate
+    def alignment(self) -> float:
+        """Indel similarity at which an alignment (whole note tokens, melody) makes a near copy:
+        ``near_alignment``, or when unset :func:`pipeline.music.similarity.alignment_threshold`
+        of ``jaccard`` and ``shingle_k``, the similarity left by the edit rate at which shingle
+        Jaccard falls to ``jaccard``: one definition of "near", measured either way (0.867 for
+        Jaccard 0.5 and k = 4)."""
+        if self.near_alignment is not None:
+            return float(self.near_alignment)
+        return similarity.alignment_threshold(self.jaccard, self.shingle_k)
 
 
 def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self: bool = False
@@ -173,17 +248,23 @@ class NearCopies:
 
     jaccard: np.ndarray
     containment: np.ndarray
+    alignment: np.ndarray
     melody: np.ndarray
     shingle_partner: np.ndarray
+    alignment_partner: np.ndarray
     melody_partner: np.ndarray
 
     @property
     def near(self) -> np.ndarray:
-        return (self.shingle_partner >= 0) | (self.melody_partner >= 0)
+        return (self.shingle_partner >= 0) | (self.alignment_partner >= 0) | (
+            self.melody_partner >= 0)
 
     @property
     def partner(self) -> np.ndarray:
-        return np.where(self.shingle_partner >= 0, self.shingle_partner, self.melody_partner)
+        """The near copy by shingles, else by alignment, else by melody (dedupe's rule order)."""
+        return np.where(self.shingle_partner >= 0, self.shingle_partner,
+                        np.where(self.alignment_partner >= 0, self.alignment_partner,
+                                 self.melody_partner))
 
 
 def _shingle_copies(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
@@ -221,82 +302,143 @@ def _shingle_copies(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, rule
     return best_j, best_c, partner
 
 
+def _aligned_copies(texts: Sequence[str], lengths: np.ndarray, query: np.ndarray,
+                    qpos: np.ndarray, cand: np.ndarray, t: float, best: np.ndarray,
+                    partner: np.ndarray, *, groups: np.ndarray | None, workers: int,
+                    exact: Sequence[str] | None = None) -> None:
+    """Raise ``best[qpos]`` to the best Indel similarity of each query ``query[qpos]`` with a pool
+    row of ``cand``, and set ``partner[qpos]`` to that row where it reaches ``t`` and beats the
+    best so far (ties: the first row in length order, or with ``exact`` the first aligned).
+    ``lengths`` are the strings' lengths.
+
+    Indel similarity is at most 2·min(a, b) / (a + b) for lengths a, b, so pool strings outside
+    [a·t / (2 - t), a·(2 - t) / t] cannot reach ``t`` and are not aligned: the best similarity
+    is the best over the pairs whose lengths allow ``t``. Queries are aligned in blocks of
+    ``ALIGN_BLOCK``, sorted by length, against the pool strings each block's lengths allow.
+    With ``exact``, ``texts`` give upper bounds of the similarities (:class:`TokenStrings`) and
+    each best is made exact by :func:`_exact_best`.
+    """
+    qlen = lengths[query]
+    qpos = qpos[np.argsort(qlen[qpos], kind="stable")]
+    cand = cand[np.argsort(lengths[cand], kind="stable")]
+    clen = lengths[cand]
+    for start in range(0, qpos.size, ALIGN_BLOCK):
+        pos = qpos[start : start + ALIGN_BLOCK]
+        rows = query[pos]
+        a = np.searchsorted(clen, qlen[pos].min() * t / (2 - t) - _EPS, side="left")
+        b = np.searchsorted(clen, qlen[pos].max() * (2 - t) / t + _EPS, side="right")
+        if a >= b:
+            continue
+        sim = process.cdist([texts[i] for i in rows], [texts[i] for i in cand[a:b]],
+                            scorer=Indel.normalized_similarity, dtype=np.float64,
+                            workers=workers)
+        ql, cl = qlen[pos][:, None], clen[a:b][None, :]
+        sim[2 * np.minimum(ql, cl) / (ql + cl) < t - _EPS] = -1.0  # outside this row's band
+        if groups is not None:
+            sim[groups[rows][:, None] == groups[cand[a:b]][None, :]] = -1.0
+        if exact is None:
+            col = sim.argmax(axis=1)
+            top = sim[np.arange(pos.size), col]
+        else:
+            top, col = _exact_best(sim, exact, rows, cand[a:b])
+        better = top > best[pos]
+        best[pos[better]] = top[better]
+        hit = better & (top >= t - _EPS)
+        partner[pos[hit]] = cand[a:b][col[hit]]
+
+
+def _exact_best(bound: np.ndarray, exact: Sequence[str], rows: np.ndarray, cols: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``bound`` (upper bounds of the Indel similarities of pieces ``rows`` with pieces
+    ``cols``; negative: not a pair), the exact best similarity over its pairs (-1 if none) and
+    its column. Pairs are aligned on ``exact`` in decreasing order of their bound until the bound
+    no longer exceeds the best found: usually one or two pairs per row. ``bound`` is consumed."""
+    top = np.full(rows.size, -1.0)
+    col = np.zeros(rows.size, dtype=np.int64)
+    for r, q in enumerate(rows.tolist()):
+        row = bound[r]
+        while True:
+            c = int(row.argmax())
+            if row[c] < 0 or row[c] <= top[r]:
+                break
+            s = Indel.normalized_similarity(exact[q], exact[cols[c]])
+            if s > top[r]:
+                top[r], col[r] = s, c
+            row[c] = -1.0
+    return top, col
+
+
 def _melody_copies(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
                    groups: np.ndarray | None, workers: int) -> tuple[np.ndarray, np.ndarray]:
     """Best melody similarity (either view) of each query over ``pool`` and the pool row of the
-    best pair if it reaches ``rule.melody`` (-1 otherwise).
-
-    Only query melodies of ``min_melody_notes`` to ``max_melody_notes - 1`` notes are aligned,
-    against pool melodies of at least ``min_melody_notes``. Indel similarity is at most
-    2·min(a, b) / (a + b) for lengths a, b, so pool melodies outside
-    [a·t / (2 - t), a·(2 - t) / t] cannot reach the threshold t and are left out: the best
-    similarity is the best over the pairs whose lengths allow t (exact where it reaches t).
-    """
+    best pair if it reaches ``rule.alignment`` (-1 otherwise). Query melodies of
+    ``min_melody_notes`` to ``max_melody_notes - 1`` notes are aligned, against pool melodies of
+    at least ``min_melody_notes``."""
     best = np.zeros(query.size)
     partner = np.full(query.size, -1, dtype=np.int64)
-    t = rule.melody
     lo_len, hi_len = rule.min_melody_notes - 1, rule.max_melody_notes - 1
     qall = np.arange(query.size)
     q_same = mel.same[query]
     # the top-track view adds something only where one side's two views differ
     tasks = [(0, qall, pool), (1, qall[~q_same], pool), (1, qall[q_same], pool[~mel.same[pool]])]
     for v, qsub, psub in tasks:
-        view, lengths = mel.views[v], mel.lengths[v]
-        qlen = lengths[query]
-        qpos = qsub[(qlen[qsub] >= lo_len) & (qlen[qsub] < hi_len)]
-        qpos = qpos[np.argsort(qlen[qpos], kind="stable")]
-        cand = psub[lengths[psub] >= lo_len]
-        cand = cand[np.argsort(lengths[cand], kind="stable")]
-        clen = lengths[cand]
-        for start in range(0, qpos.size, MELODY_BLOCK):
-            pos = qpos[start : start + MELODY_BLOCK]
-            rows = query[pos]
-            a = np.searchsorted(clen, qlen[pos].min() * t / (2 - t) - _EPS, side="left")
-            b = np.searchsorted(clen, qlen[pos].max() * (2 - t) / t + _EPS, side="right")
-            if a >= b:
-                continue
-            sim = process.cdist([view[i] for i in rows], [view[i] for i in cand[a:b]],
-                                scorer=Indel.normalized_similarity, dtype=np.float64,
-                                workers=workers)
-            ql, cl = qlen[pos][:, None], clen[a:b][None, :]
-            sim[2 * np.minimum(ql, cl) / (ql + cl) < t - _EPS] = -1.0  # outside this row's band
-            if groups is not None:
-                sim[groups[rows][:, None] == groups[cand[a:b]][None, :]] = -1.0
-            col = sim.argmax(axis=1)
-            top = sim[np.arange(pos.size), col]
-            better = top > best[pos]
-            best[pos[better]] = top[better]
-            hit = better & (top >= t - _EPS)
-            partner[pos[hit]] = cand[a:b][col[hit]]
+        lengths = mel.lengths[v]
+        qlen = lengths[query[qsub]]
+        _aligned_copies(mel.views[v], lengths, query, qsub[(qlen >= lo_len) & (qlen < hi_len)],
+                        psub[lengths[psub] >= lo_len], rule.alignment, best, partner,
+                        groups=groups, workers=workers)
     return best, partner
 
 
-def near_copies(sm: ShingleMatrix, mel: Melodies, query: np.ndarray, pool: np.ndarray,
-                rule: NearCopyRule, *, groups: np.ndarray | None = None, workers: int = 1
-                ) -> NearCopies:
+def _token_copies(tok: TokenStrings, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
+                  groups: np.ndarray | None, workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Best whole note-token similarity of each query over ``pool`` and the pool row of the best
+    pair if it reaches ``rule.alignment`` (-1 otherwise). Both pieces need ``min_align_onsets``
+    distinct onsets; queries of ``max_align_tokens`` tokens or more are not aligned."""
+    best = np.zeros(query.size)
+    partner = np.full(query.size, -1, dtype=np.int64)
+    ok = tok.onsets >= rule.min_align_onsets
+    qpos = np.flatnonzero(ok[query] & (tok.lengths[query] < rule.max_align_tokens))
+    _aligned_copies(tok.coarse, tok.lengths, query, qpos, pool[ok[pool]], rule.alignment, best,
+                    partner, groups=groups, workers=workers, exact=tok.exact)
+    return best, partner
+
+
+def near_copies(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, query: np.ndarray,
+                pool: np.ndarray, rule: NearCopyRule, *, groups: np.ndarray | None = None,
+                workers: int = 1) -> NearCopies:
     """Exhaustive near-copy search of every ``query`` row against every ``pool`` row (no
     candidates, no sampling); ``groups``: skip pairs of one group (within-train neighbours)."""
     j, c, sp = _shingle_copies(sm, query, pool, rule, groups)
+    a, ap = _token_copies(tok, query, pool, rule, groups, workers)
     m, mp = _melody_copies(mel, query, pool, rule, groups, workers)
-    return NearCopies(j, c, m, sp, mp)
+    return NearCopies(j, c, a, m, sp, ap, mp)
 
 
-def pair_record(sm: ShingleMatrix, mel: Melodies, q: int, p: int, rule: NearCopyRule) -> dict:
-    """Similarities of one (held-out, train) pair and which criteria of ``rule`` it meets."""
+def pair_record(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, q: int, p: int,
+                rule: NearCopyRule) -> dict:
+    """Similarities of one (held-out, train) pair and the criteria of ``rule`` it meets
+    (``fired``, in dedupe's rule order)."""
+    t = rule.alignment - _EPS
     big = min(sm.sizes[q], sm.sizes[p]) >= rule.min_shingles
     jac, con = fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p))
+    x, y = tok.exact[q], tok.exact[p]
+    whole = Indel.normalized_similarity(x, y) if x and y else 0.0
+    aligned = (min(tok.onsets[q], tok.onsets[p]) >= rule.min_align_onsets
+               and tok.lengths[q] < rule.max_align_tokens)
     sims = []
     for view, lengths in zip(mel.views, mel.lengths, strict=True):
         ok = (rule.min_melody_notes - 1 <= lengths[q] < rule.max_melody_notes - 1
               and lengths[p] >= rule.min_melody_notes - 1)
         sims.append((Indel.normalized_similarity(view[q], view[p]), ok))
-    fired = [name for name, hit in (("containment", big and con >= rule.containment),
-                                    ("jaccard", big and jac >= rule.jaccard),
-                                    ("melody", any(ok and s >= rule.melody - _EPS
-                                                   for s, ok in sims)))
+    fired = [name for name, hit in (("jaccard", big and jac >= rule.jaccard),
+                                    ("containment", big and con >= rule.containment),
+                                    ("alignment", aligned and whole >= t),
+                                    ("melody", any(ok and s >= t for s, ok in sims)))
              if hit]
     return {"test_sha256": str(sm.sha256[q]), "train_sha256": str(sm.sha256[p]),
             "jaccard": round(jac, 6), "containment": round(con, 6),
+            "alignment_similarity": round(whole, 6),
             "melody_similarity": round(max(s for s, _ in sims), 6), "fired": fired}
 
 
@@ -304,8 +446,13 @@ def _sample(idx: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(idx, size=cap, replace=False)) if idx.size > cap else idx
 
 
-def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, rule: NearCopyRule, *,
-                test: dict[str, np.ndarray], seed: int, max_test: int, workers: int = 1) -> dict:
+def _share(count: int, n: int) -> float | None:
+    return round(float(count / n), 6) if n else None
+
+
+def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, tok: TokenStrings,
+                rule: NearCopyRule, *, test: dict[str, np.ndarray], seed: int, max_test: int,
+                workers: int = 1) -> dict:
     """The ``independent`` block of the report: near copies in train of held-out pieces.
 
     ``test``: the measured test rows per split column (``split``, ``random``), every test piece
@@ -317,10 +464,13 @@ def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, rule: Ne
     train = np.flatnonzero(split == "train")
     out: dict = {
         "method": "each test/val piece vs every train piece, exhaustively, no dedupe pairs or "
-                  "LSH: exact shingle Jaccard/containment (sparse incidence product) or top-voice "
-                  "interval Indel similarity (rapidfuzz) for short melodies",
+                  "candidates: exact shingle Jaccard/containment (sparse incidence product), or "
+                  "Indel similarity (rapidfuzz) of the whole note-token sequences or of the "
+                  "top-voice interval sequences, for pieces under the length caps",
         "jaccard_threshold": rule.jaccard, "containment_threshold": rule.containment,
-        "melody_threshold": round(rule.melody, 6), "min_shingles": rule.min_shingles,
+        "alignment_threshold": round(rule.alignment, 6), "min_shingles": rule.min_shingles,
+        "alignment_min_onsets": rule.min_align_onsets,
+        "alignment_max_tokens": rule.max_align_tokens,
         "melody_min_notes": rule.min_melody_notes, "melody_max_notes": rule.max_melody_notes,
         "max_pieces_per_split": max_test,
     }
@@ -330,37 +480,40 @@ def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, rule: Ne
                             ("random", "random", test["random"])):
         splits = pieces[col].to_numpy()
         pool = np.flatnonzero(splits == "train")
-        found = near_copies(sm, mel, rows, pool, rule, workers=workers)
+        found = near_copies(sm, mel, tok, rows, pool, rule, workers=workers)
         n_all = int((splits == ("val" if name == "val" else "test")).sum())
-        share = round(float(found.near.sum() / rows.size), 6) if rows.size else None
+        n_near = int(found.near.sum())
         if name == "random":
             out["random_split"] = {"test_pieces": n_all, "test_measured": int(rows.size),
-                                   "test_near_train": int(found.near.sum()),
-                                   "test_near_train_share": share}
+                                   "test_near_train": n_near,
+                                   "test_near_train_share": _share(n_near, rows.size)}
             continue
         out.update({f"{name}_pieces": n_all, f"{name}_measured": int(rows.size),
-                    f"{name}_near_train": int(found.near.sum()),
-                    f"{name}_near_train_share": share})
+                    f"{name}_near_train": n_near,
+                    f"{name}_near_train_share": _share(n_near, rows.size)})
         if name == "test":
             too_short = ((sm.sizes[rows] < rule.min_shingles)
+                         & (tok.onsets[rows] < rule.min_align_onsets)
                          & (mel.lengths[:, rows].max(axis=0) < rule.min_melody_notes - 1))
             out["test_near_train_by_shingles"] = int((found.shingle_partner >= 0).sum())
+            out["test_near_train_by_alignment"] = int((found.alignment_partner >= 0).sum())
             out["test_near_train_by_melody"] = int((found.melody_partner >= 0).sum())
             out["test_too_short_to_measure"] = int(too_short.sum())
             hits = np.flatnonzero(found.near)
-            records = sorted((pair_record(sm, mel, int(rows[h]), int(found.partner[h]), rule)
-                              for h in hits), key=lambda x: (x["test_sha256"], x["train_sha256"]))
+            records = sorted((pair_record(sm, mel, tok, int(rows[h]), int(found.partner[h]),
+                                          rule) for h in hits),
+                             key=lambda x: (x["test_sha256"], x["train_sha256"]))
             out["examples"] = records[:MAX_EXAMPLES]
     # how often the rule fires between train pieces the split may separate (other groups)
     rows = _sample(train, max_test, rng)
     codes = np.unique(pieces["group_id"].to_numpy().astype(str), return_inverse=True)[1]
-    found = near_copies(sm, mel, rows, train, rule, groups=codes, workers=workers)
+    found = near_copies(sm, mel, tok, rows, train, rule, groups=codes, workers=workers)
+    n_near = int(found.near.sum())
     out["within_train"] = {
         "pieces": int(train.size), "measured": int(rows.size),
-        "near_other_group": int(found.near.sum()),
-        "near_other_group_share": (round(float(found.near.sum() / rows.size), 6)
-                                   if rows.size else None),
+        "near_other_group": n_near, "near_other_group_share": _share(n_near, rows.size),
         "jaccard_max": round(float(found.jaccard.max(initial=0.0)), 6),
+        "alignment_max": round(float(found.alignment.max(initial=0.0)), 6),
         "melody_max": round(float(found.melody.max(initial=0.0)), 6),
     }
     return out
@@ -411,19 +564,20 @@ def random_split(n: int, ratios: tuple[float, float, float], seed: int) -> np.nd
     return np.asarray(SPLIT_NAMES, dtype=object)[np.searchsorted(cut[:-1], u, side="right")]
 
 
-def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, *,
-          seed: int, ratios: tuple[float, float, float], max_test: int, rule: NearCopyRule,
-          workers: int = 1) -> tuple[dict, bytes]:
+def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Melodies,
+          tok: TokenStrings, *, seed: int, ratios: tuple[float, float, float], max_test: int,
+          rule: NearCopyRule, workers: int = 1) -> tuple[dict, bytes]:
     """Leakage metrics and the figure (PNG bytes).
 
     ``pieces``: one row per kept piece in ``sm`` order with ``sha256``, ``split``, ``group_id``,
     ``group`` (metadata label, "" if none) and ``cluster_id``. ``pairs``: dedupe's pairs (used
     for the crossing counts and the ``*_with_pair_in_train`` counts only, never by
-    ``independent``). ``workers``: threads for the melody alignment (results do not depend on it).
+    ``independent``). ``workers``: threads for the alignments (results do not depend on it).
     """
-    if list(pieces["sha256"]) != list(sm.sha256) or list(sm.sha256) != list(mel.sha256):
-        raise ValueError("audit: pieces, shingle matrix and melodies must list the same sha256 "
-                         "in order")
+    shas = list(pieces["sha256"])
+    if any(shas != list(x.sha256) for x in (sm, mel, tok)):
+        raise ValueError("audit: pieces, shingle matrix, melodies and token strings must list "
+                         "the same sha256 in order")
     rng = np.random.default_rng(seed)
     pieces = pieces.assign(random=random_split(len(pieces), ratios, seed + 1))
     report: dict = {}
@@ -453,7 +607,7 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
         if name == "grouped":
             curves["grouped: test → nearest other test"] = j_test
     report = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in report.items()}
-    report["independent"] = independent(pieces, sm, mel, rule, test=measured, seed=seed,
+    report["independent"] = independent(pieces, sm, mel, tok, rule, test=measured, seed=seed,
                                         max_test=max_test, workers=workers)
     png = histograms_png(curves, xlabel="exact shingle Jaccard of the nearest neighbour",
                          title="Leakage: similarity of test pieces to their nearest neighbour")

@@ -246,10 +246,15 @@ def pairs_sharing(packed: np.ndarray, max_df: int, min_share: float
     return a[keep], b[keep]
 
 
+def winnow_runs(texts: Sequence[str], eligible: np.ndarray, min_run: int, k: int
+                ) -> np.ndarray:
+    """:func:`winnow` with windows of ``min_run - k + 1`` ``k``-grams, so that any two pieces
+    with a common run of ``min_run`` tokens share a kept hash."""
+    return winnow(texts, k, max(min_run - k + 1, 1), eligible)
+
+
 def winnow_candidates(texts: Sequence[str], eligible: np.ndarray, min_run: int, k: int,
                       max_df: int, min_share: float) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs of eligible pieces whose winnowed hashes (``k``-grams, windows of
-    ``min_run - k + 1``, so any common run of ``min_run`` tokens shares one) overlap by at least
+    """Pairs of eligible pieces whose winnowed hashes (:func:`winnow_runs`) overlap by at least
     ``min_share`` of the smaller piece's: a containment estimate of runs, not of tokens."""
-    w = max(min_run - k + 1, 1)
-    return pairs_sharing(winnow(texts, k, w, eligible), max_df, min_share)
+    return pairs_sharing(winnow_runs(texts, eligible, min_run, k), max_df, min_share)

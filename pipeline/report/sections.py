@@ -229,9 +229,56 @@ def data_card(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
                        Path(os.path.relpath(leak_png, Path(inputs["md_out"]).parent))
                        .as_posix()))
     doc.add(kv_block(reports.get("leakage"), "leakage", d),
+            Heading("Contamination against other corpora", 3),
+            *contamination(reports.get("contamination"), Path(inputs["contamination_dir"]), d),
             Heading("Tokenisation", 3),
             *tokenisation_table(reports.get("tokenize"), d),
             kv_block(reports.get("tokenize"), "tokenize", d))
+
+
+MAX_MATCHES_SHOWN = 10
+
+
+def contamination(summary: Any, folder: Path, d: int) -> list[Table | Para]:
+    """What ``symkit contamination`` found: per reference corpus its files, per held-out split
+    the pieces with a match in any of them by strongest tier, and the first matches."""
+    if not isinstance(summary, dict):
+        return [Para(f"reports/contamination.json: {NA}.", "note")]
+    refs = [r for r in summary.get("references") or [] if isinstance(r, dict)]
+    if not refs:
+        return [Para("No reference corpus declared: name one in contamination.against "
+                     "(docs/contamination.md) to learn which held-out pieces also appear in "
+                     "another corpus, such as a model's pretraining set.", "note")]
+    out: list[Table | Para] = [Table(
+        ["reference corpus", "files", "ok", "quarantined", "duplicates", "pieces matched"],
+        [[str(r.get("reference")), fmt(r.get("files")),
+          fmt((r.get("by_status") or {}).get("ok")),
+          fmt((r.get("by_status") or {}).get("quarantined"))
+          + "".join(f"; {k} {v}" for k, v in (r.get("by_reason") or {}).items()),
+          fmt((r.get("by_status") or {}).get("duplicate")), fmt(r.get("pieces_matched"))]
+         for r in refs])]
+    tiers = list(summary.get("tiers") or TIER_SHORT)
+    by_split = summary.get("by_split") or {}
+    out.append(Table(
+        ["split", "pieces", "with a match", *(f"strongest: {t}" for t in tiers)],
+        [[s, fmt(b.get("pieces")), fmt(b.get("in_reference")),
+          *(fmt((b.get("by_tier") or {}).get(t)) for t in tiers)]
+         for s, b in by_split.items() if isinstance(b, dict)]))
+    matches = read_table_or_none(folder / "matches.parquet")
+    if matches is not None and len(matches):
+        shown = matches.drop_duplicates("sha256").head(MAX_MATCHES_SHOWN)
+        out.append(Table(
+            ["split", "held-out piece", "tier (rule)", "similarity", "reference piece"],
+            [[r.split, r.path, r.tier + (f" ({r.rule})" if isinstance(r.rule, str) else ""),
+              fmt(r.alignment if r.tier == "near" and pd.notna(r.alignment) else r.similarity,
+                  d),
+              f"{r.reference}: {r.ref_path}"] for r in shown.itertuples()]))
+        more = matches["sha256"].nunique() - len(shown)
+        out.append(Para(
+            f"Each held-out piece's strongest match{f' ({more} more pieces)' if more > 0 else ''};"
+            " every match is in reports/contamination/matches.parquet. A near match's similarity "
+            "is its alignment for the alignment rules and its shingle Jaccard otherwise.", "note"))
+    return out
 
 
 def tokenisation_table(tok: Any, d: int) -> list[Table]:

@@ -56,6 +56,8 @@ class ReportPaths:
     dedupe: Path = Path("reports/dedupe.json")
     split: Path = Path("reports/split.json")
     leakage: Path = Path("reports/leakage.json")
+    contamination: Path = Path("reports/contamination.json")
+    contamination_dir: Path = Path("reports/contamination")
     tokenize: Path = Path("reports/tokenize.json")
     ngram: Path = Path("reports/ngram.json")
     train: Path = Path("reports/train.json")
@@ -80,8 +82,8 @@ class ReportPaths:
     html_out: Path = Path("reports/report.html")
 
 
-STAGE_REPORTS = ("ingest", "dedupe", "split", "leakage", "tokenize", "ngram", "train", "eval",
-                 "audit")
+STAGE_REPORTS = ("ingest", "dedupe", "split", "leakage", "contamination", "tokenize", "ngram",
+                 "train", "eval", "audit")
 """Stage reports flattened into metrics.json, each under its own name."""
 
 

@@ -282,12 +282,10 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
 
     # leakage audit over the kept pieces
     note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
-    sm = leakage.ShingleMatrix.build(note_arrays, settings["shingle_k"], settings["ioi_resolution"])
-    rule = leakage.NearCopyRule(
-        jaccard=settings["near_jaccard"], containment=settings["near_containment"],
-        min_shingles=settings["min_shingles"], shingle_k=settings["shingle_k"],
-        min_melody_notes=settings.get("min_melody_notes", leakage.MIN_MELODY_NOTES))
-    metrics, png = leakage.audit(pieces, pairs, sm, leakage.Melodies.build(note_arrays),
+    rule = leakage.NearCopyRule.from_settings(settings)
+    sm = leakage.ShingleMatrix.build(note_arrays, rule.shingle_k, settings["ioi_resolution"])
+    tok = leakage.TokenStrings.build(note_arrays, settings["ioi_resolution"])
+    metrics, png = leakage.audit(pieces, pairs, sm, leakage.Melodies.build(note_arrays), tok,
                                  seed=cfg.seed, ratios=(cfg.train, cfg.val, cfg.test),
                                  max_test=cfg.audit_max_test, rule=rule,
                                  workers=runtime.n_workers())

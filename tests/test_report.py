@@ -595,8 +595,9 @@ def test_contamination_section_says_what_was_checked_and_found(tmp_path):
         "ref_sha256": ["r1", "r2", "r3"], "ref_path": ["x.mid", "y.mid", "z.mid"],
         "tier": ["note", "near", "near"], "rule": [None, "jaccard", "excerpt"],
         "similarity": [1.0, 0.7, 0.2], "alignment": [np.nan, np.nan, 0.91]}))
-    refs, per_split, matches, more = contamination(summary, tmp_path, 4)
-    assert refs.rows[0][:4] == ["../lakh", "9", "7", "1; corrupt 1"]
+    what, refs, per_split, matches, more = contamination(summary, tmp_path, 4)
+    assert "compared with every piece" in what.text
+    assert refs.rows[0][:4] == ["../lakh", "9", "7", "1 (corrupt 1)"]
     assert per_split.rows == [["test", "4", "2", "1", "0", "0", "1"]]
     # one row per held-out piece, its strongest match first
     assert [r[1:4] for r in matches.rows] == [["a.mid", "note", "1"],

@@ -249,21 +249,28 @@ def contamination(summary: Any, folder: Path, d: int) -> list[Table | Para]:
         return [Para("No reference corpus declared: name one in contamination.against "
                      "(docs/contamination.md) to learn which held-out pieces also appear in "
                      "another corpus, such as a model's pretraining set.", "note")]
-    out: list[Table | Para] = [Table(
-        ["reference corpus", "files", "ok", "quarantined", "duplicates", "pieces matched"],
+    def reasons(r: dict) -> str:
+        why = ", ".join(f"{k} {v}" for k, v in (r.get("by_reason") or {}).items())
+        return fmt((r.get("by_status") or {}).get("quarantined")) + (f" ({why})" if why else "")
+
+    out: list[Table | Para] = [Para(
+        "Each held-out piece was compared with every piece of these corpora by dedupe's tiers "
+        "and rules (docs/contamination.md): a match means its music, or a near copy of it, also "
+        "lies there, and a model trained on that corpus has seen it."), Table(
+        ["reference corpus", "files", "ok", "quarantined", "byte duplicates",
+         "its pieces matched"],
         [[str(r.get("reference")), fmt(r.get("files")),
-          fmt((r.get("by_status") or {}).get("ok")),
-          fmt((r.get("by_status") or {}).get("quarantined"))
-          + "".join(f"; {k} {v}" for k, v in (r.get("by_reason") or {}).items()),
+          fmt((r.get("by_status") or {}).get("ok")), reasons(r),
           fmt((r.get("by_status") or {}).get("duplicate")), fmt(r.get("pieces_matched"))]
          for r in refs])]
     tiers = list(summary.get("tiers") or TIER_SHORT)
     by_split = summary.get("by_split") or {}
+    order = [s for s in summary.get("splits") or by_split if s in by_split]
     out.append(Table(
         ["split", "pieces", "with a match", *(f"strongest: {t}" for t in tiers)],
-        [[s, fmt(b.get("pieces")), fmt(b.get("in_reference")),
-          *(fmt((b.get("by_tier") or {}).get(t)) for t in tiers)]
-         for s, b in by_split.items() if isinstance(b, dict)]))
+        [[s, fmt(by_split[s].get("pieces")), fmt(by_split[s].get("in_reference")),
+          *(fmt((by_split[s].get("by_tier") or {}).get(t)) for t in tiers)]
+         for s in order if isinstance(by_split[s], dict)]))
     matches = read_table_or_none(folder / "matches.parquet")
     if matches is not None and len(matches):
         shown = matches.drop_duplicates("sha256").head(MAX_MATCHES_SHOWN)

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import psutil
 import pyarrow as pa
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +29,9 @@ from pipeline.core import artifacts  # noqa: E402
 from pipeline.music import fingerprints as fp  # noqa: E402
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
 from pipeline.music.midi import note_hash  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from measure import run_measured  # noqa: E402
 
 KINDS = ("transposed", "edited", "prefix", "resaved")
 
@@ -114,40 +113,6 @@ def write_inputs(root: Path, notes: dict, offsets: np.ndarray) -> list[str]:
     return shas
 
 
-def run_measured(cmd: list[str]) -> tuple[float, int, int]:
-    """Wall time, peak memory of the process tree (sum of PSS, sampled every 0.1 s: forked workers
-    share pages with their parent, so a sum of RSS would count those pages twice) and the largest
-    single-process peak RSS."""
-    peak = 0
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    ps = psutil.Process(proc.pid)
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            total = 0
-            try:
-                for p in [ps, *ps.children(recursive=True)]:
-                    info = p.memory_full_info()
-                    total += getattr(info, "pss", info.rss)
-            except psutil.Error:
-                pass
-            peak = max(peak, total)
-            time.sleep(0.1)
-
-    th = threading.Thread(target=sample)
-    th.start()
-    rc = proc.wait()
-    done.set()
-    th.join()
-    if rc:
-        raise SystemExit(f"dedupe failed with exit code {rc}")
-    max_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # Linux: KiB
-    return time.perf_counter() - t0, peak, max_rss
-
-
 def brute_force_seconds(notes: dict, offsets: np.ndarray, n_sub: int) -> float:
     """Exact Jaccard + containment of every pair among the first ``n_sub`` pieces."""
     sub_off = offsets[: n_sub + 1]
@@ -183,7 +148,8 @@ def main() -> None:
                "--manifest", str(root / "manifest.parquet"), "--notes", str(root / "notes.parquet"),
                "--out-dir", str(root / "dedupe"), "--report", str(root / "dedupe.json"),
                "--workers", str(args.workers)]
-        seconds, peak, max_rss = run_measured(cmd)
+        seconds, peak, max_rss, out = run_measured(cmd, ROOT)
+        print(out.strip())
         clusters = artifacts.read_parquet(root / "dedupe" / "clusters.parquet").set_index("sha256")
         cid = clusters["cluster_id"]
         recall = np.mean([cid[shas[a]] == cid[shas[b]] for a, b in planted])

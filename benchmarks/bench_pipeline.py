@@ -36,19 +36,19 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from measure import run_measured  # noqa: E402
 
 STAGES = ("corpus", "ingest", "dedupe", "split", "tokenize")
 PROGRAMS = (0, 4, 24, 25, 33, 40, 48, 56, 65, 73)  # piano, e-piano, guitars, bass, strings, ...
@@ -147,41 +147,6 @@ def write_corpus(root: Path, start: int, stop: int, seed: int) -> None:
 
 
 # ------------------------------------------------------------------------------- measurement
-def run_measured(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
-    """Wall time, peak memory of the process tree (sum of PSS every 0.1 s: forked workers share
-    pages with their parent) and the command's output."""
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    peak = 0
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    ps = psutil.Process(proc.pid)
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            total = 0
-            try:
-                for p in [ps, *ps.children(recursive=True)]:
-                    info = p.memory_full_info()
-                    total += getattr(info, "pss", info.rss)
-            except psutil.Error:
-                pass
-            peak = max(peak, total)
-            time.sleep(0.1)
-
-    th = threading.Thread(target=sample)
-    th.start()
-    out, _ = proc.communicate()
-    done.set()
-    th.join()
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out}")
-    return time.perf_counter() - t0, peak, out
-
-
 def baselines(paths: list[Path], model: str) -> dict[str, float]:
     """Files/s of the plain single-process loops (see the module docstring)."""
     from symusic import Score
@@ -228,7 +193,7 @@ def make_project(root: Path, corpus: Path, workers: int, model: str) -> None:
 def stages(root: Path, n_files: int) -> dict[str, dict]:
     out = {}
     for stage in STAGES:
-        seconds, peak, _ = run_measured(["dvc", "repro", "-s", stage], root)
+        seconds, peak, _, _ = run_measured(["dvc", "repro", "-s", stage], root)
         out[stage] = {"seconds": round(seconds, 2), "files_per_s": round(n_files / seconds, 1),
                       "peak_gib": round(peak / 2**30, 3)}
         print(f"  {stage:9s} {seconds:8.1f} s  {n_files / seconds:9.0f} files/s  "
@@ -269,7 +234,7 @@ def main() -> None:
 
     print("full run (dvc repro -s <stage>):", flush=True)
     full = stages(project, args.files)
-    noop, noop_peak, _ = run_measured(["dvc", "repro", "tokenize"], project)
+    noop, noop_peak, _, _ = run_measured(["dvc", "repro", "tokenize"], project)
     n_new = max(1, args.files // 100)
     write_corpus(corpus, args.files, args.files + n_new, args.seed)
     print(f"after adding {n_new} files (dvc repro -s <stage>):", flush=True)

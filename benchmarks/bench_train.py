@@ -1,23 +1,58 @@
 """Training throughput and memory of the transformer, with the estimator's prediction beside it.
 
-Run: ``python benchmarks/bench_train.py [--steps 20] [--device cpu|cuda] [--threads 2]``.
+Run: ``python benchmarks/bench_train.py [--steps 20] [--repeats 3] [--device cpu|cuda]
+[--threads 2] [--pack]``.
 
 Data: synthetic pieces the size of the default corpus (370 pieces × ~1,400 tokens, vocab 300).
-Model and batch: the ``transformer`` defaults of ``TransformerStageConfig``.
+Model and batch: the ``transformer`` defaults of ``TransformerStageConfig`` (``--pack`` packs).
 
-Printed (ratios against baselines measured in the same run):
-- ``bare step``: forward + backward + AdamW on one fixed batch, no data pipeline (baseline);
-- ``training loop``: ``pipeline.training.loop.train`` (windows, masking, clipping, logging,
-  one final checkpoint and evaluation; set-up time included); ratio = loop / bare tokens per
-  second (1.0 = no overhead; the bare baseline is the better of a run before and after);
-- peak memory: CUDA ``max_memory_allocated``; on CPU the process RSS increase over the run
-  (sampled every 5 ms), next to ``pipeline.tools.estimate`` (ratio = estimate / measured);
-- on CUDA also bf16 vs fp32 tokens/s and model FLOPs utilisation (MFU).
+The two sides of the speed ratio do the same work per optimiser step: the same model
+(``setup.build_model``, dropout on), the same ``micro_batch × max_seq_len`` batch of real windows,
+the same precision (autocast), optimiser (``setup.make_optimizer``: AdamW, its parameter groups
+and kernels) and schedule (``setup.make_scheduler``).
+
+- ``bare step`` (baseline): one fixed batch already on the device; forward with the masked loss
+  summed and divided by the batch's target count, backward, ``clip_grad_norm_`` at
+  ``optim.grad_clip``, AdamW step, ``zero_grad(set_to_none=True)``, schedule step. Nothing is
+  read from the device (on CUDA one synchronise ends each timed block).
+- ``training loop``: ``pipeline.training.loop.train``, which adds per step: gathering the batch
+  from the window stream and moving it to the device, counting targets, the log row, the stop
+  rules, and at reading steps (here step 1 and the last) reading the losses and norms; per call:
+  set-up (model, optimiser, data plan, resume check), the final evaluation and checkpoint.
+
+Warm-up: before anything is timed, each side runs once (a 2-step ``train`` call, 3 bare steps) in
+this process, so one-off costs (the ``torch._dynamo`` import at the first optimiser, the
+allocator, kernel selection) are charged to neither. Then ``--repeats`` rounds each time both
+sides, alternating which goes first.
+
+Printed ratios (1.0 = no overhead):
+- ``per step``: bare seconds per step / loop seconds per step, the loop's measured from the end
+  of step 1 to the end of step N-1 (``on_step`` timestamps), so set-up, the first step and the
+  final evaluation and checkpoint are outside. Given as the min and median of the ratios of
+  each repeat's pair, and as fastest bare step / fastest loop step over the repeats; in wall
+  time and in process CPU time (all threads; less sensitive to other processes on a shared
+  machine, where wall time counts waiting for a core);
+- ``whole call``: bare seconds for N steps / the ``train()`` call's wall time (everything in),
+  min and median over the repeats.
+
+Memory: measured in a fresh process (``--memory-child``) after a warm-up on a tiny model (which
+pays the one-off imports, about 90 MiB of RSS on CPU, without growing the heap): on CUDA
+``max_memory_allocated``; on CPU the process RSS increase while ``train`` runs (sampled every
+5 ms), once with glibc's default allocator and once with :data:`FIXED_MMAP`, under which freed
+tensors leave RSS, so RSS follows the tensors alive. The estimate (``pipeline.tools.estimate``,
+whose docstring lists what it covers) is compared with the latter; the difference between the
+two is memory the allocator keeps. Autograd's saved activations are compared with the
+estimate's activation term. The load average is printed before and after: the machine may be shared.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -30,9 +65,13 @@ from models.transformer import GPT, TransformerConfig
 from pipeline.tokens.contract import TokenInfo
 from pipeline.tools.estimate import estimate, peak_tflops, saved_activation_bytes
 from pipeline.training.config import TransformerStageConfig
-from pipeline.training.data import load_corpus
+from pipeline.training.data import Corpus, WindowStream, load_corpus, make_batch
+from pipeline.training.device import DistInfo, make_device
 from pipeline.training.loop import train
+from pipeline.training.setup import build_model, make_optimizer, make_scheduler
 from pipeline.training.synthetic import write_token_data
+
+VOCAB = 300
 
 
 class PeakRSS:
@@ -60,44 +99,64 @@ class PeakRSS:
         return self.peak - self.start
 
 
-def bare_step_tokens_per_s(cfg: TransformerStageConfig, vocab: int, device: str, steps: int,
-                           amp: torch.dtype | None) -> float:
-    m = cfg.model
-    arch = TransformerConfig(vocab_size=vocab, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
-                             n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                             attn_dropout=m.attn_dropout)
-    model = GPT(arch, torch.Generator().manual_seed(0)).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.001)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, vocab, (cfg.train.micro_batch, m.max_seq_len), generator=g).to(device)
+def make_cfg(device: str, precision: str, steps: int, pack: bool) -> TransformerStageConfig:
+    return TransformerStageConfig.model_validate({
+        "device": device, "precision": precision, **({"data": {"pack": True}} if pack else {}),
+        "train": {"max_steps": steps, "eval_every": 10**6, "log_every": 10**6},
+        "optim": {"warmup_steps": 1}, "checkpoint": {"every": 10**6}})
+
+
+def bare_steps(cfg: TransformerStageConfig, corpus: Corpus, pad_id: int,
+               steps: int) -> tuple[float, float]:
+    """(wall, CPU) seconds for ``steps`` bare steps (see the module docstring), after 3 untimed
+    ones."""
+    dev = make_device(cfg.device, cfg.precision, DistInfo())
+    torch.manual_seed(cfg.seed)
+    model, _ = build_model(cfg.model, cfg.finetune, VOCAB, torch.Generator().manual_seed(cfg.seed))
+    model.to(dev.device).train()
+    opt = make_optimizer(model, cfg.optim, dev.device_type)
+    sched = make_scheduler(opt, cfg.optim, cfg.train.max_steps + 3)
+    stream = WindowStream(corpus.train, cfg.model.max_seq_len, cfg.seed)
+    b = make_batch([stream.window(k) for k in range(cfg.train.micro_batch)],
+                   cfg.model.max_seq_len, pad_id)
+    x, y, mask = b.x.to(dev.device), b.y.to(dev.device), b.mask.to(dev.device)
+    n = b.n_valid
+    params = [p for p in model.parameters() if p.requires_grad]
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
 
     def step() -> None:
-        with torch.autocast(device.split(":")[0], dtype=amp, enabled=amp is not None):
-            _, loss = model(x, x)
-        loss.backward()
+        with dev.autocast():
+            _, nll = model(x, y, mask, reduction="sum")
+        (nll * (1 / n)).backward()
+        torch.nn.utils.clip_grad_norm_(params, clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sched.step()
 
-    for _ in range(3):  # warm-up: allocator, optimizer state, kernel selection
+    for _ in range(3):
         step()
-    _sync(device)
-    t0 = time.perf_counter()
+    _sync(dev.device)
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    _sync(device)
-    return steps * x.numel() / (time.perf_counter() - t0)
+    _sync(dev.device)
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
-def activations_saved(cfg: TransformerStageConfig, vocab: int, device: str,
-                      amp: torch.dtype | None) -> int:
-    m = cfg.model
-    arch = TransformerConfig(vocab_size=vocab, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
-                             n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
-                             attn_dropout=m.attn_dropout)
-    model = GPT(arch, torch.Generator().manual_seed(0)).to(device).train()
-    x = torch.randint(0, vocab, (cfg.train.micro_batch, m.max_seq_len)).to(device)
-    with torch.autocast(device.split(":")[0], dtype=amp, enabled=amp is not None):
-        return saved_activation_bytes(model, x, x)
+def loop_call(cfg: TransformerStageConfig, info: TokenInfo,
+              corpus: Corpus) -> tuple[float, float, float, int]:
+    """-> (wall seconds of ``train``, steady wall and CPU seconds per step, tokens trained)."""
+    marks: list[tuple[float, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        result = train(cfg, info, corpus, Path(tmp), threads=torch.get_num_threads(),
+                       echo=lambda _: None,
+                       on_step=lambda _: marks.append((time.perf_counter(), time.process_time())))
+        seconds = time.perf_counter() - t0
+    n = max(1, len(marks) - 2)
+    wall = (marks[-2][0] - marks[0][0]) / n
+    cpu = (marks[-2][1] - marks[0][1]) / n
+    return seconds, wall, cpu, result.tokens_this_run
 
 
 def _sync(device: str) -> None:
@@ -105,64 +164,165 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def loop_run(cfg: TransformerStageConfig, data: dict, device: str, threads: int):
-    info = TokenInfo.read(data["info"])
-    corpus = load_corpus(data["tokens"], info)
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _data(tmp: Path) -> tuple[TokenInfo, Corpus]:
+    paths = write_token_data(tmp, n_pieces=370, vocab_size=VOCAB, mean_len=1400)
+    info = TokenInfo.read(paths["info"])
+    return info, load_corpus(paths["tokens"], info)
+
+
+def speed(args: argparse.Namespace, precision: str, info: TokenInfo,
+          corpus: Corpus) -> dict[str, float]:
+    cfg = make_cfg(args.device, precision, args.steps, args.pack)
+    loop_call(make_cfg(args.device, precision, 2, args.pack), info, corpus)  # warm-up
+    bare_steps(cfg, corpus, info.pad_id, 1)
+    per_step, per_step_cpu, whole, tps = [], [], [], []
+    loop_wall, loop_cpu, bare_wall, bare_cpu = [], [], [], []
+    for r in range(args.repeats):
+        for side in (("loop", "bare") if r % 2 == 0 else ("bare", "loop")):
+            if side == "loop":
+                seconds, steady, steady_cpu, tokens = loop_call(cfg, info, corpus)
+            else:
+                bare, bare_c = bare_steps(cfg, corpus, info.pad_id, args.steps)
+        per_step.append((bare / args.steps) / steady)
+        per_step_cpu.append((bare_c / args.steps) / steady_cpu)
+        whole.append(bare / seconds)
+        tps.append(tokens / seconds)
+        loop_wall.append(steady)
+        loop_cpu.append(steady_cpu)
+        bare_wall.append(bare / args.steps)
+        bare_cpu.append(bare_c / args.steps)
+    return {"per_step_min": min(per_step), "per_step_median": statistics.median(per_step),
+            "per_step_cpu_median": statistics.median(per_step_cpu),
+            "per_step_of_fastest": min(bare_wall) / min(loop_wall),
+            "per_step_cpu_of_fastest": min(bare_cpu) / min(loop_cpu),
+            "whole_min": min(whole), "whole_median": statistics.median(whole),
+            "loop_tokens_per_s": statistics.median(tps),
+            "bare_positions_per_s": (cfg.train.micro_batch * cfg.model.max_seq_len
+                                     / statistics.median(bare_wall)),
+            "loop_step_s": statistics.median(loop_wall),
+            "bare_step_s": statistics.median(bare_wall)}
+
+
+def memory_child(args: argparse.Namespace) -> None:
+    """Runs in a fresh process: warm up, then measure one ``train`` call; prints JSON."""
+    torch.set_num_threads(args.threads)
+    precision = args.precision
     with tempfile.TemporaryDirectory() as tmp:
-        if device.startswith("cuda"):
+        info, corpus = _data(Path(tmp))
+        # warm-up on a tiny model: pays the one-off imports without growing the heap much
+        tiny = TransformerStageConfig.model_validate({
+            "device": args.device, "precision": precision,
+            "model": {"max_seq_len": 8, "n_layer": 1, "n_head": 1, "n_embd": 8},
+            "train": {"max_steps": 2, "micro_batch": 1, "eval_every": 10**6, "log_every": 10**6},
+            "optim": {"warmup_steps": 1}, "checkpoint": {"every": 10**6}})
+        loop_call(tiny, info, corpus)
+        cfg = make_cfg(args.device, precision, args.steps, args.pack)
+        if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         with PeakRSS() as rss:
-            t0 = time.perf_counter()
-            result = train(cfg, info, corpus, Path(tmp), threads=threads, echo=lambda _: None)
-            seconds = time.perf_counter() - t0
-    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else rss.delta
-    return result, seconds, peak
+            loop_call(cfg, info, corpus)
+        peak = (torch.cuda.max_memory_allocated() if args.device.startswith("cuda")
+                else rss.delta)
+        n_tokens = int(sum(len(e) for e in corpus.train))
+    m = cfg.model
+    arch = TransformerConfig(vocab_size=VOCAB, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
+                             n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout,
+                             attn_dropout=m.attn_dropout)
+    model = GPT(arch, torch.Generator().manual_seed(0)).to(args.device).train()
+    x = torch.randint(0, VOCAB, (cfg.train.micro_batch, m.max_seq_len)).to(args.device)
+    amp = torch.bfloat16 if precision == "bf16" else None
+    with torch.autocast(args.device.split(":")[0], dtype=amp, enabled=amp is not None):
+        saved = saved_activation_bytes(model, x, x)
+    print(json.dumps({"peak": peak, "saved": saved, "train_tokens": n_tokens}))
+
+
+FIXED_MMAP = "MALLOC_MMAP_THRESHOLD_=131072"
+"""glibc environment setting: every block of 128 KiB or more is its own mapping, returned to the
+OS when freed (by default the threshold grows after frees and freed blocks stay resident)."""
+
+
+def memory(args: argparse.Namespace, precision: str, fixed_mmap: bool) -> dict[str, int]:
+    """Run :func:`memory_child` in a fresh process; ``fixed_mmap`` sets :data:`FIXED_MMAP`."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    if fixed_mmap:
+        key, value = FIXED_MMAP.split("=")
+        env[key] = value
+    child = subprocess.run(
+        [sys.executable, __file__, "--memory-child", "--device", args.device, "--precision",
+         precision, "--steps", str(args.steps), "--threads", str(args.threads),
+         *(["--pack"] if args.pack else [])],
+        check=True, capture_output=True, text=True, env=env)
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pack", action="store_true", help="transformer.data.pack: true")
+    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps < 4:
+        ap.error("--steps must be at least 4 (the steady part is steps 2..N-1)")
+    if args.memory_child:
+        memory_child(args)
+        return
     torch.set_num_threads(args.threads)
-    vocab = 300
+    print(_load())
+    precisions = ["fp32", "bf16"] if args.device.startswith("cuda") else ["fp32"]
     with tempfile.TemporaryDirectory() as tmp:
-        data = write_token_data(Path(tmp), n_pieces=370, vocab_size=vocab, mean_len=1400)
-        precisions = ["fp32", "bf16"] if args.device == "cuda" else ["fp32"]
+        info, corpus = _data(Path(tmp))
         base_tps = None
         for precision in precisions:
-            cfg = TransformerStageConfig.model_validate({
-                "device": args.device, "precision": precision,
-                "train": {"max_steps": args.steps, "eval_every": 10**6, "log_every": 10**6},
-                "optim": {"warmup_steps": 1}, "checkpoint": {"every": 10**6}})
-            amp = torch.bfloat16 if precision == "bf16" else None
-            # The loop runs first so its RSS increase is not hidden by heap freed by others.
-            result, seconds, peak = loop_run(cfg, data, args.device, args.threads)
-            # Best of two baselines, so a noisy neighbour cannot flatter the loop.
-            bare = max(bare_step_tokens_per_s(cfg, vocab, args.device, args.steps, amp)
-                       for _ in range(2))
-            tps = result.tokens_this_run / seconds
-            est = estimate(vocab_size=vocab, seq_len=cfg.model.max_seq_len,
-                           n_layer=cfg.model.n_layer, n_head=cfg.model.n_head,
-                           n_embd=cfg.model.n_embd, micro_batch=cfg.train.micro_batch,
-                           precision=precision, dropout=cfg.model.dropout,
-                           attn_dropout=cfg.model.attn_dropout,
-                           device="cuda" if args.device == "cuda" else "cpu")
-            print(f"== {args.device} {precision}, {result.params['total']:,} params, "
-                  f"batch {cfg.train.micro_batch}×{cfg.model.max_seq_len}, {args.steps} steps, "
-                  f"{args.threads} threads")
-            print(f"bare step      {bare:10,.0f} tokens/s   (baseline)")
-            print(f"training loop  {tps:10,.0f} tokens/s   ratio {tps / bare:.2f}")
-            what = "CUDA max allocated" if args.device == "cuda" else "RSS increase"
-            print(f"peak memory    {peak / 2**20:10,.1f} MiB ({what}); estimate "
-                  f"{est.total_bytes / 2**20:,.1f} MiB; estimate/measured "
-                  f"{est.total_bytes / max(peak, 1):.2f}")
-            saved = activations_saved(cfg, vocab, args.device, amp)
-            print(f"activations    {saved / 2**20:10,.1f} MiB saved by autograd; estimate "
+            cfg = make_cfg(args.device, precision, args.steps, args.pack)
+            sp = speed(args, precision, info, corpus)
+            mem = memory(args, precision, fixed_mmap=False)
+            live = memory(args, precision, fixed_mmap=True)
+            m = cfg.model
+            est = estimate(vocab_size=VOCAB, seq_len=m.max_seq_len, n_layer=m.n_layer,
+                           n_head=m.n_head, n_embd=m.n_embd, micro_batch=cfg.train.micro_batch,
+                           precision=precision, dropout=m.dropout, attn_dropout=m.attn_dropout,
+                           device="cuda" if args.device.startswith("cuda") else "cpu",
+                           train_tokens=mem["train_tokens"])
+            print(f"== {args.device} {precision}, batch {cfg.train.micro_batch}×{m.max_seq_len}, "
+                  f"{args.steps} steps, {args.repeats} repeats, {args.threads} threads"
+                  f"{', packed' if args.pack else ''}")
+            print(f"bare step      {sp['bare_positions_per_s']:10,.0f} positions/s (baseline)")
+            print(f"training loop  {sp['loop_tokens_per_s']:10,.0f} tokens/s (whole call)")
+            print(f"step time      loop {sp['loop_step_s']:.3f} s, bare {sp['bare_step_s']:.3f} s"
+                  " (medians, wall)")
+            print(f"loop / bare    per step (wall): paired {sp['per_step_min']:.3f} min, "
+                  f"{sp['per_step_median']:.3f} median; fastest vs fastest "
+                  f"{sp['per_step_of_fastest']:.3f}")
+            print(f"               per step (process CPU time): paired "
+                  f"{sp['per_step_cpu_median']:.3f} median; fastest vs fastest "
+                  f"{sp['per_step_cpu_of_fastest']:.3f}")
+            print(f"               whole call (wall): {sp['whole_min']:.3f} min, "
+                  f"{sp['whole_median']:.3f} median")
+            if args.device.startswith("cuda"):
+                print(f"peak memory    {mem['peak'] / 2**20:10,.1f} MiB (CUDA max allocated); "
+                      f"estimate {est.total_bytes / 2**20:,.1f} MiB; estimate/measured "
+                      f"{est.total_bytes / max(mem['peak'], 1):.2f}")
+            else:
+                print(f"peak memory    {live['peak'] / 2**20:10,.1f} MiB (RSS increase, freed "
+                      f"tensors returned: {FIXED_MMAP}); estimate "
+                      f"{est.total_bytes / 2**20:,.1f} MiB; estimate/measured "
+                      f"{est.total_bytes / max(live['peak'], 1):.2f}")
+                print(f"               {mem['peak'] / 2**20:,.1f} MiB with glibc's default "
+                      f"allocator: +{(mem['peak'] - live['peak']) / 2**20:,.1f} MiB of freed "
+                      "pages kept resident, which the estimate does not cover")
+            print(f"activations    {mem['saved'] / 2**20:10,.1f} MiB saved by autograd; estimate "
                   f"{est.activations_bytes / 2**20:,.1f} MiB; estimate/measured "
-                  f"{est.activations_bytes / saved:.2f}")
-            if args.device == "cuda":
+                  f"{est.activations_bytes / mem['saved']:.2f}")
+            tps = sp["loop_tokens_per_s"]
+            if args.device.startswith("cuda"):
                 base_tps = base_tps or tps
                 name = torch.cuda.get_device_name()
                 peak_tf = peak_tflops(name)
@@ -171,9 +331,10 @@ def main() -> None:
                       f"{'n/a' if mfu is None else f'{100 * mfu:.2f}%'} ({name})")
             else:
                 steps_default = TransformerStageConfig().train.max_steps
-                tok = steps_default * cfg.train.micro_batch * cfg.model.max_seq_len
+                tok = steps_default * cfg.train.micro_batch * m.max_seq_len
                 print(f"default run    ~{tok / tps / 60:.1f} min of training for "
                       f"{steps_default} steps (evaluations extra)")
+    print(_load())
 
 
 if __name__ == "__main__":

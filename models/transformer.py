@@ -74,13 +74,16 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``attn_mask`` (B, 1, T, T) bool, True where a query may attend to a key; None is the
+        plain causal mask."""
         B, T, C = x.shape  # (B, T, C)
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 × (B, T, C)
         # (B, T, C) -> (B, nh, T, hs)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.attn_dropout if self.training else 0.0
+            q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None,
+            dropout_p=self.attn_dropout if self.training else 0.0,
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_drop(self.proj(y))
@@ -107,8 +110,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), attn_mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -147,20 +150,28 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
         reduction: str = "mean",
+        segments: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``idx`` (B, T) ids -> logits (B, T, V) and, given ``targets`` (B, T), the loss.
 
         ``reduction="mean"`` averages over valid positions; ``"sum"`` returns their sum (used
         to weight micro-batches by token count); ``"none"`` returns (B, T) with zeros at invalid
         positions.
+
+        ``segments`` (B, T) ints packs several pieces into a row: each maximal run of equal
+        values is one piece, which attends only to earlier positions of itself (block-diagonal
+        causal mask) and whose positions count from 0, so its logits are those of the piece alone.
         """
         T = idx.shape[1]
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
         pos = torch.arange(T, device=idx.device)  # (T,)
+        mask = None
+        if segments is not None:
+            pos, mask = segment_positions_and_mask(segments)  # (B, T), (B, 1, T, T)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
-            x = block(x)  # (B, T, C)
+            x = block(x, mask)  # (B, T, C)
         x = self.ln_f(x)
         logits = F.linear(x, self.wte.weight)  # tied output projection: (B, T, V)
         if targets is None:
@@ -169,6 +180,18 @@ class GPT(nn.Module):
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+
+def segment_positions_and_mask(segments: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) segment ids -> position of each token in its run of equal ids (B, T), and the
+    attention mask (B, 1, T, T), True where query t may see key s: s <= t in the same run."""
+    t = torch.arange(segments.shape[1], device=segments.device)
+    new = torch.ones_like(segments, dtype=torch.bool)
+    new[:, 1:] = segments[:, 1:] != segments[:, :-1]  # a run starts here
+    run_start = torch.where(new, t, 0).cummax(dim=1).values  # (B, T)
+    causal = t[None, :] <= t[:, None]  # (T, T): key s <= query t
+    same = run_start[:, :, None] == run_start[:, None, :]  # (B, T, T): same run
+    return t - run_start, (same & causal)[:, None]
 
 
 def masked_cross_entropy(

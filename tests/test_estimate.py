@@ -33,8 +33,15 @@ def test_memory_terms_and_flops():
     assert lora.optimizer_bytes < fp32.optimizer_bytes / 5
     assert fp32.flops_per_token_train == 3 * fp32.flops_per_token_forward
     assert fp32.flops_per_token_forward == 2 * fp32.params_matmul + 2 * 4 * 256 * 128
-    assert fp32.total_bytes == (fp32.weights_bytes + fp32.grads_bytes + fp32.optimizer_bytes
-                                + fp32.activations_bytes)
+    assert fp32.total_bytes == (fp32.weights_bytes + fp32.best_bytes + fp32.grads_bytes
+                                + fp32.optimizer_bytes + fp32.activations_bytes
+                                + fp32.backward_bytes + fp32.data_bytes)
+    # the loop's CPU copy of the best weights and the stream's tokens live on the host
+    assert fp32.best_bytes == 4 * fp32.params and fp32.data_bytes == 0
+    assert estimate(**kw, train_tokens=1000).data_bytes == 8000
+    cuda = estimate(**kw, device="cuda", train_tokens=1000)
+    assert cuda.best_bytes == cuda.data_bytes == 0
+    assert fp32.backward_bytes == 2 * 16 * 256 * 300 * 4  # log-softmax and logits gradients
     assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("cpu") is None
 
 

@@ -234,6 +234,25 @@ def test_a_changed_param_that_shapes_results_is_deviated(tmp_path, section, key,
     assert named in p.md_out.read_text()
 
 
+@pytest.mark.parametrize(("pack", "deviated"), [(False, False), (True, True)])
+def test_a_key_added_after_registration_deviates_only_when_it_changes_behaviour(
+        tmp_path, pack, deviated):
+    # transformer.data.pack did not exist when older registrations were written; pack: false is
+    # what those runs did, so writing it out is the same experiment
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["transformer"] = {**(data.get("transformer") or {}), "data": {"use_augmented": False}}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    data["transformer"]["data"]["pack"] = pack
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert (s.decision == "DEVIATED") is deviated
+    assert ("transformer.data.pack: registered '<absent>', now True"
+            in p.md_out.read_text()) is deviated
+
+
 def test_other_split_packages_and_edited_hash_are_deviated(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)

@@ -399,3 +399,136 @@ def test_val_windows_cover_every_target_once():
 def test_cuda_bf16_training(data, tmp_path):
     out = _run(tiny_config(device="cuda", precision="auto"), data, tmp_path)
     assert out["precision"] in {"bf16", "fp16"} and out["steps"] == 12
+
+
+# ------------------------------------------------------------------ reading steps, batches, packing
+def test_device_values_are_read_only_at_reading_steps(data, tmp_path, monkeypatch):
+    """Losses and norms are read at step 1, multiples of log_every / eval_every /
+    checkpoint.every, and the last step; the log still has every step's values."""
+    read_at = []
+    real = loop._read_pending
+
+    def spy(pending, *a, **k):
+        read_at.append(pending.rows[-1]["step"])
+        return real(pending, *a, **k)
+
+    monkeypatch.setattr(loop, "_read_pending", spy)
+    _run(tiny_config(train={"max_steps": 14, "log_every": 5}), data, tmp_path)  # eval 4, ckpt 3
+    assert read_at == [1, 3, 4, 5, 6, 8, 9, 10, 12, 14]
+    rows = (tmp_path / "log" / "seed-7.tsv").read_text().splitlines()[1:]
+    assert len(rows) == 14 and all(r.split("\t")[1] and r.split("\t")[4] for r in rows)
+
+
+def test_nan_between_reading_steps_is_caught_and_never_saved(data, tmp_path, monkeypatch):
+    """A NaN at a step that reads nothing (step 3) is found at the next reading step (4, an
+    evaluation): training stops there, before evaluating, keeping best weights or saving."""
+    calls = {"n": 0}
+    real = mt.masked_cross_entropy
+
+    def poisoned(logits, targets, loss_mask=None, reduction="mean"):
+        calls["n"] += 1
+        out = real(logits, targets, loss_mask, reduction)
+        return out * float("nan") if calls["n"] == 5 else out  # step 3's first micro-batch
+
+    saved = []
+    real_save = ckpt.save_checkpoint
+    monkeypatch.setattr(ckpt, "save_checkpoint",
+                        lambda d, step, **kw: saved.append((step, kw)) or real_save(d, step, **kw))
+    evaluated = []
+    real_eval = loop.evaluate
+    monkeypatch.setattr(loop, "evaluate", lambda *a, **k: evaluated.append(1) or real_eval(*a, **k))
+    monkeypatch.setattr(mt, "masked_cross_entropy", poisoned)
+    with pytest.raises(loop.NonFiniteError) as err:
+        _run(tiny_config(checkpoint={"every": 2}), data, tmp_path)  # reads at 1, 2, 4
+    assert "non-finite value at step 3" in str(err.value) and "step-00000002" in str(err.value)
+    assert "up to 4" in str(err.value)
+    assert [s for s, _ in saved] == [2] and evaluated == []
+    for _, kw in saved:  # nothing non-finite was ever written
+        assert all(torch.isfinite(t).all() for part in ("model", "best") for t in kw[part].values())
+    cdir = run_ckpt_dir(tmp_path / "model")
+    assert [p.name for p in ckpt.list_checkpoints(cdir)] == ["step-00000002"]
+    for f in (cdir / "step-00000002").glob("*.safetensors"):
+        assert all(torch.isfinite(t).all() for t in load_file(f).values()), f
+    assert not (tmp_path / "model" / "model.safetensors").exists()
+
+
+def test_stream_batches_equal_window_by_window_batches():
+    ex = _examples(9)
+    s = WindowStream(ex, 16, seed=5)
+    for ks in (range(0, 4), range(7, 12), range(16, 20), range(40, 41)):  # across epochs too
+        a, b = s.batch(ks, PAD), make_batch([s.window(k) for k in ks], 16, PAD)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.mask, b.mask)
+        assert a.x.dtype == b.x.dtype == torch.long
+        assert s.n_targets(ks) == b.n_valid == sum(s.n_valid(k) for k in ks)
+
+
+def test_packed_rows_hold_consecutive_windows_each_as_itself():
+    from pipeline.training.data import PackedRows
+
+    rng = np.random.default_rng(1)
+    ex = [np.concatenate([[BOS], rng.integers(3, 50, n), [EOS]]) for n in rng.integers(1, 25, 9)]
+    s = WindowStream(ex, 16, seed=5)
+    p = PackedRows(s)
+    b = p.batch(range(0, 6), PAD)
+    k = 0
+    for r in range(6):
+        assert p.start(r) == k
+        segs = b.segments[r]
+        for seg in range(int(segs.max()) + 1):
+            w = s.window(k)
+            cols = (segs == seg).nonzero()[:, 0]
+            assert cols.tolist() == list(range(int(cols[0]), int(cols[0]) + len(w) - 1))
+            assert b.x[r, cols].tolist() == w[:-1].tolist()
+            assert b.y[r, cols].tolist() == w[1:].tolist()
+            k += 1
+        pad = segs == -1
+        assert (b.x[r, pad] == PAD).all() and not b.mask[r, pad].any()
+        assert int(b.mask[r].sum()) == p.n_targets(range(r, r + 1)) <= 16
+    assert p.start(6) == k and k > 6  # several short pieces share a row
+    # pieces longer than the row: one window a row, the same batch as unpacked
+    long = [np.arange(3, 3 + 40) for _ in range(5)]
+    s2 = WindowStream(long, 16, seed=5)
+    a, u = PackedRows(s2).batch(range(3, 8), PAD), s2.batch(range(3, 8), PAD)
+    assert torch.equal(a.x, u.x) and torch.equal(a.y, u.y) and (a.segments == 0).all()
+
+
+def test_pack_enters_the_run_identity_only_when_on():
+    from pipeline.training.config import result_config
+
+    assert "pack" not in result_config(tiny_config(), 1, 1)["data"]
+    assert result_config(tiny_config(data={"pack": True}), 1, 1)["data"]["pack"] is True
+
+
+@pytest.fixture(scope="module")
+def short_data(tmp_path_factory) -> dict[str, Path]:
+    return write_token_data(tmp_path_factory.mktemp("short"), n_pieces=60, mean_len=10)
+
+
+def test_packing_cuts_padding_and_trains(short_data, tmp_path):
+    plain = _run(tiny_config(), short_data, tmp_path / "plain")
+    packed = _run(tiny_config(data={"pack": True}), short_data, tmp_path / "packed")
+    assert plain["padded_share"] > 0.5 and packed["padded_share"] < 0.25
+    assert packed["tokens"] > 2 * plain["tokens"] and packed["examples"] > 2 * plain["examples"]
+    assert packed["epochs"] == pytest.approx(packed["examples"] / packed["n_train_examples"])
+    assert packed["best_val_loss"] < math.log(64)
+    assert plain["padded_share"] == pytest.approx(1 - plain["tokens"] / (12 * 8 * 32))
+
+
+def test_packed_resume_after_kill_is_bitwise(short_data, tmp_path):
+    cfg = tiny_config(data={"pack": True})
+    _run(cfg, short_data, tmp_path / "straight")
+    info = TokenInfo.read(short_data["info"])
+    from pipeline.training.resume import checkpoint_dir
+
+    def kill(state):
+        if state.step == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(cfg, info, load_corpus(short_data["tokens"], info),
+                   checkpoint_dir(tmp_path / "resumed" / "model", cfg, info, 1, 1), threads=1,
+                   on_step=kill, echo=lambda _: None)
+    _run(cfg, short_data, tmp_path / "resumed")  # resumes from step 6, replays step 7
+    for name in ("model/model.safetensors", "train.json", "log/seed-7.tsv"):
+        assert (tmp_path / "straight" / name).read_bytes() == (
+            tmp_path / "resumed" / name).read_bytes(), name

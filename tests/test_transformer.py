@@ -102,6 +102,33 @@ def test_attention_is_causal():
     assert not torch.allclose(a[:, 10:], b[:, 10:])
 
 
+
+def test_packed_pieces_see_only_themselves():
+    """Three pieces packed in one row (plus padding) get the logits each has alone, and the summed
+    loss of the row is the sum of the pieces' losses: packing changes no number."""
+    m = _trained()
+    g = torch.Generator().manual_seed(1)
+    pieces = [torch.randint(3, V, (n,), generator=g) for n in (5, 7, 2)]
+    x = torch.full((1, T), PAD)
+    x[0, :14] = torch.cat(pieces)
+    segments = torch.tensor([[0] * 5 + [1] * 7 + [2] * 2 + [-1] * 2])
+    y = torch.full((1, T), IGNORE_INDEX)
+    y[0, :14] = torch.randint(3, V, (14,), generator=g)
+    packed, loss = m(x, y, reduction="sum", segments=segments)
+    start, alone_loss = 0, torch.zeros(())
+    for p in pieces:
+        n = len(p)
+        alone, nll = m(p[None], y[:, start : start + n], reduction="sum")
+        assert torch.allclose(packed[0, start : start + n], alone[0], atol=1e-5), n
+        start, alone_loss = start + n, alone_loss + nll
+    assert float(loss) == pytest.approx(float(alone_loss), rel=1e-5)
+    # without the segments the later pieces see the earlier ones: the test can tell
+    plain, _ = m(x)
+    assert not torch.allclose(plain[0, 5:12], packed[0, 5:12], atol=1e-3)
+    # one segment over the whole row is the plain causal model
+    same, _ = m(x, segments=torch.zeros((1, T), dtype=torch.long))
+    assert torch.allclose(same, plain, atol=1e-5)
+
 # ------------------------------------------------------------------------------------------ scorer
 def _scorer(stride=None, batch_size=32) -> TransformerScorer:
     return TransformerScorer(_trained(), bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=stride,

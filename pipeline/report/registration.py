@@ -24,6 +24,12 @@ from pipeline.core.artifacts import RESULT_PACKAGES
 from pipeline.core.config import ParamsError, parse_section
 from pipeline.report.criteria import CriteriaConfig, flatten
 from pipeline.scoring.power import pass_probability, power_summary
+from pipeline.training.config import LATER_KEYS
+
+# Params keys added after registrations existed, with the value that keeps the earlier behaviour:
+# absent from a registration and set to that value now is the same experiment, not a deviation.
+LATER_DEFAULTS = {f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.items()
+                  for k, v in keys.items()}
 
 SCHEMA_VERSION = 2
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",
@@ -150,8 +156,11 @@ def diff_flat(a: Any, b: Any, what: str) -> list[str]:
     out = []
     for k in sorted(set(fa) | set(fb)):
         x, y = fa.get(k, "<absent>"), fb.get(k, "<absent>")
+        key = f"{what}.{k}" if k else what
+        if x == "<absent>" and key in LATER_DEFAULTS and y == LATER_DEFAULTS[key] \
+                and type(y) is type(LATER_DEFAULTS[key]):
+            continue
         if x != y or type(x) is not type(y):
-            key = f"{what}.{k}" if k else what
             out.append(f"{key}: registered {x!r}, now {y!r}")
     return out
 

@@ -2,18 +2,32 @@
 
 Counts (all from the architecture; no torch needed):
 - parameters: exact, matching ``models.transformer.GPT`` (tied output projection counted once);
-- training memory: weights (fp32 master copy, plus a half-precision copy cached by autocast),
-  gradients (fp32, trainable parameters only), AdamW moments (2 × fp32), and activations saved
-  for backward per micro-batch: per block about 16·B·T·C values (LayerNorm inputs/outputs, q/k/v,
-  attention output, MLP input, GELU input and output), the attention matrix B·H·T² only when the
-  attention kernel materialises it (the math kernel, used on CPU with dropout; flash and
-  memory-efficient kernels keep O(B·H·T)), dropout masks, and the logits with their log-softmax
-  (2·B·T·V fp32);
+- training memory of one process at its peak, the start of a backward pass, as the sum of the
+  tensors alive then, each term for a stated reason:
+  - ``weights``: the fp32 master copy, plus the half-precision copy autocast caches of every
+    matmul weight (bf16/fp16);
+  - ``best``: the loop keeps the best (at first the initial) weights as a CPU fp32 copy
+    (``export_state``), so on CPU it is one more 4·P; on CUDA it lives in host memory (0 here);
+  - ``grads``: fp32, trainable parameters only (allocated during backward, freed by
+    ``zero_grad(set_to_none=True)``);
+  - ``optimizer``: AdamW's two fp32 moments per trainable parameter;
+  - ``activations``: saved for backward per micro-batch: per block about 16·B·T·C values
+    (LayerNorm inputs/outputs, q/k/v, attention output, MLP input, GELU input and output), the
+    attention matrix B·H·T² only when the kernel materialises it (the math kernel, used on CPU
+    with attention dropout; flash and memory-efficient kernels keep O(B·H·T)), dropout masks, and
+    the logits with their log-softmax (2·B·T·V fp32);
+  - ``backward``: the first tensors backward makes while all activations are still alive: the
+    gradient of the log-softmax output and of the logits (2·B·T·V fp32);
+  - ``data``: the window stream's flat int64 copy of the training tokens (8 bytes a token, on the
+    host, so counted on CPU only), when ``train_tokens`` is given.
 - FLOPs per token: forward = 2·(matmul parameters) + 2·n_layer·T·C for causal attention (each
   query sees T/2 keys on average); training = 3 × forward (backward ≈ 2 × forward).
 
-These are estimates: allocator caching, fragmentation and framework workspaces come on top.
-``benchmarks/bench_train.py`` prints estimate vs measured peak.
+Not covered, so a measured peak is higher: memory the allocator holds free but resident (glibc
+keeps freed heap pages; CUDA's caching allocator keeps freed blocks), fragmentation, library
+workspaces and thread buffers, the Python objects of the run, and short-lived buffers outside the
+training step (evaluation batches, the bytes of a checkpoint being written). ``benchmarks/
+bench_train.py`` prints estimate vs measured peak.
 """
 
 from __future__ import annotations
@@ -43,9 +57,12 @@ class Estimate:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
-    total_bytes: int
+    total_bytes: int  # weights + best + grads + optimizer + activations + backward + data
     flops_per_token_forward: float
     flops_per_token_train: float
+    best_bytes: int = 0
+    backward_bytes: int = 0
+    data_bytes: int = 0
 
 
 def count_params(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_ratio: int = 4,
@@ -64,7 +81,8 @@ def count_params(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_r
 def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd: int,
              micro_batch: int, mlp_ratio: int = 4, bias: bool = True, precision: str = "fp32",
              dropout: float = 0.0, attn_dropout: float = 0.0, trainable_fraction: float = 1.0,
-             attention: str = "auto", device: str = "cpu") -> Estimate:
+             attention: str = "auto", device: str = "cpu",
+             train_tokens: int = 0) -> Estimate:
     """Training-time memory (bytes) and FLOPs per token for one process.
 
     ``attention="auto"``: torch's CPU flash kernel has no dropout, so with attention dropout on
@@ -86,11 +104,17 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
     if dropout > 0:
         per_block += 2 * B * T * C  # bool masks (attention and MLP residual branches)
     acts = L * per_block + 2 * B * T * C * 4 + 2 * B * T * V * 4
+    on_host = device == "cpu"
+    best = 4 * p["total"] if on_host else 0
+    backward = 2 * B * T * V * 4
+    data = 8 * train_tokens if on_host else 0
     fwd = 2 * p["matmul"] + 2 * L * T * C
     return Estimate(params=p["total"], params_trainable=trainable, params_matmul=p["matmul"],
                     weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
-                    activations_bytes=acts, total_bytes=weights + grads + optim + acts,
-                    flops_per_token_forward=float(fwd), flops_per_token_train=3.0 * fwd)
+                    activations_bytes=acts,
+                    total_bytes=weights + best + grads + optim + acts + backward + data,
+                    flops_per_token_forward=float(fwd), flops_per_token_train=3.0 * fwd,
+                    best_bytes=best, backward_bytes=backward, data_bytes=data)
 
 
 def saved_activation_bytes(model, x, y) -> int:
@@ -154,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"vocab {vocab}, seq_len {args.seq_len or m.max_seq_len}, micro-batch "
           f"{args.micro_batch or cfg.train.micro_batch}, precision {precision}")
     print(f"parameters           {est.params:,} (matmul {est.params_matmul:,})")
-    for name in ("weights", "grads", "optimizer", "activations", "total"):
+    for name in ("weights", "best", "grads", "optimizer", "activations", "backward", "total"):
         print(f"{name + ' memory':<21}{_mib(getattr(est, name + '_bytes'))}")
     print(f"FLOPs/token forward  {est.flops_per_token_forward:,.0f}")
     print(f"FLOPs/token training {est.flops_per_token_train:,.0f}")

@@ -34,6 +34,7 @@ class ModelSection(StageConfig):
 class DataSection(StageConfig):
     use_augmented: bool = False
     val_max_windows: int = Field(64, ge=0)
+    pack: bool = False
 
 
 class OptimSection(StageConfig):
@@ -128,6 +129,12 @@ NON_RESULT_KEYS = {"compile": None, "checkpoint": None, "replicates": None,
                    "train": {"log_every", "max_minutes"}}
 
 
+# Keys added after runs were first hashed: they enter the run identity only when set to another
+# value than this default, so every run that leaves them alone keeps its identity (its checkpoint
+# folder and config_hash).
+LATER_KEYS = {"data": {"pack": False}}
+
+
 def result_config(cfg: TransformerStageConfig, torch_threads: int, world_size: int) -> dict:
     """The part of the configuration that determines the weights (hashed for resume)."""
     d = cfg.model_dump(mode="json")
@@ -136,4 +143,6 @@ def result_config(cfg: TransformerStageConfig, torch_threads: int, world_size: i
             d.pop(key, None)
         else:
             d[key] = {k: v for k, v in d[key].items() if k not in sub}
+    for key, defaults in LATER_KEYS.items():
+        d[key] = {k: v for k, v in d[key].items() if not (k in defaults and v == defaults[k])}
     return {**d, "torch_threads": torch_threads, "world_size": world_size}

@@ -14,6 +14,12 @@ Invariants:
   from the same epoch generator. Token order inside a piece is never changed.
 - Padding: inputs are padded with ``pad_id``; padded targets are ``IGNORE_INDEX`` and the mask is
   false there, so padding never reaches the loss.
+- Packing (``transformer.data.pack``, :class:`PackedRows`): a training row holds consecutive
+  windows of the same stream while their targets fit; optimiser step ``s`` then consumes rows
+  ``[s·E, (s+1)·E)`` instead of windows, and the batch's ``segments`` keep each window to itself.
+- Batches are gathered from one flat array of the training tokens by index arithmetic
+  (:meth:`WindowStream.batch`, :meth:`PackedRows.batch`); validation batches, built once per
+  evaluation, use :func:`make_batch` over a list of windows.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class Batch:
     x: torch.Tensor  # (B, T) input ids, pad_id after the end of each window
     y: torch.Tensor  # (B, T) target ids, IGNORE_INDEX where padded
     mask: torch.Tensor  # (B, T) bool, True where the target counts
+    segments: torch.Tensor | None = None  # (B, T) packed rows: piece index in the row, -1 = pad
 
     @property
     def n_valid(self) -> int:
@@ -108,7 +115,12 @@ def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: int) -> Batch:
 
 
 class WindowStream:
-    """The endless, seeded stream of training windows (see the module docstring)."""
+    """The endless, seeded stream of training windows (see the module docstring).
+
+    The examples are also held as one flat int64 array (``flat``, with ``starts`` and
+    ``lengths``), so a batch is gathered by index arithmetic (:meth:`batch`) instead of a Python
+    loop over windows; :meth:`window` and :meth:`position` give the same windows one at a time.
+    """
 
     def __init__(self, examples: list[np.ndarray], seq_len: int, seed: int) -> None:
         if not examples:
@@ -116,6 +128,9 @@ class WindowStream:
         self.examples = examples
         self.seq_len = seq_len
         self.seed = seed
+        self.lengths = np.array([len(e) for e in examples], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+        self.flat = np.concatenate(examples).astype(np.int64, copy=False)
         self._plans: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -129,22 +144,131 @@ class WindowStream:
             self._plans = {epoch: (perm, u)}  # keep one epoch: memory stays O(n)
         return self._plans[epoch]
 
+    def positions(self, ks: range) -> tuple[np.ndarray, np.ndarray]:
+        """Stream positions ``ks`` (a contiguous range) -> (example indices, window offsets)."""
+        k = np.arange(ks.start, ks.stop, dtype=np.int64)
+        epoch, j = np.divmod(k, len(self.examples))
+        ex = np.empty(len(k), dtype=np.int64)
+        u = np.empty(len(k), dtype=np.float64)
+        for e in np.unique(epoch).tolist():  # one epoch, or two across a boundary
+            sel = epoch == e
+            perm, uu = self._plan(e)
+            ex[sel] = perm.numpy()[j[sel]]
+            u[sel] = uu.numpy()[j[sel]]
+        span = self.lengths[ex] - (self.seq_len + 1)  # offsets 0..span are valid
+        # float64 product truncated toward zero: the same value as int(float(u) * (span + 1))
+        off = np.where(span > 0, (u * (span + 1)).astype(np.int64), 0)
+        return ex, off
+
     def position(self, k: int) -> tuple[int, int]:
         """Stream position ``k`` -> (example index, window offset)."""
-        epoch, j = divmod(k, len(self.examples))
-        perm, u = self._plan(epoch)
-        ex = int(perm[j])
-        span = len(self.examples[ex]) - (self.seq_len + 1)  # offsets 0..span are valid
-        return ex, int(float(u[j]) * (span + 1)) if span > 0 else 0
+        ex, off = self.positions(range(k, k + 1))
+        return int(ex[0]), int(off[0])
 
     def window(self, k: int) -> np.ndarray:
         ex, off = self.position(k)
         return self.examples[ex][off : off + self.seq_len + 1]
 
+    def targets(self, ks: range) -> np.ndarray:
+        """Targets of each window at positions ``ks``: ``min(len - off, T + 1) - 1``, at least 1."""
+        ex, off = self.positions(ks)
+        return np.minimum(self.lengths[ex] - off, self.seq_len + 1) - 1
+
     def n_valid(self, k: int) -> int:
         """Targets counted by the window at ``k`` (computed from lengths, no tensors)."""
-        ex, _ = self.position(k)
-        return min(len(self.examples[ex]) - 1, self.seq_len)
+        return int(self.targets(range(k, k + 1))[0])
+
+    def n_targets(self, ks: range) -> int:
+        """Targets counted by the windows at positions ``ks`` together."""
+        return int(self.targets(ks).sum())
+
+    def batch(self, ks: range, pad_id: int) -> Batch:
+        """The windows at positions ``ks`` as one padded batch, equal to
+        ``make_batch([self.window(k) for k in ks], seq_len, pad_id)``."""
+        ex, off = self.positions(ks)
+        n = np.minimum(self.lengths[ex] - off, self.seq_len + 1) - 1  # (B,) targets per row
+        col = np.arange(self.seq_len)
+        src = (self.starts[ex] + off)[:, None] + col[None, :]  # (B, T) index of each input
+        valid = col[None, :] < n[:, None]  # (B, T)
+        last = len(self.flat) - 1
+        x = np.where(valid, self.flat[np.minimum(src, last)], pad_id)
+        y = np.where(valid, self.flat[np.minimum(src + 1, last)], IGNORE_INDEX)
+        return Batch(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(valid))
+
+
+class PackedRows:
+    """Training rows packed with several windows (``transformer.data.pack``).
+
+    Row ``r`` holds the consecutive stream windows at positions ``[start(r), start(r + 1))``:
+    windows are taken in stream order while their targets fit in the row's ``seq_len`` positions
+    (a window that does not fit opens the next row; every row holds at least one). So the order
+    of examples and each window are those of :class:`WindowStream`; only how many share a row
+    changes. Row boundaries are a pure function of the stream, found by scanning from row 0
+    (resuming at step ``s`` re-scans the lengths of the rows before it; no tensors involved).
+
+    In a row, each window keeps its own inputs and targets; ``segments`` numbers the windows
+    (``-1`` on padding), which the model turns into a block-diagonal causal mask and positions
+    restarting at each window, so a piece sees only itself.
+    """
+
+    CHUNK = 4096  # window lengths computed per scan
+
+    def __init__(self, stream: WindowStream) -> None:
+        self.stream = stream
+        self._starts = [0]  # _starts[r]: first stream position of row r
+        self._used: list[int] = []  # targets in row r
+        self._buf_start, self._buf = 0, np.zeros(0, dtype=np.int64)
+
+    def _n(self, k: int) -> int:
+        if not self._buf_start <= k < self._buf_start + len(self._buf):
+            self._buf_start = k
+            self._buf = self.stream.targets(range(k, k + self.CHUNK))
+        return int(self._buf[k - self._buf_start])
+
+    def _scan(self, rows: int) -> None:
+        """Find the boundaries of rows ``0..rows-1``."""
+        T = self.stream.seq_len
+        while len(self._used) < rows:
+            k, used = self._starts[-1], 0
+            while used < T:
+                nk = self._n(k)
+                if used and used + nk > T:
+                    break
+                used, k = used + nk, k + 1
+            self._starts.append(k)
+            self._used.append(used)
+
+    def start(self, row: int) -> int:
+        """First stream position of row ``row`` (= examples consumed by the rows before it)."""
+        self._scan(row)
+        return self._starts[row]
+
+    def n_targets(self, rows: range) -> int:
+        self._scan(rows.stop)
+        return sum(self._used[rows.start : rows.stop])
+
+    def batch(self, rows: range, pad_id: int) -> Batch:
+        """Rows ``rows`` (a contiguous range) -> x, y, mask, segments (B, T)."""
+        self._scan(rows.stop)
+        T, s = self.stream.seq_len, self.stream
+        first, stop = self._starts[rows.start], self._starts[rows.stop]
+        ex, off = s.positions(range(first, stop))
+        n = np.minimum(s.lengths[ex] - off, T + 1) - 1  # (W,) targets of each window
+        bounds = np.asarray(self._starts[rows.start : rows.stop + 1]) - first
+        row = np.repeat(np.arange(len(rows)), np.diff(bounds))  # (W,) row of each window
+        seg = np.arange(len(n)) - bounds[row]  # (W,) index of the window in its row
+        ends = np.cumsum(n)
+        col0 = ends - n - (ends - n)[bounds[row]]  # (W,) first column of each window
+        win = np.repeat(np.arange(len(n)), n)  # (N,) window of each placed target
+        i = np.arange(int(ends[-1])) - np.repeat(ends - n, n)  # (N,) index inside the window
+        r, c = row[win], col0[win] + i
+        src = s.starts[ex][win] + off[win] + i
+        x = np.full((len(rows), T), pad_id, dtype=np.int64)
+        y = np.full((len(rows), T), IGNORE_INDEX, dtype=np.int64)
+        segments = np.full((len(rows), T), -1, dtype=np.int64)
+        x[r, c], y[r, c], segments[r, c] = s.flat[src], s.flat[src + 1], seg[win]
+        return Batch(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(y != IGNORE_INDEX),
+                     torch.from_numpy(segments))
 
 
 @dataclass(frozen=True)

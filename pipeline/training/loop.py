@@ -8,11 +8,22 @@ One optimiser step (:func:`_train_step`), in order:
    are weighted by tokens (the factor ``world_size`` undoes DDP's gradient averaging); backward,
    with DDP's all-reduce only on the last micro-batch (``no_sync`` before);
 3. unscale (fp16), clip the gradient norm (always measured: it is logged every step);
-4. stop on a non-finite loss or gradient norm, before the optimiser can spread it to the weights;
+4. note the step's loss and gradient norm, still on the device (:class:`Pending`);
 5. optimiser step, ``zero_grad(set_to_none=True)``, schedule step.
 
 Around it (:func:`_train`): counters and stop rules, validation every ``train.eval_every`` steps
 (best weights kept, early stopping), a log line, a checkpoint every ``checkpoint.every`` steps.
+
+Reading steps. A step reads device values (which waits for the device) only when it has to: at
+step 1, at multiples of ``train.log_every``, ``train.eval_every`` and ``checkpoint.every``, and at
+the last step. There the losses and gradient norms of every step since the previous reading step
+are read at once, filling their log rows, and the non-finite guard runs: if any of those steps had
+a NaN/inf loss (or gradient norm, without a grad scaler) training stops with
+:class:`NonFiniteError` naming the first such step, *before* anything is evaluated or saved. So
+no checkpoint and no best weights ever come from a state that went through a non-finite step;
+the steps between it and the reading step ran, but their state is discarded. Everything the loop
+decides in between (token counts, stop rules, the learning rate) comes from lengths and counters
+on the host.
 
 Set-up lives beside this module: where the process runs (``device``), the model, optimiser and
 schedule (``setup``), which checkpoint to continue from (``resume``). A checkpoint holds everything
@@ -43,7 +54,15 @@ from models.transformer import export_state
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.config import CheckpointSection, TrainSection, TransformerStageConfig
-from pipeline.training.data import Batch, Corpus, Shard, WindowStream, make_batch, val_windows
+from pipeline.training.data import (
+    Batch,
+    Corpus,
+    PackedRows,
+    Shard,
+    WindowStream,
+    make_batch,
+    val_windows,
+)
 from pipeline.training.device import DistInfo, TrainDevice, make_device
 from pipeline.training.resume import fingerprint, gather_rng, open_resume, restore_rng
 from pipeline.training.setup import build_model, make_optimizer, make_scheduler
@@ -67,7 +86,7 @@ class TrainState:
     evals_since_best: int = 0
     stop_reason: str | None = None
     skipped_steps: int = 0  # fp16 steps skipped by the grad scaler (inf/NaN gradients)
-    log: list[dict[str, Any]] = field(default_factory=list)
+    log: list[dict[str, Any]] = field(default_factory=list)  # rows are filled at reading steps
 
 
 @dataclass
@@ -89,6 +108,17 @@ class TrainResult:
     tokens_this_run: int
     n_train_examples: int
     n_val_windows: int
+    examples: int  # training examples (windows) consumed, all ranks
+    padded_share: float | None  # padded positions among the training positions seen
+
+
+@dataclass
+class Pending:
+    """Steps since the last reading step: their log rows and device values, read together."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)  # per step: (nll_sum, grad_norm)
+    n_targets: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,15 +126,31 @@ class Batches:
     """Where each step's examples come from."""
 
     stream: WindowStream  # the seeded, endless stream of training windows
-    shard: Shard  # this rank's slice of each optimiser step
+    shard: Shard  # this rank's slice of each optimiser step (its rows)
     val: list[np.ndarray]  # validation windows, fixed
     seq_len: int  # T
     pad_id: int
+    packed: PackedRows | None = None  # transformer.data.pack: rows of several windows
 
     def micro_batch(self, step: int, micro: int) -> Batch:
-        """This rank's micro-batch ``micro`` of optimiser step ``step``: x, y, mask (B, T)."""
-        windows = [self.stream.window(k) for k in self.shard.micro_positions(step, micro)]
-        return make_batch(windows, self.seq_len, self.pad_id)
+        """This rank's micro-batch ``micro`` of optimiser step ``step``: x, y, mask (B, T)
+        (and segments when packed)."""
+        rows = self.shard.micro_positions(step, micro)
+        if self.packed is not None:
+            return self.packed.batch(rows, self.pad_id)
+        return self.stream.batch(rows, self.pad_id)
+
+    def n_targets(self, step: int) -> int:
+        """Valid targets of optimiser step ``step``, all ranks (from lengths, no tensors)."""
+        rows = self.shard.step_positions(step)
+        if self.packed is not None:
+            return self.packed.n_targets(rows)
+        return self.stream.n_targets(rows)
+
+    def examples(self, steps: int) -> int:
+        """Training windows consumed by the first ``steps`` optimiser steps, all ranks."""
+        rows = steps * self.shard.effective_batch
+        return rows if self.packed is None else self.packed.start(rows)
 
 
 @dataclass(frozen=True)
@@ -125,8 +171,8 @@ class Parts:
 
 @dataclass(frozen=True)
 class StepStats:
-    loss: float  # mean NLL per valid target over the whole step (all micro-batches, all ranks)
-    grad_norm: float  # before clipping
+    nll_sum: torch.Tensor  # summed NLL over valid targets of the step (all ranks), on the device
+    grad_norm: torch.Tensor  # before clipping, on the device
     lr: float
     n_tokens: int  # valid targets in the step, all ranks
     skipped: bool  # fp16: the grad scaler skipped the update (inf/NaN gradients)
@@ -186,32 +232,42 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
     # The loop: one optimiser step, then the bookkeeping around it.
     last_ckpt = None if resume.checkpoint is None else resume.checkpoint.path
     start_step, start_tokens, guard_fired = state.step, state.tokens, False
+    pending = Pending()
     t_train = time.perf_counter()
     while state.stop_reason is None:
         if state.step >= tr.max_steps:  # a finished run, resumed: nothing left to do
             state.stop_reason = "max_steps"
             break
-        s = _train_step(m, data, state.step, dev, cfg.optim.grad_clip, last_ckpt)
+        s = _train_step(m, data, state.step, dev, cfg.optim.grad_clip)
         state.step += 1
         state.tokens += s.n_tokens
         state.skipped_steps += int(s.skipped)
-        row = {"step": state.step, "train_loss": s.loss, "val_loss": None, "lr": s.lr,
-               "grad_norm": s.grad_norm}
+        row = {"step": state.step, "train_loss": None, "val_loss": None, "lr": s.lr,
+               "grad_norm": None}
+        state.log.append(row)
+        pending.rows.append(row)
+        pending.values.append(torch.stack([s.nll_sum, s.grad_norm.float()]))
+        pending.n_targets.append(s.n_tokens)
         state.stop_reason = _length_rule(state, tr)
         if state.stop_reason is None and _out_of_time(t0, tr.max_minutes, dev):
             state.stop_reason, guard_fired = "wall_clock", True
+        if not (state.stop_reason or state.step == 1 or state.step % tr.log_every == 0
+                or state.step % tr.eval_every == 0 or state.step % cfg.checkpoint.every == 0):
+            on_step(state)
+            continue
+        # A reading step: fill the pending rows, stop on a non-finite step before any use.
+        _read_pending(pending, dev, last_ckpt)
         # No extra evaluation at a wall-clock pause: the resumed run must match an unpaused one.
         if state.step % tr.eval_every == 0 or state.stop_reason in ("max_steps", "max_tokens"):
             row["val_loss"] = evaluate(m.model, data.val, data.seq_len, data.pad_id, dev,
                                        2 * tr.micro_batch)
             if _track_best(state, row["val_loss"], tr.patience):
                 best = export_state(m.model)
-        state.log.append(row)
         if state.step % tr.log_every == 0 or state.stop_reason or state.step == 1:
             tok_s = (state.tokens - start_tokens) / max(time.perf_counter() - t_train, 1e-9)
             echo(_log_line(state, row, tr.max_steps, data, tok_s))
         if state.step % cfg.checkpoint.every == 0 or state.stop_reason:
-            last_ckpt = _save(ckpt_dir, state, m, best, fp, dev, data.shard,
+            last_ckpt = _save(ckpt_dir, state, m, best, fp, dev, data,
                               cfg.checkpoint) or last_ckpt
         on_step(state)
 
@@ -223,42 +279,36 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
         reproducible=not guard_fired, resumed_from=resume.resumed_from,
         seconds=time.perf_counter() - t0, steps_this_run=state.step - start_step,
         tokens_this_run=state.tokens - start_tokens, n_train_examples=len(data.stream),
-        n_val_windows=len(data.val))
+        n_val_windows=len(data.val), examples=data.examples(state.step),
+        padded_share=_padded_share(state, data))
 
 
-def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: float,
-                last_ckpt: Path | None) -> StepStats:
-    """Optimiser step ``step`` (0-based), in the order of the module docstring."""
+def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: float) -> StepStats:
+    """Optimiser step ``step`` (0-based), in the order of the module docstring. Reads nothing
+    from the device (but the fp16 grad scaler does, to decide whether to skip the update)."""
     # 1. The learning rate: the schedule set it when the previous step ended.
     lr = m.sched.get_last_lr()[0]
     # 2. Forward and backward, micro-batch by micro-batch; the loss is divided by the step's
     # global count of valid targets (not by grad_accum: micro-batches hold different counts).
-    n_global = sum(data.stream.n_valid(k) for k in data.shard.step_positions(step))
+    n_global = data.n_targets(step)
     nll_sum = torch.zeros((), device=dev.device)  # this rank's summed NLL, for the log
     for micro in range(data.shard.grad_accum):
         b = data.micro_batch(step, micro)  # x, y, mask: (B, T)
         last = micro == data.shard.grad_accum - 1
+        packed = {} if b.segments is None else {"segments": b.segments.to(dev.device)}
         with _no_sync(m.ddp, not last):
             with dev.autocast():
                 _, nll = m.fwd(b.x.to(dev.device), b.y.to(dev.device), b.mask.to(dev.device),
-                               reduction="sum")
+                               reduction="sum", **packed)
             m.scaler.scale(nll * (data.shard.world_size / n_global)).backward()
         nll_sum += nll.detach().float()
     if m.ddp is not None:
         tdist.all_reduce(nll_sum)
-    loss = float(nll_sum) / n_global
     # 3. Unscale and clip.
     if m.scaler.is_enabled():
         m.scaler.unscale_(m.opt)  # clip the true gradients, not the scaled ones
-    gnorm = float(torch.nn.utils.clip_grad_norm_(m.trainable, clip if clip > 0 else math.inf))
-    # 4. Stop on NaN/inf. fp16 overflow is the grad scaler's to handle (it skips the update
-    # and lowers the scale), so only the loss counts there.
-    if not math.isfinite(loss) or (not math.isfinite(gnorm) and not m.scaler.is_enabled()):
-        where = f"last good checkpoint: {last_ckpt}" if last_ckpt else "no checkpoint written yet"
-        raise NonFiniteError(
-            f"non-finite value at step {step + 1}: train loss {loss}, grad norm {gnorm}; stopped "
-            f"without saving ({where}). Usual causes: learning rate too high, fp16 overflow "
-            "(try precision: bf16 or fp32), or bad token ids (run `symkit doctor`).")
+    gnorm = torch.nn.utils.clip_grad_norm_(m.trainable, clip if clip > 0 else math.inf)
+    # 4. The loss and norm stay on the device until the next reading step (:func:`_read_pending`).
     # 5. Update, clear the gradients, move the schedule on.
     scale_before = m.scaler.get_scale() if m.scaler.is_enabled() else None
     m.scaler.step(m.opt)
@@ -266,7 +316,34 @@ def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: floa
     skipped = m.scaler.is_enabled() and m.scaler.get_scale() < scale_before
     m.opt.zero_grad(set_to_none=True)
     m.sched.step()  # sets the next step's lr
-    return StepStats(loss, gnorm, lr, n_global, skipped)
+    return StepStats(nll_sum, gnorm, lr, n_global, skipped)
+
+
+def _read_pending(p: Pending, dev: TrainDevice, last_ckpt: Path | None) -> None:
+    """Read the pending steps' losses and norms in one transfer, fill their log rows, and stop on
+    the first non-finite step. fp16 overflow is the grad scaler's to handle (it skips the update
+    and lowers the scale), so only the loss counts there."""
+    values = torch.stack(p.values).tolist() if p.values else []
+    rows, n_targets = p.rows, p.n_targets
+    p.rows, p.values, p.n_targets = [], [], []
+    for row, (nll_sum, gnorm), n in zip(rows, values, n_targets, strict=True):
+        row["train_loss"], row["grad_norm"] = nll_sum / n, gnorm
+    for row in rows:
+        loss, gnorm = row["train_loss"], row["grad_norm"]
+        if not math.isfinite(loss) or (not math.isfinite(gnorm) and not dev.use_scaler):
+            where = (f"last good checkpoint: {last_ckpt}" if last_ckpt
+                     else "no checkpoint written yet")
+            raise NonFiniteError(
+                f"non-finite value at step {row['step']}: train loss {loss}, grad norm {gnorm}; "
+                f"stopped without saving ({where}; steps up to {rows[-1]['step']} ran and were "
+                "discarded). Usual causes: learning rate too high, fp16 overflow (try precision: "
+                "bf16 or fp32), or bad token ids (run `symkit doctor`).")
+
+
+def _padded_share(state: TrainState, data: Batches) -> float | None:
+    """Padded positions among the training positions seen (rows × T), all ranks."""
+    positions = state.step * data.shard.effective_batch * data.seq_len
+    return 1.0 - state.tokens / positions if positions else None
 
 
 @torch.no_grad()
@@ -277,15 +354,18 @@ def evaluate(model: nn.Module, windows: list[np.ndarray], seq_len: int, pad_id: 
         return None
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    sums = []
     for b0 in range(0, len(windows), batch_size):
         batch = make_batch(windows[b0 : b0 + batch_size], seq_len, pad_id)
         with dev.autocast():
             _, nll = model(batch.x.to(dev.device), batch.y.to(dev.device),
                            batch.mask.to(dev.device), reduction="sum")
-        total += float(nll)
-        count += batch.n_valid
+        sums.append(nll.float())
     model.train(was_training)
+    total = 0.0
+    for value in torch.stack(sums).tolist():  # one read; summed in float64 in batch order
+        total += value
+    count = sum(len(w) - 1 for w in windows)
     return total / max(count, 1)
 
 
@@ -293,11 +373,13 @@ def evaluate(model: nn.Module, windows: list[np.ndarray], seq_len: int, pad_id: 
 def _batches(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus,
              dist: DistInfo) -> Batches:
     T = cfg.model.max_seq_len
-    return Batches(stream=WindowStream(corpus.train, T, cfg.seed),
+    stream = WindowStream(corpus.train, T, cfg.seed)
+    return Batches(stream=stream,
                    shard=Shard(dist.rank, dist.world_size, cfg.train.micro_batch,
                                cfg.train.grad_accum),
                    val=val_windows(corpus.val, T, cfg.data.val_max_windows),
-                   seq_len=T, pad_id=info.pad_id)
+                   seq_len=T, pad_id=info.pad_id,
+                   packed=PackedRows(stream) if cfg.data.pack else None)
 
 
 def _restore(c: ckpt.Checkpoint, model: nn.Module, opt: torch.optim.Optimizer,
@@ -342,6 +424,8 @@ def _out_of_time(t0: float, max_minutes: float | None, dev: TrainDevice) -> bool
     """The wall-clock guard; ranks agree, so they all stop at the same step."""
     if max_minutes is None:
         return False
+    if dev.dist.world_size == 1:  # nothing to agree on: no tensor, no device read
+        return time.perf_counter() - t0 > 60 * max_minutes
     over = torch.tensor(float(time.perf_counter() - t0 > 60 * max_minutes),
                         device=dev.comm_device)
     if dev.dist.world_size > 1:
@@ -367,7 +451,7 @@ def _log_line(state: TrainState, row: dict[str, Any], max_steps: int, data: Batc
               tok_s: float) -> str:
     loss, val = row["train_loss"], row["val_loss"]
     val_txt = "" if val is None else f" | val {val:.4f} (ppl {math.exp(min(val, 50)):.2f})"
-    examples = state.step * data.shard.effective_batch
+    examples = data.examples(state.step)
     return (f"step {state.step}/{max_steps} | examples {examples} | epoch "
             f"{examples / len(data.stream):.2f} | tokens {state.tokens}"
             f" | loss {loss:.4f} (ppl {math.exp(min(loss, 50)):.2f}){val_txt} | lr {row['lr']:.2e}"
@@ -375,7 +459,7 @@ def _log_line(state: TrainState, row: dict[str, Any], max_steps: int, data: Batc
 
 
 def _save(ckpt_dir: Path, state: TrainState, m: Parts, best: Weights, fp: dict[str, Any],
-          dev: TrainDevice, shard: Shard, policy: CheckpointSection) -> Path | None:
+          dev: TrainDevice, data: Batches, policy: CheckpointSection) -> Path | None:
     """Checkpoint after step ``state.step``: every rank gives its RNG state, rank 0 writes.
     Returns the folder on rank 0, None on the others."""
     rng = gather_rng(dev)
@@ -385,6 +469,6 @@ def _save(ckpt_dir: Path, state: TrainState, m: Parts, best: Weights, fp: dict[s
         ckpt_dir, state.step, model=export_state(m.model), best=best,
         optimizer=m.opt.state_dict(), rng=rng, keep_last=policy.keep_last,
         state={**fp, "train_state": asdict(state), "scheduler": m.sched.state_dict(),
-               "data_position": state.step * shard.effective_batch,  # next stream position
+               "data_position": data.examples(state.step),  # next stream position
                "scaler": m.scaler.state_dict() if dev.use_scaler else {},
                "model_config": m.model.config.to_dict()})

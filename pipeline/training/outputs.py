@@ -70,10 +70,11 @@ def summarise(tr: TrainSection, info: TokenInfo, corpus: Corpus,
     last = s.log[-1] if s.log else {}
     return {
         "steps": s.step,
-        "examples": s.step * eff,
-        "epochs": s.step * eff / max(1, r.n_train_examples),
+        "examples": r.examples,
+        "epochs": r.examples / max(1, r.n_train_examples),
         "tokens": s.tokens,
         "effective_batch": eff,
+        "padded_share": r.padded_share,
         "stop_reason": s.stop_reason,
         "reproducible": r.reproducible,
         "best_step": s.best_step,

@@ -9,6 +9,7 @@ scheduling. ``workers=1`` still uses one worker process, keeping the same isolat
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -46,7 +47,8 @@ def isolated_map(
         return []
     # max_tasks bounds memory growth in long runs; a crashed worker is replaced by pebble.
     with ProcessPool(
-        max_workers=workers, max_tasks=2000, initializer=initializer, initargs=initargs
+        max_workers=workers, max_tasks=2000, initializer=_start_worker,
+        initargs=(initializer, initargs)
     ) as pool:
         futures = {
             pool.schedule(fn, args=(item,), timeout=timeout_s): i for i, item in enumerate(items)
@@ -65,6 +67,15 @@ def isolated_map(
             bar.update(1)
         bar.close()
     return results  # type: ignore[return-value]
+
+
+def _start_worker(initializer: Callable[..., Any] | None, initargs: tuple) -> None:
+    """Worker start: the objects inherited from the parent at fork are never garbage here, so
+    the collector is kept off them (``gc.freeze``); otherwise every full collection walks the
+    parent's whole heap and touches its pages (copying them). Then the caller's initializer."""
+    gc.freeze()
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def chunked(items: Sequence[T], size: int) -> list[Sequence[T]]:

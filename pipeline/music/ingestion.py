@@ -9,29 +9,42 @@ Outputs of :func:`run` (the ingest stage's paths)
 - ``data/notes.parquet``: the note content of every ``ok`` file (see ``NOTES_SCHEMA``).
 - ``reports/ingest.json``: counts by status and reason.
 
-Parsing runs in worker processes (pebble): a file that crashes or hangs the parser costs only its
-own row (``crash`` / ``timeout``). Files are sent in chunks for speed; a chunk that dies is retried
-one file at a time so that only the guilty file is quarantined. Output does not depend on the
-number of workers.
+Each file is read once, in a worker process (pebble): the worker hashes its bytes and parses them,
+so a file that crashes or hangs the parser costs only its own row (``crash`` / ``timeout``).
+Files are sent in chunks and come back as columns (a few arrays per chunk); a chunk that dies is
+retried one file at a time so that only the guilty file is quarantined. The parent only lists and
+stats the files (``empty_file`` and ``too_large`` are judged from the size), resolves exact
+duplicates in path order and writes the tables. Output does not depend on the number of workers.
+
+With a cache folder (the stage's ``--cache-dir``), each finished result is also stored by the
+file's sha256 (:class:`ResultCache`) and a later run parses only files whose bytes it has not seen
+under the same settings and code; timeouts and crashes are never stored. Outputs are the same
+with a cold, warm or missing cache.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import os
 from collections import Counter
 from dataclasses import dataclass
+from importlib.metadata import version as package_version
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig
-from pipeline.core.parallel import ItemFailure, chunked, isolated_map
+from pipeline.core.parallel import ItemFailure, isolated_map
+from pipeline.music import midi
 from pipeline.music.midi import (
     NOTE_COLUMNS,
-    list_midi_files,
+    list_midi_paths,
     looks_like_midi,
     max_gap_beats,
     note_hash,
@@ -50,7 +63,6 @@ REASONS = {
     "timeout": "parsing took longer than ingest.timeout_s seconds",
     "crash": "the parser killed its worker process",
 }
-CHUNK = 32  # files per task: amortises process round-trips; failures are retried one by one
 
 MANIFEST_SCHEMA = pa.schema(
     [
@@ -104,8 +116,14 @@ class IngestSummary:
 
 # --------------------------------------------------------------------------- per-file work
 def inspect_file(path: str, cfg: IngestConfig) -> dict:
-    """Parse one file and apply the limits. Runs in a worker; returns a plain dict."""
-    data = Path(path).read_bytes()
+    """Read, parse and judge one file (see :func:`inspect_bytes`)."""
+    return inspect_bytes(Path(path).read_bytes(), cfg)
+
+
+def inspect_bytes(data: bytes, cfg: IngestConfig) -> dict:
+    """Parse one file's bytes and apply the limits. Returns a plain dict: ``reason`` and
+    ``detail`` ('' when the file is ok), the parsed facts when it parsed, and ``note_hash`` and
+    ``notes`` when it is ok."""
     if not looks_like_midi(data):
         return {"reason": "not_midi", "detail": f"starts with {data[:8]!r}"}
     try:
@@ -138,45 +156,340 @@ def inspect_file(path: str, cfg: IngestConfig) -> dict:
     return row
 
 
-def _inspect_chunk(task: tuple[list[str], IngestConfig]) -> list[dict]:
-    paths, cfg = task
-    return [inspect_file(p, cfg) for p in paths]
+def _no_notes(col: str) -> np.ndarray:
+    return np.zeros(0, NOTES_SCHEMA.field(col).type.value_type.to_pandas_dtype())
 
 
-def _inspect_one(task: tuple[str, IngestConfig]) -> dict:
-    return inspect_file(*task)
+# What became of each file in a worker.
+HASHED = 0  # hashed only: empty or larger than max_file_bytes (judged by the parent)
+CACHED = 1  # its sha256 has a cached result: not parsed
+INSPECTED = 2  # parsed and judged by inspect_bytes
+FAILED = 3  # its worker crashed, hung or raised: quarantined, never cached
+
+INT_FACTS = ("n_notes", "n_tracks", "tpq")
+FLOAT_FACTS = ("duration_s", "duration_beats")
 
 
-def inspect_all(paths: list[str], cfg: IngestConfig, workers: int, show_progress) -> list[dict]:
-    """``inspect_file`` for every path, in order, isolating crashes and hangs."""
-    chunks = chunked(paths, CHUNK)
-    results = isolated_map(
-        _inspect_chunk,
-        [(list(c), cfg) for c in chunks],
-        workers=workers,
-        timeout_s=cfg.timeout_s * CHUNK,
-        desc="ingest",
-        show_progress=show_progress,
-    )
-    out: list[dict] = []
-    for chunk, res in zip(chunks, results, strict=True):
-        if not isinstance(res, ItemFailure):
-            out.extend(res)
-            continue
-        # Retry the chunk one file at a time so only the guilty file is quarantined.
-        singles = isolated_map(
-            _inspect_one,
-            [(p, cfg) for p in chunk],
-            workers=workers,
-            timeout_s=cfg.timeout_s,
-            show_progress=False,
+@dataclass
+class Results:
+    """Per-file results as columns, in file order: a worker returns one per chunk (a few arrays
+    and string lists cross the process boundary, not a dict per file), the parent joins them.
+    ``parsed`` marks rows whose facts (``ints``: INT_FACTS, ``floats``: FLOAT_FACTS) are set;
+    ``counts`` is the number of notes kept (0 unless the file is ok) and ``notes`` the kept notes
+    of all rows, concatenated in row order."""
+
+    sha256: list[str]
+    state: np.ndarray
+    reason: list[str]
+    detail: list[str]
+    note_hash: list[str]
+    parsed: np.ndarray
+    ints: np.ndarray
+    floats: np.ndarray
+    counts: np.ndarray
+    notes: dict[str, np.ndarray]
+
+    @classmethod
+    def empty(cls, n: int) -> Results:
+        return cls([""] * n, np.zeros(n, np.int8), [""] * n, [""] * n, [""] * n,
+                   np.zeros(n, bool), np.zeros((n, len(INT_FACTS)), np.int64),
+                   np.zeros((n, len(FLOAT_FACTS)), np.float64), np.zeros(n, np.int64),
+                   {c: _no_notes(c) for c in NOTE_COLUMNS})
+
+    def set(self, k: int, r: dict) -> None:
+        """Row ``k`` from :func:`inspect_bytes`' dict (its notes are set by the caller)."""
+        self.reason[k], self.detail[k] = r["reason"], r["detail"]
+        self.note_hash[k] = r.get("note_hash", "")
+        if "n_notes" in r:
+            self.parsed[k] = True
+            self.ints[k] = [r[c] for c in INT_FACTS]
+            self.floats[k] = [r[c] for c in FLOAT_FACTS]
+
+    @classmethod
+    def concat(cls, parts: list[Results]) -> Results:
+        if not parts:
+            return cls.empty(0)
+        return cls(
+            [h for p in parts for h in p.sha256],
+            np.concatenate([p.state for p in parts]),
+            [v for p in parts for v in p.reason],
+            [v for p in parts for v in p.detail],
+            [v for p in parts for v in p.note_hash],
+            np.concatenate([p.parsed for p in parts]),
+            np.concatenate([p.ints for p in parts]),
+            np.concatenate([p.floats for p in parts]),
+            np.concatenate([p.counts for p in parts]),
+            {c: np.concatenate([p.notes[c] for p in parts]) for c in NOTE_COLUMNS},
         )
-        for r in singles:
-            if isinstance(r, ItemFailure):
-                kind = r.kind if r.kind in {"timeout", "crash"} else "corrupt"
-                r = {"reason": kind, "detail": r.message}
-            out.append(r)
+
+    def table(self) -> pa.Table:
+        """All rows as a CACHE_SCHEMA table; the note lists are built from the flat arrays and
+        their offsets (no copy of the notes, no Python object per note or per row)."""
+        offsets = np.concatenate([[0], np.cumsum(self.counts)])
+        cols = {
+            "sha256": to_arrow(self.sha256, pa.string()),
+            "reason": to_arrow(self.reason, pa.string()),
+            "detail": to_arrow(self.detail, pa.string()),
+            "note_hash": to_arrow(self.note_hash, pa.string()),
+            "parsed": to_arrow(self.parsed, pa.bool_()),
+            **{c: to_arrow(self.ints[:, j], pa.int64()) for j, c in enumerate(INT_FACTS)},
+            **{c: to_arrow(self.floats[:, j], pa.float64()) for j, c in enumerate(FLOAT_FACTS)},
+        }
+        for c, f in zip(NOTE_COLUMNS, NOTES_SCHEMA.types[1:], strict=True):
+            cols[c] = pa.ListArray.from_arrays(
+                to_arrow(offsets, pa.int32()), to_arrow(self.notes[c], f.value_type), type=f
+            )
+        return pa.Table.from_pydict(cols, schema=CACHE_SCHEMA)
+
+
+def to_arrow(values: np.ndarray | list, type_: pa.DataType,
+             mask: np.ndarray | None = None) -> pa.Array:
+    """A 1-D numpy array, or a list of str (None for null), as an Arrow array of ``type_``
+    (``mask``: True where null), built from its buffers. Not ``pa.array``: its first call imports
+    pandas (about 0.3 s, a large share of a small run), which nothing here needs."""
+    if type_ == pa.string():
+        if None in values:
+            mask = np.array([v is None for v in values], bool)
+            values = ["" if v is None else v for v in values]
+        text = "".join(values)
+        data = text.encode("utf-8")
+        sizes = map(len, values) if len(data) == len(text) else (  # ASCII: 1 byte a character
+            len(v.encode("utf-8")) for v in values)
+        offsets = np.zeros(len(values) + 1, np.int64)
+        offsets[1:] = np.cumsum(np.fromiter(sizes, np.int64, len(values)))
+        buffers = [pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    elif type_ == pa.bool_():
+        buffers = [pa.py_buffer(np.packbits(np.asarray(values, bool), bitorder="little"))]
+    else:
+        buffers = [pa.py_buffer(np.ascontiguousarray(values, dtype=type_.to_pandas_dtype()))]
+    valid = None if mask is None or not mask.any() else pa.py_buffer(
+        np.packbits(~mask, bitorder="little"))
+    return pa.Array.from_buffers(type_, len(values), [valid, *buffers])
+
+
+def from_arrow(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric Arrow array without nulls as numpy, from its buffers (``to_numpy`` imports
+    pandas, see :func:`to_arrow`)."""
+    dtype = np.dtype(values.type.to_pandas_dtype())
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    return np.concatenate([np.zeros(0, dtype)] + [
+        np.frombuffer(c.buffers()[1], dtype, count=len(c), offset=c.offset * dtype.itemsize)
+        for c in chunks
+    ])
+
+
+_KNOWN: frozenset[str] = frozenset()  # in a worker: sha256 keys with a cached result
+
+
+def _set_known(known: frozenset[str]) -> None:
+    """Worker initializer (with the fork start method the set is inherited, not copied)."""
+    global _KNOWN
+    _KNOWN = known
+
+
+def _inspect_chunk(task: tuple[str, list[str], list[bool], IngestConfig]) -> Results:
+    """Read each file once: sha256 of its bytes, then (unless only hashed or already cached)
+    parse and judge it. Runs in a worker."""
+    root, rels, parse, cfg = task
+    out = Results.empty(len(rels))
+    kept: dict[str, list[np.ndarray]] = {c: [] for c in NOTE_COLUMNS}
+    for k, (rel, want) in enumerate(zip(rels, parse, strict=True)):
+        path = os.path.join(root, rel)
+        if not want:  # empty or too large: the hash is streamed, the bytes never held
+            out.sha256[k] = artifacts.sha256_file(path)
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        out.sha256[k] = sha = hashlib.sha256(data).hexdigest()
+        if sha in _KNOWN:
+            out.state[k] = CACHED
+            continue
+        r = inspect_bytes(data, cfg)
+        out.state[k] = INSPECTED
+        out.set(k, r)
+        if "notes" in r:
+            out.counts[k] = r["n_notes"]
+            for c in NOTE_COLUMNS:
+                kept[c].append(r["notes"][c])
+    out.notes = {c: np.concatenate(v) if v else _no_notes(c) for c, v in kept.items()}
     return out
+
+
+CHUNK_BYTES = 8 << 20
+"""At most this many bytes of files per task (a chunk of large files also gets one timeout)."""
+
+
+def chunk_size(n_files: int, workers: int) -> int:
+    """Files per task: 8-64, about 8 tasks per worker on small inputs (so the last tasks
+    balance), 64 on large ones (a task's round trip costs about as much as parsing a file)."""
+    return int(min(64, max(8, n_files // (8 * max(1, workers)))))
+
+
+def chunk_spans(sizes: list[int], workers: int) -> list[tuple[int, int]]:
+    """Consecutive ``(start, stop)`` runs of files: at most :func:`chunk_size` files and, unless
+    one file alone is larger, CHUNK_BYTES bytes each."""
+    limit, spans, lo, total = chunk_size(len(sizes), workers), [], 0, 0
+    for i, size in enumerate(sizes):
+        if i > lo and (i - lo >= limit or total + size > CHUNK_BYTES):
+            spans.append((lo, i))
+            lo, total = i, 0
+        total += size
+    if lo < len(sizes):
+        spans.append((lo, len(sizes)))
+    return spans
+
+
+def inspect_all(root: str, rels: list[str], sizes: list[int], parse: list[bool],
+                cfg: IngestConfig, workers: int, show_progress,
+                known: frozenset[str] = frozenset()) -> Results:
+    """:func:`_inspect_chunk` over every file, in order, isolating crashes and hangs.
+
+    A chunk gets ``timeout_s`` in all (its files normally take milliseconds together, and it
+    holds at most CHUNK_BYTES); a chunk that times out, crashes or raises is retried one file at
+    a time, each with ``timeout_s``, so only the guilty file is quarantined (``timeout``,
+    ``crash``, or ``corrupt`` with the error). ``parse`` false: hash only (the parent judges
+    empty and too large files)."""
+    import symusic  # noqa: F401  (imported once here: forked workers inherit it)
+
+    spans = chunk_spans(sizes, workers)
+    common = dict(workers=workers, timeout_s=cfg.timeout_s, initializer=_set_known,
+                  initargs=(known,))
+    results = isolated_map(_inspect_chunk, [(root, rels[a:b], parse[a:b], cfg) for a, b in spans],
+                           desc="ingest", show_progress=show_progress, **common)
+    retry = [i for (a, b), r in zip(spans, results, strict=True) if isinstance(r, ItemFailure)
+             for i in range(a, b)]
+    singles = isolated_map(_inspect_chunk, [(root, [rels[i]], [parse[i]], cfg) for i in retry],
+                           show_progress=False, **common)
+    by_file = dict(zip(retry, singles, strict=True))
+    parts: list[Results] = []
+    for (a, b), r in zip(spans, results, strict=True):
+        if not isinstance(r, ItemFailure):
+            parts.append(r)
+            continue
+        for i in range(a, b):
+            one = by_file[i]
+            if isinstance(one, ItemFailure):
+                one_r = Results.empty(1)
+                one_r.sha256[0] = artifacts.sha256_file(os.path.join(root, rels[i]))
+                one_r.state[0] = FAILED
+                kind = one.kind if one.kind in {"timeout", "crash"} else "corrupt"
+                one_r.reason[0], one_r.detail[0] = kind, one.message
+                one = one_r
+            parts.append(one)
+    return Results.concat(parts)
+
+
+# --------------------------------------------------------------------------- result cache
+CACHE_FORMAT = 1
+"""Bump when the cache's layout changes (the code's own bytes are part of the key anyway)."""
+CACHE_SEGMENTS = 16
+"""More segments than this are merged into one at the end of a run."""
+
+CACHE_SCHEMA = pa.schema(
+    [
+        ("sha256", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("note_hash", pa.string()),
+        ("parsed", pa.bool_()),
+        *[(c, pa.int64()) for c in INT_FACTS],
+        *[(c, pa.float64()) for c in FLOAT_FACTS],
+        *[(f.name, f.type) for f in NOTES_SCHEMA if f.name != "sha256"],
+    ]
+)
+
+
+def cache_key(cfg: IngestConfig) -> str:
+    """What a file's result depends on besides its bytes: the limits inspect_bytes applies, the
+    code that parses and judges (this module's and the MIDI module's own bytes) and the parser's
+    and numpy's versions. ``timeout_s`` is left out (a result that finished does not depend on it,
+    and timeouts and crashes are never cached), and so is ``max_file_bytes`` (the parent applies
+    it before a file is parsed)."""
+    code = hashlib.sha256()
+    for module in (__file__, midi.__file__):
+        code.update(Path(module).read_bytes())
+    return artifacts.sha256_json({
+        "format": CACHE_FORMAT,
+        "code": code.hexdigest(),
+        "symusic": package_version("symusic"),
+        "numpy": np.__version__,
+        "limits": cfg.model_dump(exclude={"timeout_s", "max_file_bytes"}),
+    })[:20]
+
+
+class ResultCache:
+    """Per-file results keyed by sha256 under ``root/<cache_key>/``, as Parquet segments: each
+    run appends one segment with the results it computed (written atomically), and merges the
+    segments into one when there are more than CACHE_SEGMENTS. A segment that cannot be read is
+    ignored, so the folder can be deleted, or lose files, at any time."""
+
+    def __init__(self, root: Path, cfg: IngestConfig):
+        self.dir = Path(root) / cache_key(cfg)
+        self.segments = sorted(self.dir.glob("seg-*.parquet")) if self.dir.is_dir() else []
+        self.keys: dict[str, Path] = {}
+        for seg in self.segments:
+            if (t := _read_segment(seg, ["sha256"])) is not None:
+                self.keys.update(dict.fromkeys(t.column(0).to_pylist(), seg))
+
+    def lookup(self, shas: set[str]) -> pa.Table:
+        """The cached rows of ``shas`` (a sha whose segment vanished is missing; one stored twice
+        may come twice, with equal values)."""
+        want = to_arrow(sorted(shas), pa.string())
+        parts = []
+        for seg in sorted({self.keys[s] for s in shas if s in self.keys}):
+            if (t := _read_segment(seg)) is None:
+                continue
+            keep = pc.is_in(t["sha256"], want)
+            parts.append(t if pc.all(keep).as_py() else t.filter(keep))  # all: no copy
+        return pa.concat_tables([pa.Table.from_batches([], CACHE_SCHEMA), *parts])
+
+    def add(self, table: pa.Table) -> None:
+        """Store new results as one more segment; merge the segments when there are many."""
+        if table.num_rows:
+            self._write(table)
+        if len(self.segments) > CACHE_SEGMENTS:
+            old = list(self.segments)
+            parts = []
+            for seg in old:
+                if (t := _read_segment(seg)) is not None:
+                    parts.append(t)
+            merged = self._write(_unique_by_sha(pa.concat_tables(parts)))
+            for seg in old:
+                if seg != merged:
+                    seg.unlink(missing_ok=True)
+            self.segments = [merged]
+
+    def _write(self, table: pa.Table) -> Path:
+        name = hashlib.sha256("\n".join(table["sha256"].to_pylist()).encode()).hexdigest()[:20]
+        path = self.dir / f"seg-{name}.parquet"
+        with artifacts.atomic_path(path) as tmp:
+            # zstd 1 without dictionaries: a third of the uncompressed size, fast to read back.
+            pq.write_table(table, tmp, compression="zstd", compression_level=1,
+                           use_dictionary=False)
+        if path not in self.segments:
+            self.segments.append(path)
+        return path
+
+
+def _read_segment(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """A cache segment, or None when it is unreadable or of another layout. (``ParquetFile``, not
+    ``pq.read_table``, which imports pyarrow.dataset and with it pandas.)"""
+    try:
+        with pq.ParquetFile(path) as f:
+            if f.schema_arrow != CACHE_SCHEMA:
+                return None
+            return f.read(columns=columns)
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _unique_by_sha(table: pa.Table) -> pa.Table:
+    """Rows sorted by sha256, one per sha256 (equal keys hold equal results)."""
+    table = table.take(pc.sort_indices(table["sha256"])).combine_chunks()
+    sha = table["sha256"].to_pylist()
+    keep = np.ones(len(sha), bool)
+    keep[1:] = [a != b for a, b in zip(sha[1:], sha[:-1], strict=True)]
+    return table if keep.all() else table.filter(to_arrow(keep, pa.bool_()))
 
 
 # --------------------------------------------------------------------------- assembly
@@ -205,81 +518,67 @@ def run(
     notes: Path,
     report: Path,
     files: list[str] | None = None,
+    cache_dir: Path | None = None,
 ) -> IngestSummary:
     """Ingest every MIDI file under ``raw_dir``, or only ``files`` (POSIX paths relative to it,
-    in the order given: the contamination check's file lists)."""
-    rel_paths = files if files is not None else [p.as_posix() for p in list_midi_files(raw_dir)]
+    in the order given: the contamination check's file lists).
+
+    With ``cache_dir``, results are read from and added to a :class:`ResultCache` there, so only
+    new or changed files are parsed; the outputs are the same with or without it."""
+    rel_paths = files if files is not None else list_midi_paths(raw_dir)
     meta, unresolved = read_metadata(metadata)
     extra_cols = sorted({k for r in meta.values() for k in r} - {"path", "group", "error"})
+    root = str(raw_dir)
+    n = len(rel_paths)
+    sizes = np.array([os.stat(os.path.join(root, rel)).st_size for rel in rel_paths], np.int64)
+    parse = (sizes > 0) & (sizes <= cfg.max_file_bytes)
 
-    rows: list[dict] = []
-    canonical: dict[str, int] = {}  # sha256 -> index of its first row
-    to_parse: list[int] = []
-    for rel in rel_paths:
-        path = raw_dir / rel
-        size = path.stat().st_size
-        row = {
-            "path": rel,
-            "size_bytes": size,
-            "status": "ok",
-            "reason": "",
-            "detail": "",
-            "duplicate_of": "",
-            "sha256": artifacts.sha256_file(path),
-        }
-        m = meta.get(rel, {})
-        row["group"] = m.get("group") or default_group(rel)
-        row.update({c: m.get(c, "") for c in extra_cols})
-        if row["sha256"] in canonical:
-            row["duplicate_of"] = rows[canonical[row["sha256"]]]["path"]
-        else:
-            canonical[row["sha256"]] = len(rows)
-            if size == 0:
-                row.update(reason="empty_file", detail="0 bytes")
-            elif size > cfg.max_file_bytes:
-                row.update(reason="too_large", detail=f"{size} bytes > {cfg.max_file_bytes}")
-            else:
-                to_parse.append(len(rows))
-        rows.append(row)
+    cache = ResultCache(cache_dir, cfg) if cache_dir is not None else None
+    known = frozenset(cache.keys) if cache is not None else frozenset()
+    workers = runtime.n_workers()
+    res = inspect_all(root, rel_paths, sizes.tolist(), parse.tolist(), cfg, workers,
+                      runtime.progress, known)
+    table = res.table()
+    note_parts, new_parts = [table], [(table, res.state == INSPECTED)]  # new: to be cached
 
-    parsed = inspect_all(
-        [str(raw_dir / rows[i]["path"]) for i in to_parse],
-        cfg,
-        runtime.n_workers(),
-        runtime.progress,
-    )
-    note_rows: list[dict] = []
-    for i, result in zip(to_parse, parsed, strict=True):
-        notes_i = result.pop("notes", None)
-        rows[i].update(result)
-        if notes_i is not None:
-            note_rows.append({"sha256": rows[i]["sha256"], **notes_i})
+    hits = np.flatnonzero(res.state == CACHED)
+    if cache is not None and hits.size:
+        cached = cache.lookup({res.sha256[i] for i in hits})
+        row_of = {h: j for j, h in enumerate(cached["sha256"].to_pylist())}
+        lost = [i for i in hits if res.sha256[i] not in row_of]
+        if lost:  # a segment vanished since it was listed: parse those files after all
+            again = inspect_all(root, [rel_paths[i] for i in lost], sizes[lost].tolist(),
+                                [True] * len(lost), cfg, workers, False)
+            for j, i in enumerate(lost):
+                _copy_row(res, i, again, j)
+            note_parts.append(again.table())
+            new_parts.append((note_parts[-1], again.state == INSPECTED))
+        cols = {c: cached[c].to_pylist() for c in ("reason", "detail", "note_hash", "parsed")}
+        ints = np.stack([from_arrow(cached[c]) for c in INT_FACTS], axis=1)
+        floats = np.stack([from_arrow(cached[c]) for c in FLOAT_FACTS], axis=1)
+        for i in hits:
+            j = row_of.get(res.sha256[i])
+            if j is None:
+                continue
+            res.reason[i], res.detail[i] = cols["reason"][j], cols["detail"][j]
+            res.note_hash[i], res.parsed[i] = cols["note_hash"][j], cols["parsed"][j]
+            res.ints[i], res.floats[i] = ints[j], floats[j]
+        note_parts.append(cached)
 
-    for row in rows:  # statuses last: duplicates inherit the verdict of their canonical file
-        if row["duplicate_of"]:
-            src = rows[canonical[row["sha256"]]]
-            for k in (
-                "reason",
-                "detail",
-                "n_notes",
-                "n_tracks",
-                "tpq",
-                "duration_s",
-                "duration_beats",
-                "note_hash",
-            ):
-                row[k] = src.get(k, row.get(k))
-            row["status"] = "quarantined" if row["reason"] else "duplicate"
-        elif row["reason"]:
-            row["status"] = "quarantined"
-
+    rows = _manifest_columns(rel_paths, sizes, res, cfg)
+    ok_sha = {h for h, s in zip(rows["sha256"], rows["status"], strict=True) if s == "ok"}
+    write_notes(pa.concat_tables([p.select(NOTES_SCHEMA.names) for p in note_parts]), ok_sha,
+                notes)
+    _add_metadata(rows, rel_paths, meta, extra_cols)
     write_manifest(rows, extra_cols, manifest)
-    write_notes(note_rows, notes)
-    by_status = Counter(r["status"] for r in rows)
-    by_reason = Counter(r["reason"] for r in rows if r["reason"])
-    summary = IngestSummary(
-        len(rows), dict(sorted(by_status.items())), dict(sorted(by_reason.items()))
-    )
+    if cache is not None:  # after the notes are written: the filtered copy does not add up
+        cache.add(pa.concat_tables([t if m.all() else t.filter(to_arrow(m, pa.bool_()))
+                                    for t, m in new_parts]))
+
+    by_status = Counter(rows["status"])
+    by_reason = Counter(r for r in rows["reason"] if r)
+    summary = IngestSummary(n, dict(sorted(by_status.items())), dict(sorted(by_reason.items())))
+    ok = np.array([s == "ok" for s in rows["status"]], bool)
     artifacts.write_json(
         report,
         {
@@ -287,26 +586,88 @@ def run(
             "by_status": {s: by_status.get(s, 0) for s in ("ok", "quarantined", "duplicate")},
             "by_reason": {r: by_reason.get(r, 0) for r in REASONS},
             "n_unresolved_sources": unresolved,
-            "n_notes_ok": int(sum(r.get("n_notes") or 0 for r in rows if r["status"] == "ok")),
+            "n_notes_ok": int(rows["n_notes"][ok].sum()),
         },
     )
     return summary
 
 
-def write_manifest(rows: list[dict], extra_cols: list[str], path: Path) -> None:
+def _copy_row(dst: Results, i: int, src: Results, j: int) -> None:
+    """Row ``j`` of ``src`` into row ``i`` of ``dst`` (its notes travel separately)."""
+    dst.state[i] = src.state[j]
+    dst.reason[i], dst.detail[i], dst.note_hash[i] = src.reason[j], src.detail[j], \
+        src.note_hash[j]
+    dst.parsed[i], dst.ints[i], dst.floats[i] = src.parsed[j], src.ints[j], src.floats[j]
+
+
+def _manifest_columns(rel_paths: list[str], sizes: np.ndarray, res: Results,
+                      cfg: IngestConfig) -> dict:
+    """The manifest's computed columns. Exact duplicates (same sha256) take every verdict and fact
+    of the first such path in the given order, their canonical file."""
+    n = len(rel_paths)
+    first: dict[str, int] = {}
+    canon = np.array([first.setdefault(h, i) for i, h in enumerate(res.sha256)], np.int64)
+    dup = canon != np.arange(n)
+    reason = np.array(res.reason, dtype=object)
+    detail = np.array(res.detail, dtype=object)
+    for i in np.flatnonzero(res.state == HASHED):
+        reason[i], detail[i] = (("empty_file", "0 bytes") if sizes[i] == 0 else
+                                ("too_large", f"{sizes[i]} bytes > {cfg.max_file_bytes}"))
+    reason, detail = reason[canon], detail[canon]
+    paths = np.array(rel_paths, dtype=object)
+    status = np.where(reason != "", "quarantined", np.where(dup, "duplicate", "ok"))
+    missing = ~res.parsed[canon]
+    cols = {
+        "path": rel_paths,
+        "sha256": res.sha256,
+        "status": status.tolist(),
+        "reason": reason.tolist(),
+        "detail": detail.tolist(),
+        "duplicate_of": np.where(dup, paths[canon], "").tolist(),
+        "note_hash": np.array(res.note_hash, dtype=object)[canon].tolist(),
+        "size_bytes": sizes,
+    }
+    for j, c in enumerate(INT_FACTS):
+        cols[c] = np.ma.masked_array(res.ints[canon, j], missing)
+    for j, c in enumerate(FLOAT_FACTS):
+        cols[c] = np.ma.masked_array(res.floats[canon, j], missing)
+    return cols
+
+
+def _add_metadata(cols: dict, rel_paths: list[str], meta: dict[str, dict[str, str]],
+                  extra_cols: list[str]) -> None:
+    rows = [meta.get(rel, {}) for rel in rel_paths]
+    cols["group"] = [m.get("group") or default_group(rel) for m, rel in zip(rows, rel_paths,
+                                                                              strict=True)]
+    for c in extra_cols:
+        if c not in MANIFEST_SCHEMA.names:
+            cols[c] = [m.get(c, "") for m in rows]
+
+
+def write_manifest(cols: dict, extra_cols: list[str], path: Path) -> None:
     schema = MANIFEST_SCHEMA
     for c in extra_cols:
         if c not in schema.names:
             schema = schema.append(pa.field(c, pa.string()))
-    cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
-    for c in ("note_hash", "reason", "detail", "duplicate_of"):
-        cols[c] = [v or "" for v in cols[c]]
-    artifacts.write_parquet(path, pa.table(cols, schema=schema))
+    arrays = []
+    for f in schema:
+        v = cols[f.name]
+        if isinstance(v, np.ma.MaskedArray):
+            arrays.append(to_arrow(v.data, f.type, np.ma.getmaskarray(v)))
+        else:
+            arrays.append(to_arrow(v, f.type))
+    artifacts.write_parquet(path, pa.Table.from_arrays(arrays, schema=schema))
 
 
-def write_notes(note_rows: list[dict], path: Path) -> None:
-    note_rows = sorted(note_rows, key=lambda r: r["sha256"])
-    cols: dict[str, list] = {"sha256": [r["sha256"] for r in note_rows]}
-    for c in NOTE_COLUMNS:
-        cols[c] = [np.asarray(r[c]) for r in note_rows]
-    artifacts.write_parquet(path, pa.table(cols, schema=NOTES_SCHEMA))
+def write_notes(table: pa.Table, ok: set[str], path: Path) -> None:
+    """The notes of the ``ok`` files, one row each, sorted by sha256. ``table`` may hold other
+    rows (empty lists, files that are not ok, several rows of one sha256: equal keys hold equal
+    notes); the rows kept are picked in numpy and Python, then taken in one pass."""
+    first: dict[str, int] = {}
+    has_notes = from_arrow(pc.list_value_length(table["pitch"])) > 0
+    for i, h in enumerate(table["sha256"].to_pylist()):
+        if has_notes[i] and h in ok:
+            first.setdefault(h, i)
+    pick = np.array([first[h] for h in sorted(first)], np.int64)
+    rows = table.take(to_arrow(pick, pa.int64())).combine_chunks()
+    artifacts.write_parquet(path, rows.cast(NOTES_SCHEMA))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,25 +28,52 @@ MIDI_SUFFIXES = (".mid", ".midi", ".kar")
 """File name endings (any case) read as MIDI."""
 
 
-def list_midi_files(root: Path) -> list[Path]:
-    """MIDI files under ``root`` (relative paths, sorted by POSIX string).
+def scan_midi_files(root: Path) -> list[tuple[str, os.stat_result]]:
+    """MIDI files under ``root``: (POSIX path relative to it, ``stat`` result), sorted by path.
 
-    Directory symlinks are not followed (``os.walk`` default) and file symlinks whose target lies
-    outside ``root`` are skipped, so a source folder can never pull in files from elsewhere.
+    Directory symlinks are not followed and file symlinks whose target lies outside ``root`` are
+    skipped, so a source folder can never pull in files from elsewhere. One ``stat`` per file
+    (``os.scandir`` gives names and types without one): this walk is on every ``dvc repro``.
     """
-    root_real = root.resolve()
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in filenames:
-            if not name.lower().endswith(MIDI_SUFFIXES):
-                continue
-            p = Path(dirpath) / name
-            if p.is_symlink() and not p.resolve().is_relative_to(root_real):
-                continue
-            if p.is_file():
-                found.append(p.relative_to(root))
-    return sorted(found, key=lambda p: p.as_posix())
+    root_real = os.path.realpath(root)
+    found: list[tuple[str, os.stat_result]] = []
+    stack = [("", os.fspath(root))]
+    while stack:
+        prefix, folder = stack.pop()
+        try:
+            entries = os.scandir(folder)
+        except OSError:  # unreadable folder: skipped, as os.walk does
+            continue
+        with entries:
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append((f"{prefix}{e.name}/", e.path))
+                    continue
+                if not e.name.lower().endswith(MIDI_SUFFIXES):
+                    continue
+                if e.is_symlink():
+                    real = os.path.realpath(e.path)
+                    if os.path.commonpath([real, root_real]) != root_real:
+                        continue
+                try:
+                    st = e.stat()  # follows a link inside the folder
+                except OSError:  # broken link
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found.append((prefix + e.name, st))
+    found.sort(key=lambda item: item[0])
+    return found
+
+
+def list_midi_files(root: Path) -> list[Path]:
+    """MIDI files under ``root`` (relative paths, sorted by POSIX string); see
+    :func:`scan_midi_files` for the rules."""
+    return [Path(rel) for rel, _ in scan_midi_files(root)]
+
+
+def list_midi_paths(root: Path) -> list[str]:
+    """MIDI files under ``root`` as relative POSIX strings, sorted; see :func:`scan_midi_files`."""
+    return [rel for rel, _ in scan_midi_files(root)]
 
 
 @dataclass

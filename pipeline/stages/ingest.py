@@ -1,7 +1,9 @@
 """Stage ``ingest``: hash, parse and quarantine every source file under ``data/raw/``.
 
 The work is :func:`pipeline.music.ingestion.run` (see there for the outputs, the quarantine reasons
-and the worker isolation); this module is its command line.
+and the worker isolation); this module is its command line. Per-file results are cached by content
+hash under ``--cache-dir`` (not an output: deletable at any time, outputs are the same without
+it), so a re-run after adding files parses only the new ones.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--notes", type=Path, default=Path("data/notes.parquet"))
     parser.add_argument("--report", type=Path, default=Path("reports/ingest.json"))
     parser.add_argument("--workers", help="override runtime.workers (does not change results)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/ingest"),
+                        help="per-file results by content hash (does not change results)")
+    parser.add_argument("--no-cache", action="store_true", help="parse every file, cache nothing")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -34,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
         manifest=args.manifest,
         notes=args.notes,
         report=args.report,
+        cache_dir=None if args.no_cache else args.cache_dir,
     )
     print(
         f"ingest: {s.n_files} files: "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +21,7 @@ from pipeline.tokens.cache import (
     match_counts,
     multiset_matches,
     pack,
+    same_multiset,
     transposition_allowed,
     unpack,
 )
@@ -63,13 +63,61 @@ def test_store_put_get_keys_and_corrupt_entries(tmp_path):
     cache = TokenCache(tmp_path, "k1")
     enc = Encoding(n_notes_input=5, seqs=(seq(-1, 12),))
     cache.put("ab" * 32, 0, enc)
-    cache.put("ab" * 32, -3, enc)
-    assert cache.keys() == {("ab" * 32, 0), ("ab" * 32, -3)}
+    cache.put_many([("ab" * 32, -3, enc), ("cd" * 32, 0, pack(enc))])
+    assert len(cache.segments()) == 2
+    assert cache.present() == {("ab" * 32, 0), ("ab" * 32, -3), ("cd" * 32, 0)}
     assert_same(cache.get("ab" * 32, -3), enc)
-    assert cache.get("cd" * 32, 0) is None
-    Path(cache.path("ab" * 32, 0)).write_bytes(b"not an entry")
-    assert cache.get("ab" * 32, 0) is None  # unreadable -> recomputed, never trusted
+    assert cache.get("ef" * 32, 0) is None
+    assert set(cache.load({("ab" * 32, 0), ("ef" * 32, 0)})) == {("ab" * 32, 0)}
     assert not list(tmp_path.rglob("*.tmp"))
+    # an entry whose bytes are not an entry, and a segment that is not Parquet: recomputed
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.tokens.cache import SEGMENT_SCHEMA
+
+    bad = pa.table({"sha256": ["ab" * 32, "11" * 32], "transpose": [0, 0],
+                    "entry": [b"not an entry", pack(enc)[:-1].tobytes()]}, schema=SEGMENT_SCHEMA)
+    for seg in cache.segments():
+        rows = pq.read_table(seg).to_pylist()
+        if ("ab" * 32, 0) in {(r["sha256"], r["transpose"]) for r in rows}:
+            pq.write_table(bad, seg)
+    (cache.dir / "seg-truncated.parquet").write_bytes(b"PAR1 truncated")
+    assert set(cache.load()) == {("ab" * 32, -3), ("cd" * 32, 0)}
+    assert cache.get("ab" * 32, 0) is None  # unreadable -> recomputed, never trusted
+
+
+def test_same_entries_give_the_same_segment(tmp_path):
+    a, b = TokenCache(tmp_path / "a", "k"), TokenCache(tmp_path / "b", "k")
+    e1, e2 = Encoding(n_notes_input=1, seqs=(seq(-1, 4),)), Encoding(n_notes_input=2, seqs=())
+    a.put_many([("11" * 32, 0, e1), ("22" * 32, 0, e2)])
+    b.put_many([("22" * 32, 0, e2), ("11" * 32, 0, e1)])
+    [sa], [sb] = a.segments(), b.segments()
+    assert sa.name == sb.name and sa.read_bytes() == sb.read_bytes()
+
+
+def test_compact_merges_tiers_and_keeps_every_entry(tmp_path):
+    cache = TokenCache(tmp_path, "k")
+    encs = {}
+    for i in range(20):  # 20 one-entry segments: tier 0 holds >= 8, merged into one
+        encs[(f"{i:064x}", 0)] = Encoding(n_notes_input=i, seqs=(seq(-1, 4 + i, i),))
+        cache.put(f"{i:064x}", 0, encs[(f"{i:064x}", 0)])
+    cache.put_many([(k[0], 0, encs[k]) for k in [(f"{3:064x}", 0), (f"{0:064x}", 0)]])  # again
+    (cache.dir / "seg-broken.parquet").write_bytes(b"not parquet")
+    assert len(cache.segments()) == 22
+    removed = cache.compact(fanout=8)
+    assert removed == 22 and len(cache.segments()) == 1
+    loaded = cache.load()
+    assert set(loaded) == set(encs)
+    for k, e in encs.items():
+        assert_same(loaded[k], e)
+    assert cache.compact(fanout=8) == 0  # nothing left to merge
+    for i in range(20, 27):  # 7 small segments beside one of 20 rows: below the fanout
+        cache.put(f"{i:064x}", 0, encs[(f"{0:064x}", 0)])
+    assert cache.compact(fanout=8) == 0 and len(cache.segments()) == 8
+    cache.put(f"{99:064x}", 0, encs[(f"{0:064x}", 0)])  # the 8th small one: merged
+    assert cache.compact(fanout=8) == 8 and len(cache.segments()) == 2
+    assert len(cache.present()) == 28
 
 
 def test_prune_keeps_only_referenced(tmp_path):
@@ -78,8 +126,12 @@ def test_prune_keeps_only_referenced(tmp_path):
     old.put("11" * 32, 0, enc)
     new.put("22" * 32, 0, enc)
     new.put("33" * 32, 0, enc)
-    assert new.prune({("22" * 32, 0)}) == 2
-    assert new.keys() == {("22" * 32, 0)} and not (tmp_path / "old").exists()
+    (tmp_path / "legacy" / "ab").mkdir(parents=True)  # an older layout: one file per entry
+    (tmp_path / "legacy" / "ab" / ("ab" * 32 + ".+0.i32")).write_bytes(b"x")
+    assert new.prune({("22" * 32, 0)}) == 3
+    assert new.present() == {("22" * 32, 0)} and len(new.segments()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+    assert new.prune(set()) == 1 and not new.dir.exists()
 
 
 def test_config_key_ignores_only_encode_ids_split():
@@ -98,6 +150,55 @@ def test_multiset_matches_equals_counter_intersection(a, b):
     arr = lambda x: np.array(x, np.int64).reshape(-1, 2)  # noqa: E731
     expected = sum((Counter(a) & Counter(b)).values())
     assert multiset_matches(arr(a), arr(b)) == expected
+
+
+small_rows = st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 3), st.integers(0, 2),
+                                st.integers(0, 2)), max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(small_rows, small_rows, st.randoms())
+def test_same_multiset_is_equality_of_counters(a, b, rnd):
+    arr = lambda x: np.array(x, np.int64).reshape(-1, 4)  # noqa: E731
+    assert same_multiset(arr(a), arr(b)) == (Counter(a) == Counter(b))
+    shuffled = list(a)
+    rnd.shuffle(shuffled)
+    assert same_multiset(arr(a), arr(shuffled))
+
+
+wide = st.lists(st.tuples(st.sampled_from([-1, 0, 2**40, -(2**40)]), st.integers(0, 2),
+                          st.integers(-3, 3), st.sampled_from([0, 7, 2**35])), max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(wide, wide)
+def test_multiset_matches_wide_rows(a, b):
+    """Rows too wide for one 62-bit code take the exact fallback; same answer either way."""
+    arr = lambda x: np.array(x, np.int64).reshape(-1, 4)  # noqa: E731
+    assert multiset_matches(arr(a), arr(b)) == sum((Counter(a) & Counter(b)).values())
+
+
+def walk(times: list[int], ticks: list[int]) -> list[int]:
+    """miditok's ``_split_per_ticks`` walk, as a reference."""
+    idxs, ti = [0], 0
+    for tick in ticks[1:]:
+        while ti < len(times) and times[ti] < tick:
+            ti += 1
+        if ti == len(times):
+            break
+        idxs.append(ti)
+    return idxs
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=30), st.lists(st.integers(0, 50), max_size=12),
+       st.booleans())
+def test_chunk_starts_equals_the_walk(times, ticks, sort_times):
+    from pipeline.tokens.cache import chunk_starts
+
+    times = sorted(times) if sort_times else times
+    ticks = sorted(ticks)
+    assert chunk_starts(times, ticks).tolist() == walk(times, ticks)
 
 
 def test_f1_from_counts():
@@ -148,3 +249,64 @@ def test_encode_file_verifies_content(tmp_path):
         encode_file(tok, path, "0" * 64, (0,))
     with pytest.raises(SourceError, match="read_error"):
         encode_file(tok, tmp_path / "missing.mid", "0" * 64, (0,))
+
+
+@pytest.fixture(scope="module")
+def remi():
+    import miditok
+
+    return miditok.REMI(miditok.TokenizerConfig(use_programs=True))
+
+
+def decoded_keys(tok, ids: list[int]) -> list[tuple[int, ...]]:
+    from miditok import TokSequence
+
+    from pipeline.tokens.cache import note_keys
+
+    score = tok.decode(TokSequence(ids=list(ids)))
+    return sorted(map(tuple, note_keys(score, int(score.ticks_per_quarter)).tolist()))
+
+
+def token_events(tok):
+    """Hypothesis strategy: REMI id sequences, well formed or not."""
+    v = tok.vocab
+    by_type: dict[str, list[int]] = {}
+    for token, i in v.items():
+        by_type.setdefault(token.split("_")[0], []).append(i)
+    pick = lambda typ: st.sampled_from(sorted(by_type[typ]))  # noqa: E731
+    note = st.tuples(st.sampled_from(sorted(by_type["Pitch"] + by_type["PitchDrum"])),
+                     pick("Velocity"), pick("Duration")).map(list)
+    one = st.one_of(pick("Bar").map(lambda i: [i]), pick("Position").map(lambda i: [i]),
+                    pick("TimeSig").map(lambda i: [i]),
+                    pick("Program").map(lambda i: [i]), note, note,
+                    st.sampled_from(sorted(v.values())).map(lambda i: [i]))
+    return st.lists(one, max_size=40).map(lambda xs: [i for x in xs for i in x])
+
+
+def test_remi_note_keys_equal_miditok_decode(remi):
+    from hypothesis import HealthCheck
+
+    from pipeline.tokens.cache import remi_note_keys
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(token_events(remi))
+    def check(ids):
+        fast = remi_note_keys(remi, np.asarray(ids, np.int64))
+        assert sorted(map(tuple, fast.tolist())) == decoded_keys(remi, ids)
+
+    check()
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"use_programs": False}, {"use_programs": True, "use_rests": True},
+    {"use_programs": True, "use_velocities": False}, {"use_programs": True, "use_chords": True},
+], ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()))
+def test_remi_note_keys_refuses_other_configurations(kwargs):
+    import miditok
+
+    from pipeline.tokens.cache import remi_note_keys
+
+    tok = miditok.REMI(miditok.TokenizerConfig(**kwargs))
+    assert remi_note_keys(tok, np.zeros(3, np.int64)) is None
+    assert remi_note_keys(miditok.TSD(miditok.TokenizerConfig(use_programs=True)),
+                          np.zeros(3, np.int64)) is None

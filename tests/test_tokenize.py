@@ -14,6 +14,7 @@ from symusic import Note, Score, Tempo, TimeSignature, Track
 from pipeline.core.artifacts import read_json, sha256_bytes, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.stages.tokenize import TokenizeConfig, run
+from pipeline.tokens.cache import TokenCache
 
 OUTPUTS = ("data/tokenizer.json", "data/tokens/tokens.parquet", "data/tokens/augmented.parquet",
            "data/tokens/info.json", "reports/tokenize.json")
@@ -132,11 +133,14 @@ def test_incremental_and_interrupted_runs_encode_only_missing(reference, corpus_
     files = {**corpus_files, "synth/new.mid": synthetic_score(99).dumps_midi()}
     write_corpus(root, files)
     assert run_stage(root).encoded == 1
-    entries = sorted((root / "data/token_cache").rglob("*.i32"))
-    for p in entries[:3]:  # as if the run had been killed before these were written
-        p.unlink()
-    damaged = {p.name.split(".")[0] for p in entries[:3]}
-    assert run_stage(root).encoded == len(damaged)
+    [key] = [p.name for p in (root / "data/token_cache").iterdir()]
+    cache = TokenCache(root / "data/token_cache", key)
+    segments = cache.segments()
+    assert segments
+    lost = {sha for sha, _ in cache.present()}
+    segments[0].unlink()  # as if the run had been killed before this chunk was written
+    lost -= {sha for sha, _ in cache.present()}
+    assert lost and run_stage(root).encoded == len(lost)
     fresh = tmp_path / "fresh"
     write_corpus(fresh, files)
     run_stage(fresh, cache=False)
@@ -195,6 +199,23 @@ def test_roundtrip_on_real_multitrack_files(reference, chorales):
     assert (rows["n_notes"] > 100).all() and (rows["n_notes"] <= rows["n_notes_input"]).all()
     report = read_json(reference / "reports/tokenize.json")
     assert report["roundtrip_below_1"] == 0 and report["roundtrip_f1_min"] == 1.0
+
+
+def test_fast_note_reader_equals_miditok_decode(corpus_files):
+    """The round-trip check's vectorised REMI reader gives miditok's decoded notes, on real
+    multitrack chorales and synthetic pieces (gaps, drums, a high pitch)."""
+    from miditok import TokSequence
+
+    from pipeline.tokens.cache import note_keys, remi_note_keys
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    tok = make_tokenizer("REMI", {"use_programs": True})
+    for data in corpus_files.values():
+        ts = tok.encode(Score.from_midi(data))
+        fast = remi_note_keys(tok, np.asarray(ts.ids, np.int64))
+        dec = tok.decode(TokSequence(tokens=list(ts.tokens), ids=list(ts.ids)))
+        ref = note_keys(dec, int(dec.ticks_per_quarter))
+        assert len(ref) and sorted(map(tuple, fast.tolist())) == sorted(map(tuple, ref.tolist()))
 
 
 def test_info_and_augmentation(reference):
@@ -275,8 +296,9 @@ def test_bad_sources_are_flagged_not_fatal(corpus_files, tmp_path):
     f1 = pq.read_table(tmp_path / "data/tokens/tokens.parquet").column("roundtrip_f1")
     assert f1.null_count == 4 and not has_nan(f1)
     assert read_json(tmp_path / "reports/tokenize.json")["flags"]["read_error"] == 2
-    assert not any(p.name.startswith(sha256_bytes(garbage))
-                   for p in (tmp_path / "data/token_cache").rglob("*.i32"))
+    [key] = [p.name for p in (tmp_path / "data/token_cache").iterdir()]
+    cached = {sha for sha, _ in TokenCache(tmp_path / "data/token_cache", key).present()}
+    assert cached and sha256_bytes(garbage) not in cached
 
 
 def has_nan(col) -> bool:
@@ -287,12 +309,18 @@ def test_prune_cache_removes_unreferenced_entries(corpus_files, tmp_path):
     files = dict(list(corpus_files.items())[:4])
     write_corpus(tmp_path, files)
     run_stage(tmp_path, TokenizeConfig(model="none"))
-    old = set((tmp_path / "data/token_cache").rglob("*.i32"))
+    root = tmp_path / "data/token_cache"
+    [old] = list(root.iterdir())
     cfg = TokenizeConfig(model="none", config={"use_programs": True, "num_velocities": 8})
     assert run_stage(tmp_path, cfg).encoded == 4  # new base config: new key
-    assert run_stage(tmp_path, cfg, prune=True).pruned == len(old) == 4
-    assert not any(p.exists() for p in old)
-    assert len(list((tmp_path / "data/token_cache").rglob("*.i32"))) == 4
+    [new] = [p.name for p in root.iterdir() if p != old]
+    assert len(TokenCache(root, old.name).present()) == 4
+    assert run_stage(tmp_path, cfg, prune=True).pruned == 4
+    assert not old.exists() and len(TokenCache(root, new).present()) == 4
+    files = dict(list(corpus_files.items())[:2])  # two pieces leave the splits
+    write_corpus(tmp_path, files)
+    assert run_stage(tmp_path, cfg, prune=True).pruned == 2
+    assert len(TokenCache(root, new).present()) == 2
 
 
 @pytest.mark.parametrize(("raw", "key"), [

@@ -12,8 +12,10 @@ Inputs: ``data/raw/`` (MIDI), ``data/manifest.parquet`` (``path``, ``sha256``, `
 - ``data/tokens/augmented.parquet``: transposed train pieces (``sha256``, ``transpose``,
   ``track``, ``ids``, ``n_tokens``);
 - ``data/tokens/info.json``: vocabulary size, special ids, ``tokenizer_hash``, ``split_hash``;
-- ``data/token_cache/``: base encodings per file (see :mod:`pipeline.tokens.cache`);
-- ``reports/tokenize.json`` (metrics) and ``reports/tokenize.env.json`` (timings, cache hits).
+- ``.cache/tokens/``: base encodings per file, in segments (see :mod:`pipeline.tokens.cache`;
+  a cache, not an output: the outputs never depend on what it holds);
+- ``reports/tokenize.json`` (metrics) and ``reports/tokenize.env.json`` (timings, worker
+  seconds of encoding and of the round-trip check, cache hits).
 
 Invariants: the trained vocabulary sees train pieces only; outputs are byte-identical for any
 worker count, file order and cache state; every piece gets a row, failures are flagged.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -150,7 +153,8 @@ def plan_pieces(manifest: Path, splits: Path, raw_dir: Path) -> pd.DataFrame:
     sp = sp.sort_values("sha256").reset_index(drop=True)
     if sp["sha256"].duplicated().any():
         raise ValueError(f"{splits}: a sha256 appears twice")
-    sp["path"] = pd.Series([str(raw_dir / paths[s]) if s in paths else None
+    root = str(raw_dir)
+    sp["path"] = pd.Series([os.path.join(root, paths[s]) if s in paths else None
                             for s in sp["sha256"]], dtype=object)
     return sp
 
@@ -183,32 +187,29 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     for sha, split, path in zip(pieces["sha256"], pieces["split"], pieces["path"], strict=True):
         if path is not None:
             wanted[sha] = (0, *sorted(cfg.transpose)) if split == "train" else (0,)
-    present = cache.keys() if cache else set()
-    encodings: dict[tuple[str, int], Encoding] = {}
+    keys = {(sha, t) for sha, ts in wanted.items() for t in ts}
+    encodings: dict[tuple[str, int], Encoding] = cache.load(keys) if cache else {}
     jobs = []
     for sha, path in zip(pieces["sha256"], pieces["path"], strict=True):
         if path is None:
             continue
-        todo = []
-        for t in wanted[sha]:
-            enc = cache.get(sha, t) if (sha, t) in present else None  # type: ignore[union-attr]
-            if enc is None:
-                todo.append(t)
-            else:
-                encodings[(sha, t)] = enc
+        todo = tuple(t for t in wanted[sha] if (sha, t) not in encodings)
         if todo:
-            jobs.append((sha, path, tuple(todo)))
+            jobs.append((sha, path, todo))
     t_plan = time.perf_counter()
     failures: dict[str, tuple[str, str]] = {}
+    worker_s: dict[str, float] = {}
     results = encode_missing(jobs, (make_tokenizer, cfg.tokenizer, cfg.config), cache,
                              workers=runtime.n_workers(), timeout_s=cfg.timeout_s,
-                             show_progress=runtime.progress)
+                             show_progress=runtime.progress, seconds=worker_s)
     for sha, res in results.items():
         if isinstance(res, dict):
             encodings.update({(sha, t): e for t, e in res.items()})
         else:
             failures[sha] = res
     t_encode = time.perf_counter()
+    compacted = cache.compact() if cache is not None else 0
+    t_compact = time.perf_counter()
 
     base_vocab = len(base.vocab)
     tokenizer, trained_on = train_model(cfg, base, pieces, encodings)
@@ -237,15 +238,22 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     info.write(tokens_dir / "info.json")
     write_json(report, metrics)
 
+    t_write = time.perf_counter()
+
     pruned = 0
     if prune_cache and cache is not None:
-        pruned = cache.prune({(sha, t) for sha, ts in wanted.items() for t in ts})
+        pruned = cache.prune(keys)
     encoded = len(jobs)
     write_sidecar(report.with_name(report.stem + ".env.json"), {
         "seconds": {"plan": t_plan - t0, "encode": t_encode - t_plan,
-                    "assemble": t_assemble - t_encode, "total": time.perf_counter() - t0},
+                    "cache_compact": t_compact - t_encode, "assemble": t_assemble - t_compact,
+                    "write": t_write - t_assemble, "total": time.perf_counter() - t0},
+        # summed over worker processes: encoding (all of it), of which the round-trip check
+        # and writing cache segments
+        "worker_seconds": {k: worker_s.get(k, 0.0) for k in ("encode", "check", "cache_write")},
         "workers": runtime.n_workers(), "files_encoded": encoded,
-        "files_reused": len(wanted) - encoded, "cache_key": key, "cache_pruned": pruned})
+        "files_reused": len(wanted) - encoded, "cache_key": key,
+        "cache_segments_merged": compacted, "cache_pruned": pruned})
     return TokenizeSummary(pieces=len(pieces), rows=len(tokens), vocab_size=len(tokenizer),
                            encoded=encoded, reused=len(wanted) - encoded,
                            flagged=stats["flagged_pieces"], pruned=pruned)
@@ -395,7 +403,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--split-report", type=Path, default=Path("reports/split.json"))
     a("--tokenizer-out", type=Path, default=Path("data/tokenizer.json"))
     a("--tokens-dir", type=Path, default=Path("data/tokens"))
-    a("--cache-dir", type=Path, default=Path("data/token_cache"))
+    a("--cache-dir", type=Path, default=Path(".cache/tokens"))
     a("--report", type=Path, default=Path("reports/tokenize.json"))
     a("--no-cache", action="store_true", help="encode every file; neither read nor write the cache")
     a("--prune-cache", action="store_true",

@@ -1,4 +1,4 @@
-"""Per-file base encodings and their content-addressed store (``data/token_cache/``).
+"""Per-file base encodings and their content-addressed store (``.cache/tokens/``).
 
 A *base encoding* is what the tokenizer gives one MIDI file before any trained vocabulary (BPE,
 WordPiece) is applied: base token ids per sequence, where each bar and beat starts (the trained
@@ -8,37 +8,52 @@ transposition, so it is cached under exactly that key and reused when files are 
 vocabulary is retrained or a run is interrupted. A trained vocabulary is applied to cached base
 ids when the output is assembled (:func:`apply_model`), exactly as ``tokenizer.encode`` would.
 
-Layout: ``<root>/<config_key>/<sha[:2]>/<sha>.<transpose:+d>.i32``: one little-endian int32
-array per entry (see :func:`pack`; it starts with a magic/format number and its length is
-checked on load), written atomically. Raw int32 loads in about 0.03 ms; ``.npy`` took 0.3 ms
-(header parsing) and an ``.npz`` with one member per field 1.2 ms, which dominated incremental
-runs. Nothing here can hold a pickle.
+Layout: ``<root>/<config_key>/seg-<hash>.parquet``: append-only *segments*, Parquet tables of
+(``sha256``, ``transpose``, ``entry``), ``entry`` being one entry packed as little-endian int32
+(see :func:`pack`; it starts with a magic/format number and its length is checked on load).
+Each worker writes one segment per chunk of files it encoded, atomically, so a killed run keeps
+every finished chunk. A run reads the whole store once (one file per segment, not one per
+piece: a file per entry cost an fsync of about 4 ms each and an inode per piece, which neither
+the file system nor DVC handle well at a million pieces), then merges small segments
+(:meth:`TokenCache.compact`: segments of similar size are merged once ``FANOUT`` of them exist,
+so a store holds a few dozen segments and each entry is rewritten about log_FANOUT(n) times).
+Nothing here can hold a pickle.
 
 Invariants:
 - an entry is a pure function of (file bytes, base config, transposition, library versions);
   the config key therefore hashes the miditok/symusic versions too, so an upgrade never reuses
   stale ids (the key is a folder name, never part of an artifact's content);
-- an entry exists only if encoding succeeded; failures are never cached and are retried.
+- an entry exists only if encoding succeeded; failures are never cached and are retried;
+- an unreadable segment or entry is ignored (recomputed), never trusted; the outputs do not
+  depend on the store's state, only the run time does.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
+import math
+import shutil
+import time
 from dataclasses import dataclass
 from math import lcm
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from pipeline.core.artifacts import sha256_bytes, sha256_json, write_bytes
+from pipeline.core.artifacts import atomic_path, sha256_bytes, sha256_json
 
-FORMAT = 0x53540001  # magic "ST" + format version 1
+FORMAT = 0x53540001  # magic "ST" + entry format version 1
+STORE = 2  # storage layout version (1: one file per entry), part of the config key
 HEADER = 4  # FORMAT, n_seq, n_notes_input, flag bits
-SUFFIX = ".i32"
 SEQ_FIELDS = 9  # track, program, is_drum, n_notes, n_ids, n_bar, n_beat, rt_matched, rt_decoded
 OUT_OF_RANGE = 1  # flag bit: transposition would push a pitch out of the tokenizer's range
+FANOUT = 8  # segments of one size tier merged once this many exist
+SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
+                            ("entry", pa.binary())])
+Key = tuple[str, int]  # (sha256, transpose)
 
 
 @dataclass(frozen=True)
@@ -95,22 +110,26 @@ def unpack(arr: np.ndarray) -> Encoding:
     if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER or arr[0] != FORMAT:
         raise ValueError("not a token cache entry of this format")
     n_seq = int(arr[1])
+    if n_seq < 0 or HEADER + n_seq * SEQ_FIELDS > len(arr):
+        raise ValueError("token cache entry has the wrong length")
     table = arr[HEADER : HEADER + n_seq * SEQ_FIELDS].reshape(n_seq, SEQ_FIELDS)
     pos = HEADER + n_seq * SEQ_FIELDS
     blocks: list[list[np.ndarray]] = []
     for col in (4, 5, 6):  # ids, bar starts, beat starts
         out = []
-        for n in table[:, col]:
+        for n in table[:, col].tolist():
+            if n < 0:
+                raise ValueError("token cache entry has a negative length")
             out.append(arr[pos : pos + n])
-            pos += int(n)
+            pos += n
         blocks.append(out)
     if pos != len(arr):
         raise ValueError("token cache entry has the wrong length")
     seqs = tuple(
-        SeqEncoding(track=int(r[0]), program=int(r[1]), is_drum=bool(r[2]), n_notes=int(r[3]),
+        SeqEncoding(track=r[0], program=r[1], is_drum=bool(r[2]), n_notes=r[3],
                     ids=blocks[0][i], bar_starts=blocks[1][i], beat_starts=blocks[2][i],
-                    rt_matched=int(r[7]), rt_decoded=int(r[8]))
-        for i, r in enumerate(table))
+                    rt_matched=r[7], rt_decoded=r[8])
+        for i, r in enumerate(table.tolist()))
     return Encoding(n_notes_input=int(arr[2]), seqs=seqs, out_of_range=bool(arr[3] & OUT_OF_RANGE))
 
 
@@ -124,69 +143,178 @@ def config_key(tokenizer_name: str, config: dict[str, Any]) -> str:
 
     cfg = {k: v for k, v in config.items() if k != "encode_ids_split"}
     versions = {p: metadata.version(p) for p in ("miditok", "symusic")}
-    return sha256_json({"format": FORMAT, "tokenizer": tokenizer_name, "config": cfg,
-                        "versions": versions})[:20]
+    return sha256_json({"format": FORMAT, "store": STORE, "tokenizer": tokenizer_name,
+                        "config": cfg, "versions": versions})[:20]
 
 
 class TokenCache:
-    """Content-addressed store of :class:`Encoding` under one base-config key."""
+    """Content-addressed store of :class:`Encoding` under one base-config key (segments)."""
 
     def __init__(self, root: Path | str, key: str) -> None:
         self.root = Path(root)
         self.key = key
         self.dir = self.root / key
-        self._dir = str(self.dir)
 
-    def path(self, sha: str, transpose: int) -> str:
-        return os.path.join(self._dir, sha[:2], f"{sha}.{transpose:+d}{SUFFIX}")
-
-    def keys(self) -> set[tuple[str, int]]:
-        """(sha256, transpose) of every entry present (one scan, no file reads)."""
-        found = set()
+    def segments(self) -> list[Path]:
+        """Segment files of this key, sorted (temp files of a killed write excluded)."""
         if not self.dir.is_dir():
-            return found
-        for shard in os.scandir(self.dir):
-            if not shard.is_dir():
-                continue
-            for entry in os.scandir(shard.path):
-                sha, _, rest = entry.name.partition(".")
-                if rest.endswith(SUFFIX) and not entry.name.startswith("."):
-                    try:
-                        found.add((sha, int(rest[: -len(SUFFIX)])))
-                    except ValueError:
-                        continue
+            return []
+        return sorted(p for p in self.dir.glob("seg-*.parquet") if p.is_file())
+
+    def _read(self, path: Path, columns: list[str] | None = None) -> pa.Table | None:
+        try:
+            table = pq.read_table(path, columns=columns)
+        except (pa.ArrowException, OSError):
+            return None
+        want = SEGMENT_SCHEMA if columns is None else pa.schema(
+            [SEGMENT_SCHEMA.field(c) for c in columns])
+        return table if table.schema.equals(want) else None
+
+    def present(self) -> set[Key]:
+        """(sha256, transpose) of every entry present (no entry is decoded)."""
+        found: set[Key] = set()
+        for seg in self.segments():
+            t = self._read(seg, ["sha256", "transpose"])
+            if t is not None:
+                found.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
         return found
 
+    def load(self, wanted: set[Key] | None = None) -> dict[Key, Encoding]:
+        """Every readable entry (only those in ``wanted`` when given); unreadable ones are
+        left out, so they are recomputed."""
+        out: dict[Key, Encoding] = {}
+        for seg in self.segments():
+            t = self._read(seg)
+            if t is None:
+                continue
+            keys = zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True)
+            for key, arr in zip(keys, _entry_arrays(t.column(2)), strict=True):
+                if key in out or (wanted is not None and key not in wanted):
+                    continue
+                try:
+                    out[key] = unpack(arr)
+                except ValueError:
+                    continue
+        return out
+
     def get(self, sha: str, transpose: int) -> Encoding | None:
-        """The entry, or None when missing or unreadable (it is then recomputed)."""
-        try:
-            with open(self.path(sha, transpose), "rb") as f:
-                return unpack(np.frombuffer(f.read(), dtype="<i4"))
-        except (OSError, ValueError):
+        """One entry, or None when missing or unreadable (reads the whole store: use
+        :meth:`load` for many)."""
+        return self.load({(sha, transpose)}).get((sha, transpose))
+
+    def put_many(self, items: list[tuple[str, int, np.ndarray | Encoding]]) -> Path | None:
+        """Write entries (packed arrays or Encodings) as one new segment, atomically."""
+        if not items:
             return None
+        rows = [(sha, int(t), (e if isinstance(e, np.ndarray) else pack(e)).astype("<i4")
+                 .tobytes()) for sha, t, e in items]
+        return self._write(rows)
 
     def put(self, sha: str, transpose: int, enc: Encoding) -> None:
-        write_bytes(self.path(sha, transpose), pack(enc).astype("<i4").tobytes())
+        self.put_many([(sha, transpose, enc)])
 
-    def prune(self, keep: set[tuple[str, int]]) -> int:
+    def _write(self, rows: list[tuple[str, int, bytes]]) -> Path:
+        rows = sorted(rows)
+        # Named by content: the same entries always give the same name and bytes.
+        name = sha256_json([[s, t, sha256_bytes(b)] for s, t, b in rows])[:24]
+        path = self.dir / f"seg-{name}.parquet"
+        table = pa.table({"sha256": [r[0] for r in rows], "transpose": [r[1] for r in rows],
+                          "entry": [r[2] for r in rows]}, schema=SEGMENT_SCHEMA)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp, compression="zstd", compression_level=1)
+        return path
+
+    def compact(self, fanout: int = FANOUT) -> int:
+        """Merge segments of similar size (tier = floor(log_fanout(rows))) once ``fanout`` of a
+        tier exist; drop unreadable segments and duplicate keys. Returns segments removed."""
+        segs: dict[Path, int] = {}
+        removed = 0
+        for seg in self.segments():
+            try:
+                segs[seg] = pq.read_metadata(seg).num_rows
+            except (pa.ArrowException, OSError):
+                seg.unlink()
+                removed += 1
+        while True:
+            tiers: dict[int, list[Path]] = {}
+            for seg, n in segs.items():
+                tiers.setdefault(int(math.log(max(n, 1), fanout)), []).append(seg)
+            full = sorted(t for t, members in tiers.items() if len(members) >= fanout)
+            if not full:
+                return removed
+            group = sorted(tiers[full[0]])
+            rows: dict[Key, bytes] = {}
+            for seg in group:
+                t = self._read(seg)
+                if t is None:
+                    continue
+                for sha, tr, b in zip(*(t.column(i).to_pylist() for i in range(3)),
+                                      strict=True):
+                    rows.setdefault((sha, tr), b)
+            merged = self._write([(s, t, b) for (s, t), b in rows.items()]) if rows else None
+            for seg in group:
+                del segs[seg]
+                if seg != merged:
+                    seg.unlink(missing_ok=True)
+                    removed += 1
+            if merged is not None:
+                segs[merged] = len(rows)
+
+    def prune(self, keep: set[Key]) -> int:
         """Delete every entry not in ``keep`` (other config keys included); return how many."""
         removed = 0
         if not self.root.is_dir():
             return 0
-        for path in sorted(self.root.glob("*/*/*")):
-            if path.parent.parent == self.dir:
-                sha, _, rest = path.name.partition(".")
-                try:
-                    if (sha, int(rest.removesuffix(SUFFIX))) in keep:
-                        continue
-                except ValueError:
-                    pass
-            path.unlink()
-            removed += 1
-        for folder in sorted(self.root.glob("*/*"), reverse=True) + sorted(self.root.glob("*")):
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+        for folder in sorted(self.root.iterdir()):
+            if folder == self.dir:
+                continue
+            if folder.is_dir():
+                removed += sum(_count_entries(p) for p in sorted(folder.rglob("*")) if p.is_file())
+                shutil.rmtree(folder)
+            else:
+                folder.unlink()
+                removed += 1
+        for seg in self.segments():  # rewrite only the segments holding something to drop
+            t = self._read(seg)
+            if t is None:
+                seg.unlink()
+                continue
+            rows = list(zip(*(t.column(i).to_pylist() for i in range(3)), strict=True))
+            kept = [r for r in rows if (r[0], r[1]) in keep]
+            if len(kept) == len(rows):
+                continue
+            removed += len(rows) - len(kept)
+            written = self._write(kept) if kept else None
+            if written != seg:
+                seg.unlink()
+        if self.dir.is_dir() and not any(self.dir.iterdir()):
+            self.dir.rmdir()
         return removed
+
+
+def _entry_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
+    """Each binary value of ``column`` as an int32 array viewing Arrow's buffer (no copy; a
+    value whose length is not a whole number of int32 comes back as an empty array, which
+    :func:`unpack` refuses)."""
+    out: list[np.ndarray] = []
+    for chunk in column.chunks:
+        offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int32)
+        offsets = offsets[chunk.offset : chunk.offset + len(chunk) + 1]
+        data = chunk.buffers()[2]
+        raw = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8)
+        for a, b in itertools.pairwise(offsets.tolist()):
+            out.append(raw[a:b].view("<i4") if (b - a) % 4 == 0 else np.zeros(0, np.int32))
+    return out
+
+
+def _count_entries(path: Path) -> int:
+    """Entries in a file of an older key or layout: a segment's rows, else 1."""
+    if path.name.startswith("seg-") and path.suffix == ".parquet":
+        try:
+            return pq.read_metadata(path).num_rows
+        except (pa.ArrowException, OSError):
+            return 1
+    return 1
 
 
 # ---- trained vocabularies on cached base ids --------------------------------------------
@@ -281,30 +409,71 @@ def match_counts(reference: Any, decoded: Any, program: int | None = None) -> tu
 
 
 def multiset_matches(a: np.ndarray, b: np.ndarray) -> int:
-    """Size of the multiset intersection of the rows of ``a`` and ``b``."""
+    """Size of the multiset intersection of the rows of ``a`` and ``b``.
+
+    Rows are first mapped to one int64 code each (mixed radix over the columns' joint ranges),
+    so the common case, equal multisets, is two 1-D sorts; ``np.unique(axis=0)`` on the rows
+    cost more than the decode it checks.
+    """
     if len(a) == 0 or len(b) == 0:
         return 0
-    _, codes = np.unique(np.concatenate([a, b]), axis=0, return_inverse=True)
+    ka, kb = _row_codes(a, b)
+    ka, kb = np.sort(ka), np.sort(kb)
+    if len(ka) == len(kb) and np.array_equal(ka, kb):
+        return len(ka)
+    _, codes = np.unique(np.concatenate([ka, kb]), return_inverse=True)
     codes = codes.reshape(-1)
     n = int(codes.max()) + 1
-    return int(np.minimum(np.bincount(codes[: len(a)], minlength=n),
-                          np.bincount(codes[len(a) :], minlength=n)).sum())
+    return int(np.minimum(np.bincount(codes[: len(ka)], minlength=n),
+                          np.bincount(codes[len(ka) :], minlength=n)).sum())
+
+
+def same_multiset(a: np.ndarray, b: np.ndarray) -> bool:
+    """True when the rows of ``a`` and ``b`` are the same multiset (both sorted by every column
+    and compared: cheaper than :func:`multiset_matches` on the tens of rows of a short piece)."""
+    if a.shape != b.shape:
+        return False
+    return bool(np.array_equal(a[np.lexsort(a.T[::-1])], b[np.lexsort(b.T[::-1])]))
+
+
+def _row_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Codes equal exactly when rows are equal: mixed radix when the joint ranges fit in 62
+    bits, else the rank of each distinct row."""
+    both = np.concatenate([a, b]).astype(np.int64)
+    lo, hi = both.min(axis=0), both.max(axis=0)
+    spans = [int(h) - int(v) + 1 for v, h in zip(lo.tolist(), hi.tolist(), strict=True)]
+    if math.prod(spans) < 2**62:
+        mult = np.array([math.prod(spans[i + 1 :]) for i in range(len(spans))], np.int64)
+        codes = ((both - lo) * mult).sum(axis=1)
+    else:
+        codes = np.unique(both, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return codes[: len(a)], codes[len(a) :]
 
 
 def chunk_starts(times: list[int], ticks: list[int]) -> np.ndarray:
     """Where each bar/beat sub-sequence starts: ``TokSequence._split_per_ticks`` on plain ints.
 
     Same walk as miditok's (which copies a sub-sequence per bar, the slowest part of encoding
-    here); tests check the chunks against ``tokenizer.encode`` with a trained vocabulary.
+    here): for each tick after the first, the first index at or after the previous one whose
+    time is not before the tick, stopping at the end. Event times are sorted, so that is a
+    ``searchsorted``; unsorted times take the walk itself. Tests check the chunks against
+    ``tokenizer.encode`` with a trained vocabulary.
     """
-    idxs, ti = [0], 0
-    for tick in ticks[1:]:
-        while ti < len(times) and times[ti] < tick:
-            ti += 1
-        if ti == len(times):
-            break
-        idxs.append(ti)
-    return np.asarray(idxs, dtype=np.int32)
+    t = np.asarray(times, dtype=np.int64)
+    k = np.asarray(ticks[1:], dtype=np.int64)
+    if len(t) and not (np.diff(t) >= 0).all():
+        idxs, ti = [0], 0
+        for tick in ticks[1:]:
+            while ti < len(times) and times[ti] < tick:
+                ti += 1
+            if ti == len(times):
+                break
+            idxs.append(ti)
+        return np.asarray(idxs, dtype=np.int32)
+    found = np.maximum.accumulate(np.searchsorted(t, k, side="left")) if len(k) else k
+    end = np.flatnonzero(found == len(t))
+    found = found[: end[0]] if len(end) else found
+    return np.concatenate([[0], found]).astype(np.int32)
 
 
 def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool) -> Encoding:
@@ -329,8 +498,10 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool)
         ids = np.asarray(ts.ids, dtype=np.int32)
         rt_matched = rt_decoded = -1
         if check:
+            t0 = time.perf_counter()
             rt_matched, rt_decoded = roundtrip_counts(tokenizer, ts, score, i, one_stream,
                                                       (program, is_drum))
+            CLOCK["check"] += time.perf_counter() - t0
         times = [e.time for e in ts.events]
         seqs.append(SeqEncoding(track, program, is_drum, n_notes, ids,
                                 chunk_starts(times, ts._ticks_bars),
@@ -342,13 +513,24 @@ def roundtrip_counts(tokenizer: Any, seq: Any, reference: Any, track: int, one_s
                      program: tuple[int, bool]) -> tuple[int, int]:
     """(matched, decoded) note counts of ``decode(seq)`` against the preprocessed reference.
 
-    A fresh ``TokSequence`` (tokens and ids copied) is decoded because ``decode`` mutates what
-    it is given; passing the tokens skips miditok's id -> token lookup, a bijection.
-    Per-track sequences are compared with their own track, programs ignored (the stream does
-    not encode them; they are passed back to the decoder).
+    When :func:`remi_note_keys` can read the notes straight from the ids and they equal the
+    reference's, the counts are exact without building a decoded score (the common case: a
+    third of the worker's time went to miditok's decode). Otherwise miditok decodes: a fresh
+    ``TokSequence`` (tokens and ids copied) because ``decode`` mutates what it is given;
+    passing the tokens skips miditok's id -> token lookup, a bijection. Per-track sequences are
+    compared with their own track, programs ignored (the stream does not encode them; they are
+    passed back to the decoder).
     """
     from miditok import TokSequence
 
+    if one_stream:
+        fast = remi_note_keys(tokenizer, np.asarray(seq.ids, dtype=np.int64))
+        if fast is not None:
+            grid = lcm(int(reference.ticks_per_quarter), int(tokenizer.time_division))
+            ref = note_keys(reference, grid)
+            fast[:, [1, 3]] *= grid // int(tokenizer.time_division)
+            if same_multiset(ref, fast):
+                return len(ref), len(fast)
     fresh = TokSequence(tokens=list(seq.tokens), ids=list(seq.ids))
     if one_stream:
         return match_counts(reference, tokenizer.decode(fresh))
@@ -359,6 +541,137 @@ def roundtrip_counts(tokenizer: Any, seq: Any, reference: Any, track: int, one_s
     if keep is not None:
         ref.tracks.append(keep)
     return match_counts(ref, decoded, program=0)
+
+
+# Token kinds of the REMI reader below.
+_OTHER, _BAR, _POS, _PROG, _PITCH, _VEL, _DUR, _TS = range(8)
+_REMI_SPECS: dict[int, Any] = {}
+
+
+@dataclass(frozen=True)
+class _RemiSpec:
+    kind: np.ndarray  # per base id: one of the kinds above
+    value: np.ndarray  # per base id: position, program, pitch or velocity; index of a duration
+    # or of a time signature
+    ts_bar: np.ndarray  # per time signature: ticks per bar
+    ts_pos: np.ndarray  # per time signature: ticks per position
+    dur_ticks: np.ndarray  # (time signature, duration index) -> ticks
+    default_ts: int  # the decoder's default time signature
+    pitch_range: tuple[int, int]
+
+
+def _remi_spec(tokenizer: Any) -> _RemiSpec | None:
+    """Lookup tables for :func:`remi_note_keys`, or None outside the configurations it reads:
+    REMI, all programs in one stream, velocities and durations on every program, and none of
+    rests, chords, pitch intervals, pedals, pitch bends, control changes, bar embeddings or
+    bar-end tokens (each of those changes how miditok decodes time or notes)."""
+    cached = _REMI_SPECS.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    c = tokenizer.config
+    extra = c.additional_params
+    ok = (type(tokenizer).__name__ == "REMI" and c.use_programs
+          and c.one_token_stream_for_programs and c.use_velocities
+          and not any(getattr(c, k) for k in (
+              "use_rests", "use_chords", "use_pitch_intervals", "use_sustain_pedals",
+              "use_pitch_bends", "use_control_changes"))
+          and extra.get("max_bar_embedding") is None and not extra.get("use_bar_end_tokens")
+          and set(range(-1, 128)) <= set(c.use_note_duration_programs)
+          and not getattr(tokenizer, "attribute_controls", None))
+    spec = _build_remi_spec(tokenizer) if ok else None
+    _REMI_SPECS[id(tokenizer)] = (tokenizer, spec)
+    return spec
+
+
+def _build_remi_spec(tokenizer: Any) -> _RemiSpec:
+    from miditok.constants import TIME_SIGNATURE
+    from miditok.utils import compute_ticks_per_bar
+    from symusic import TimeSignature
+
+    tpq = tokenizer.time_division
+    kinds = {"Bar": _BAR, "Position": _POS, "Program": _PROG, "Pitch": _PITCH,
+             "PitchDrum": _PITCH, "Velocity": _VEL, "Duration": _DUR, "TimeSig": _TS}
+    n = len(tokenizer.vocab)
+    kind, value = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    sigs: list[tuple[int, int]] = [tuple(TIME_SIGNATURE)]
+    durs: list[str] = []
+    for token, i in tokenizer.vocab.items():
+        typ, _, val = token.partition("_")
+        k = kinds.get(typ, _OTHER)
+        if k == _BAR and val != "None":
+            k = _OTHER
+        kind[i] = k
+        if k == _DUR:
+            value[i] = len(durs)
+            durs.append(val)
+        elif k == _TS:
+            sig = tuple(tokenizer._parse_token_time_signature(val))
+            if sig not in sigs:
+                sigs.append(sig)
+            value[i] = sigs.index(sig)
+        elif k in (_POS, _PROG, _PITCH, _VEL):
+            value[i] = int(val)
+    tpbs = [tokenizer._tpb_per_ts[den] for _, den in sigs]
+    ts_bar = np.array([compute_ticks_per_bar(TimeSignature(0, num, den), tpq)
+                       for num, den in sigs], np.int64)
+    ts_pos = np.array([tokenizer._compute_ticks_per_pos(t) for t in tpbs], np.int64)
+    dur_ticks = np.array([[int(tokenizer._tpb_tokens_to_ticks[t][d]) for d in durs]
+                          for t in tpbs], np.int64).reshape(len(sigs), len(durs))
+    lo, hi = tokenizer.config.pitch_range
+    return _RemiSpec(kind, value, ts_bar, ts_pos, dur_ticks, 0, (int(lo), int(hi)))
+
+
+def _last(mask: np.ndarray, values: np.ndarray, default: int) -> np.ndarray:
+    """At each index, ``values`` at the latest index <= it where ``mask`` holds, else default."""
+    last = np.maximum.accumulate(np.where(mask, np.arange(len(mask)), -1))
+    return np.where(last >= 0, values[np.maximum(last, 0)], default)
+
+
+def remi_note_keys(tokenizer: Any, ids: np.ndarray) -> np.ndarray | None:
+    """(program, onset, pitch, duration) rows of the notes miditok's REMI ``decode`` gives for
+    base ``ids`` (one stream), on the tokenizer's time division; None for configurations
+    :func:`_remi_spec` does not cover.
+
+    The same reading as ``REMI._tokens_to_score``, vectorised. The time signature is the first
+    TimeSig token when it comes before any note token (else the default), then the latest
+    TimeSig token. The bar counter starts at -1, a Position before any Bar sets it to 0 and
+    each Bar adds one, moving the bar's start by a bar of the current signature when the
+    counter becomes positive; the current time is set by the latest Bar or Position. A Pitch
+    makes a note at the current time and program when its next two tokens are a Velocity and a
+    Duration and the pitch is within range; the duration's ticks depend on the signature.
+    Drums are program -1, as in :func:`note_keys`. Tests compare it with miditok's ``decode``.
+    """
+    spec = _remi_spec(tokenizer)
+    if spec is None:
+        return None
+    n = len(ids)
+    if n == 0:
+        return np.zeros((0, 4), np.int64)
+    if ids.min() < 0 or ids.max() >= len(spec.kind):
+        return None
+    kind, value = spec.kind[ids], spec.value[ids]
+    is_bar, is_pos, is_ts = kind == _BAR, kind == _POS, kind == _TS
+    noteish = (kind >= _PITCH) & (kind <= _DUR)  # Pitch, Velocity, Duration (consecutive)
+    first_ts = int(np.argmax(is_ts)) if is_ts.any() else n
+    first_note = int(np.argmax(noteish)) if noteish.any() else n
+    initial = int(value[first_ts]) if first_ts < first_note else spec.default_ts
+    ts = _last(is_ts, value, initial)
+    first_bar = int(np.argmax(is_bar)) if is_bar.any() else n
+    first_pos = int(np.argmax(is_pos)) if is_pos.any() else n
+    step = np.where(is_bar, spec.ts_bar[ts], 0)
+    if first_bar < first_pos:
+        step[first_bar] = 0  # the first Bar only sets the counter to 0
+    bar_tick = np.cumsum(step)
+    set_tick = np.where(is_pos, bar_tick + value * spec.ts_pos[ts], bar_tick)
+    tick = _last(is_bar | is_pos, set_tick, 0)
+    program = _last(kind == _PROG, value, 0)
+    nxt = np.concatenate([kind[1:], [_OTHER]])
+    nxt2 = np.concatenate([kind[2:], [_OTHER, _OTHER]])
+    lo, hi = spec.pitch_range
+    at = np.flatnonzero((kind == _PITCH) & (nxt == _VEL) & (nxt2 == _DUR)
+                        & (value >= lo) & (value <= hi))
+    dur = spec.dur_ticks[ts[at], value[at + 2]]
+    return np.stack([program[at], tick[at], value[at], dur], axis=1).astype(np.int64)
 
 
 def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:
@@ -418,6 +731,9 @@ class SourceError(Exception):
 
 _WORKER: dict[str, Any] = {}
 Job = tuple[str, str, tuple[int, ...]]  # (sha256, path, transpositions to encode)
+# Seconds spent in this process: encoding jobs (all of it) and, within that, the round-trip
+# check and writing the cache; reported in the timing sidecar, never in an artifact.
+CLOCK = {"encode": 0.0, "check": 0.0, "cache_write": 0.0}
 
 
 def _init_worker(factory: tuple, cache_root: str | None, key: str) -> None:
@@ -427,8 +743,11 @@ def _init_worker(factory: tuple, cache_root: str | None, key: str) -> None:
     _WORKER["cache"] = TokenCache(cache_root, key) if cache_root else None
 
 
-def _encode_chunk(jobs: tuple[Job, ...]) -> list[Any]:
-    """Encode each job, write its cache entries, return packed arrays or (flag, detail)."""
+def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
+    """Encode each job and write the chunk's entries as one cache segment; return packed
+    arrays per job or (flag, detail), and the seconds this chunk spent per phase."""
+    before = dict(CLOCK)
+    t0 = time.perf_counter()
     out: list[Any] = []
     for sha, path, transposes in jobs:
         try:
@@ -439,19 +758,24 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> list[Any]:
         except Exception as e:  # a file miditok cannot encode is flagged, never fatal
             out.append(("encode_error", f"{type(e).__name__}: {e}"))
             continue
-        if _WORKER["cache"] is not None:
-            for t, enc in encs.items():
-                _WORKER["cache"].put(sha, t, enc)
         out.append({t: pack(enc) for t, enc in encs.items()})
-    return out
+    t1 = time.perf_counter()
+    CLOCK["encode"] += t1 - t0
+    if _WORKER["cache"] is not None:
+        _WORKER["cache"].put_many([(sha, t, arr) for (sha, _, _), r in zip(jobs, out, strict=True)
+                                   if isinstance(r, dict) for t, arr in r.items()])
+        CLOCK["cache_write"] += time.perf_counter() - t1
+    return out, {k: CLOCK[k] - before[k] for k in CLOCK}
 
 
 def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *, workers: int,
-                   timeout_s: float, show_progress: bool | str = "auto") -> dict[str, Any]:
+                   timeout_s: float, show_progress: bool | str = "auto",
+                   seconds: dict[str, float] | None = None) -> dict[str, Any]:
     """Encode ``jobs`` in isolated worker processes, in chunks; write entries to ``cache``.
 
     Returns sha256 -> {transpose: Encoding} or (flag, detail). A chunk lost to a crash or a
-    timeout is retried one file at a time, so one bad file only costs its own row.
+    timeout is retried one file at a time, so one bad file only costs its own row. Worker
+    seconds per phase are added to ``seconds`` when given.
     """
     from pipeline.core.parallel import ItemFailure, isolated_map
 
@@ -461,12 +785,22 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
     size = max(1, min(64, len(jobs) // (workers * 8)))
     chunks = [tuple(jobs[i : i + size]) for i in range(0, len(jobs), size)]
     initargs = (factory, str(cache.root) if cache else None, cache.key if cache else "")
+    clock = seconds if seconds is not None else {}
 
     def run_chunks(chs: list[tuple[Job, ...]]) -> list[Any]:
-        return isolated_map(_encode_chunk, chs, workers=workers,
-                            timeout_s=timeout_s * max(len(c) for c in chs), desc="tokenize",
-                            show_progress=show_progress, initializer=_init_worker,
-                            initargs=initargs)
+        results = isolated_map(_encode_chunk, chs, workers=workers,
+                               timeout_s=timeout_s * max(len(c) for c in chs), desc="tokenize",
+                               show_progress=show_progress, initializer=_init_worker,
+                               initargs=initargs)
+        out = []
+        for res in results:
+            if isinstance(res, ItemFailure):
+                out.append(res)
+                continue
+            for k, v in res[1].items():
+                clock[k] = clock.get(k, 0.0) + v
+            out.append(res[0])
+        return out
 
     raw: dict[str, Any] = {}
     retry: list[tuple[Job, ...]] = []

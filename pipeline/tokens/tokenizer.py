@@ -1,12 +1,16 @@
 """miditok tokenizers: which are supported, how one is built from params, loaded from
 ``data/tokenizer.json`` and decoded. The only place that constructs or loads a tokenizer.
 
-``import miditok`` pulls in torch (about 2 s), so miditok is imported inside the functions.
+``import miditok`` pulls in torch (2-4 s) through its optional ``miditok.pytorch_data``, which
+nothing here uses; :func:`import_miditok` imports miditok without it when torch is not loaded
+yet, and is called inside the functions.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,11 +33,35 @@ REFUSED = {
 MODELS = ("none", "BPE", "WordPiece")
 
 
+def import_miditok() -> Any:
+    """The ``miditok`` module, imported without torch when torch is not already loaded.
+
+    miditok's ``__init__`` imports its optional ``pytorch_data`` inside ``try/except
+    ImportError``; a ``None`` in ``sys.modules`` makes that import fail, so torch is not loaded.
+    The placeholder is removed afterwards: ``import miditok.pytorch_data`` later imports it (and
+    torch) as usual. Should a miditok release not catch that ImportError, the partial import is
+    undone and miditok imported plainly.
+    """
+    if "miditok" in sys.modules:
+        return sys.modules["miditok"]
+    name = "miditok.pytorch_data"
+    if "torch" in sys.modules or name in sys.modules:
+        return importlib.import_module("miditok")
+    sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module("miditok")
+    except ImportError:
+        for mod in [m for m in sys.modules if m == "miditok" or m.startswith("miditok.")]:
+            del sys.modules[mod]  # the placeholder included
+        return importlib.import_module("miditok")
+    finally:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
+
+
 def tokenizer_config_args() -> set[str]:
     """Keyword arguments of miditok's ``TokenizerConfig`` (its ``**kwargs`` excluded)."""
-    from miditok import TokenizerConfig
-
-    params = inspect.signature(TokenizerConfig.__init__).parameters.values()
+    params = inspect.signature(import_miditok().TokenizerConfig.__init__).parameters.values()
     return {p.name for p in params if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD}
 
 
@@ -60,8 +88,7 @@ def make_tokenizer(name: str, config: dict[str, Any]) -> Any:
     """Base (untrained) miditok tokenizer; ValueError naming ``config.<key>`` when refused."""
     import warnings
 
-    import miditok
-
+    miditok = import_miditok()
     kwargs = {k: _from_yaml(k, v) for k, v in config.items()}
     try:
         with warnings.catch_warnings():
@@ -82,8 +109,7 @@ def make_tokenizer(name: str, config: dict[str, Any]) -> Any:
 
 def load_tokenizer(path: Path | str) -> Any:
     """Load a saved miditok tokenizer by the class name stored in its JSON."""
-    import miditok
-
+    miditok = import_miditok()
     raw = read_json(path)
     name = raw.get("tokenization") if isinstance(raw, dict) else None
     cls = getattr(miditok, str(name), None) if name else None

@@ -9,7 +9,8 @@ same files): N distinct pieces of 1-4 pitched tracks on General MIDI programs (p
 bass, strings, ...), four in ten with a drum track, 60-1,500 notes (log-uniform), random tempo;
 each pitched track a scale-bound walk on a 16th-note grid. About 5% are planted variants of an
 earlier piece (transposed, re-saved at another tempo and resolution, or with 5% of pitches
-changed), so dedupe has work to do. Files go 1,000 to a folder.
+changed), so dedupe has work to do. Files go 1,000 to a folder. ``--corpus DIR`` keeps them for
+later runs; the project's source folder holds hard links to them.
 
 The project is a temporary copy of ``pipeline/``, ``models/``, ``dvc.yaml`` and ``params.yaml``
 (``corpus.source`` pointing at the generated folder, ``runtime.workers`` = ``--workers``,
@@ -22,9 +23,9 @@ the peak of its process tree's memory (sum of PSS, sampled every 0.1 s). Then:
 - ``+1%``: N/100 new files are added and each stage runs again with ``dvc repro -s``.
 
 Baselines, measured in the same run on the first ``--baseline-files`` files in one process:
-corpus = a plain file copy loop, ingest = read + sha256 + parse + notes in beats
-(``pipeline.music.ingestion.inspect_file``), tokenize = a plain miditok ``encode`` loop. The ratio
-is the stage's files/s over the baseline's (> 1: faster than the plain loop). dedupe and split
+corpus = a plain file copy loop, ingest = read once + sha256 + parse + notes in beats
+(``pipeline.music.ingestion.inspect_bytes``), tokenize = a plain miditok ``encode`` loop. The
+ratio is the stage's files/s over the baseline's (> 1: faster than the plain loop). dedupe and split
 have no single-process loop to compare with (``benchmarks/bench_dedupe.py`` compares dedupe with
 brute force). Timings are printed and written to ``--json``; nothing is asserted.
 """
@@ -146,12 +147,24 @@ def write_corpus(root: Path, start: int, stop: int, seed: int) -> None:
         path.write_bytes(data)
 
 
+def link_corpus(store: Path, corpus: Path, n: int) -> None:
+    """Files ``0..n-1`` of ``store`` as hard links (copies across file systems) in ``corpus``,
+    the project's source folder; the +1% files are then written there only."""
+    for i in range(n):
+        src, dst = file_path(store, i), file_path(corpus, i)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+
 # ------------------------------------------------------------------------------- measurement
 def baselines(paths: list[Path], model: str) -> dict[str, float]:
     """Files/s of the plain single-process loops (see the module docstring)."""
     from symusic import Score
 
-    from pipeline.music.ingestion import IngestConfig, inspect_file
+    from pipeline.music.ingestion import IngestConfig, inspect_bytes
     from pipeline.tokens.tokenizer import make_tokenizer
 
     out = {}
@@ -163,8 +176,9 @@ def baselines(paths: list[Path], model: str) -> dict[str, float]:
     cfg = IngestConfig()
     t = time.perf_counter()
     for p in paths:
-        hashlib.sha256(p.read_bytes()).hexdigest()
-        inspect_file(str(p), cfg)
+        data = p.read_bytes()
+        hashlib.sha256(data).hexdigest()
+        inspect_bytes(data, cfg)
     out["ingest"] = len(paths) / (time.perf_counter() - t)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]
     tok = make_tokenizer(params["tokenizer"], params["config"])
@@ -209,6 +223,9 @@ def main() -> None:
     ap.add_argument("--model", choices=("none", "BPE"), default="none")
     ap.add_argument("--baseline-files", type=int, default=2000)
     ap.add_argument("--keep", type=Path, help="build the project here and keep it")
+    ap.add_argument("--corpus", type=Path,
+                    help="keep the generated files here and reuse them on a later run with the "
+                         "same --files and --seed (generating 100,000 files takes minutes)")
     ap.add_argument("--json", type=Path, help="also write the measurements here")
     args = ap.parse_args()
 
@@ -222,9 +239,14 @@ def main() -> None:
     corpus, project = work / "corpus", work / "project"
     project.mkdir()
     t = time.perf_counter()
-    write_corpus(corpus, 0, args.files, args.seed)
+    store = (args.corpus or work / "generated").resolve()
+    marker = store / f".complete-seed{args.seed}-files{args.files}"
+    if not marker.exists():
+        write_corpus(store, 0, args.files, args.seed)
+        marker.write_text("")
+    link_corpus(store, corpus, args.files)
     size = sum(p.stat().st_size for p in corpus.rglob("*.mid"))
-    print(f"generated {args.files} files ({size / 2**20:.0f} MiB) in "
+    print(f"corpus of {args.files} files ({size / 2**20:.0f} MiB) ready in "
           f"{time.perf_counter() - t:.0f} s; {args.workers} workers; tokenize.model "
           f"{args.model}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs",
           flush=True)

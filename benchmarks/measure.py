@@ -15,8 +15,10 @@ import psutil
 
 def run_measured(cmd: list[str], cwd: Path) -> tuple[float, int, int, str]:
     """Run ``cmd`` in ``cwd`` (the venv's bin first on PATH, DVC analytics off); return its wall
-    time, the peak memory of its process tree (sum of PSS sampled every 0.1 s: forked workers
-    share pages with their parent, so a sum of RSS would count those pages twice), the largest
+    time, the peak memory of its process tree (sum of PSS sampled every 0.1 s, or less often
+    when a sample itself takes longer than 1/10 of that: reading PSS walks the page tables, which
+    for a process of several GiB costs a noticeable share of a core; forked workers share pages
+    with their parent, so a sum of RSS would count those pages twice), the largest
     single-process peak RSS among the children so far, and its output. A failure stops the
     benchmark with the output."""
     env = {**os.environ, "DVC_NO_ANALYTICS": "1",
@@ -31,6 +33,7 @@ def run_measured(cmd: list[str], cwd: Path) -> tuple[float, int, int, str]:
     def sample() -> None:
         nonlocal peak
         while not done.is_set():
+            t = time.perf_counter()
             total = 0
             try:
                 for p in [ps, *ps.children(recursive=True)]:
@@ -39,7 +42,7 @@ def run_measured(cmd: list[str], cwd: Path) -> tuple[float, int, int, str]:
             except psutil.Error:
                 pass
             peak = max(peak, total)
-            time.sleep(0.1)
+            time.sleep(max(0.1, 10 * (time.perf_counter() - t)))
 
     th = threading.Thread(target=sample)
     th.start()

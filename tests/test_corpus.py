@@ -10,7 +10,8 @@ import pytest
 
 from pipeline.core.config import ParamsError, RuntimeConfig
 from pipeline.core.parallel import ordered_map
-from pipeline.stages.corpus import CorpusConfig, chorale_list, chorale_midi, list_midi_files, run
+from pipeline.music.midi import list_midi_files
+from pipeline.stages.corpus import CorpusConfig, chorale_list, chorale_midi, run
 from tests.midi_utils import make_midi
 
 RT = RuntimeConfig(workers=1, progress=False)
@@ -105,3 +106,57 @@ def test_chorale_conversion_is_byte_identical_across_processes():
     assert here == there and all(data for data, _ in here)
     titles = {e["title"] for e in chorale_list()}
     assert len(chorale_list()) == 371 and len(titles) < 371  # titles repeat: groups matter
+
+
+def _index(path: Path) -> dict[str, tuple[str, int]]:
+    from pipeline.core.artifacts import read_table
+
+    t = read_table(path).to_pydict()
+    assert t["path"] == sorted(t["path"])
+    return dict(zip(t["path"], zip(t["sha256"], t["size_bytes"], strict=True), strict=True))
+
+
+def test_index_tracks_content_and_hashes_only_changed_files(tmp_path: Path):
+    import hashlib
+
+    src = _source(tmp_path)
+    raw, index, cache = tmp_path / "raw", tmp_path / "raw_index.parquet", tmp_path / "cache"
+
+    def sync() -> int:
+        return run(CorpusConfig(source=str(src)), RT, raw_dir=raw, metadata_out=tmp_path / "m.csv",
+                   index_out=index, cache_dir=cache).n_hashed
+
+    assert sync() == 4
+    first = index.read_bytes()
+    rows = _index(index)
+    assert rows == {rel: (hashlib.sha256((raw / rel).read_bytes()).hexdigest(),
+                          (raw / rel).stat().st_size) for rel in rows}
+    assert sync() == 0 and index.read_bytes() == first  # nothing changed: nothing hashed
+
+    # An edit inside data/raw that keeps the size is seen (new inode and mtime).
+    data = bytearray((raw / "a.MID").read_bytes())
+    data[-5] ^= 1
+    (raw / "a.MID").unlink()
+    (raw / "a.MID").write_bytes(bytes(data))
+    assert sync() == 1  # differs from the source in mtime: copied again, so hashed again
+    assert index.read_bytes() == first
+
+    (src / "a.MID").write_bytes(bytes(data))  # the source itself edited, same size
+    assert sync() == 2  # a.MID and b/inside_link.mid, a link to it
+    new = (hashlib.sha256(data).hexdigest(), len(data))
+    assert _index(index)["a.MID"] == _index(index)["b/inside_link.mid"] == new != rows["a.MID"]
+
+    (src / "new.mid").write_bytes(make_midi([(0, 2, 67, 80)]))
+    assert sync() == 1
+    assert set(_index(index)) - set(rows) == {"new.mid"}
+
+    # The index is a function of the files alone: no cache, another folder, same bytes.
+    other = tmp_path / "other"
+    run(CorpusConfig(source=str(src)), RT, raw_dir=other, metadata_out=tmp_path / "m2.csv",
+        index_out=tmp_path / "i2.parquet", cache_dir=None)
+    assert (tmp_path / "i2.parquet").read_bytes() == index.read_bytes()
+
+    # An unreadable stat cache is ignored, never trusted.
+    for f in cache.iterdir():
+        f.write_bytes(b"garbage")
+    assert sync() == 5 and (tmp_path / "i2.parquet").read_bytes() == index.read_bytes()

@@ -121,7 +121,7 @@ def test_packed_pieces_see_only_themselves():
         alone, nll = m(p[None], y[:, start : start + n], reduction="sum")
         assert torch.allclose(packed[0, start : start + n], alone[0], atol=1e-5), n
         start, alone_loss = start + n, alone_loss + nll
-    assert float(loss) == pytest.approx(float(alone_loss), rel=1e-5)
+    assert loss.item() == pytest.approx(alone_loss.item(), rel=1e-5)
     # without the segments the later pieces see the earlier ones: the test can tell
     plain, _ = m(x)
     assert not torch.allclose(plain[0, 5:12], packed[0, 5:12], atol=1e-3)

@@ -63,7 +63,7 @@ from pipeline.music import duplicates as dedupe
 from pipeline.music import fingerprints as fp
 from pipeline.music import ingestion as ingest
 from pipeline.music import similarity
-from pipeline.music.midi import list_midi_files
+from pipeline.music.midi import list_midi_paths
 
 CACHE_FORMAT = 1
 """Bump when the cached tables change meaning: older cache entries are then ignored."""
@@ -128,7 +128,7 @@ def resolve(spec: str, key: str = "contamination.against") -> Source:
     allowed = ("a folder of MIDI files, a file list (.txt, or .csv with a 'path' column) or a "
                "symkit manifest.parquet with notes.parquet beside it")
     if path.is_dir():
-        files = tuple(p.as_posix() for p in list_midi_files(path))
+        files = tuple(list_midi_paths(path))
         return Source(spec, "folder", path, files)
     if not path.is_file():
         raise ParamsError(f"{key}: {spec!r} does not exist; allowed: {allowed}")

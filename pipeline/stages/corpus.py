@@ -12,9 +12,18 @@ Sources:
   that lead outside the folder are not followed. Files are copied (or hard-linked) unchanged.
 
 The stage runs on every ``dvc repro`` (``always_changed``) so that edits to a source folder are
-seen, but it is incremental: ``data/raw/`` is a persistent output that is synchronised (new or
-changed files copied, vanished ones removed), and chorales already written are not converted
-again. Later stages re-run only when the bytes in ``data/raw/`` actually change.
+seen, but it is incremental: ``data/raw/`` is synchronised (new or changed files copied, vanished
+ones removed), and chorales already written are not converted again.
+
+``data/raw_index.parquet`` is what DVC tracks of ``data/raw/``: one row per file (``path``,
+``sha256``, ``size_bytes``), sorted by path. Later stages depend on it, so they re-run exactly when
+a file's bytes, a path, or the set of files changes. The folder itself is not a DVC output: DVC
+hashes a directory output file by file on every ``dvc status`` (over a minute for 100,000 files
+here, see docs/scale.md), while this index costs one ``stat`` per unchanged file. A file is
+hashed again when its size, modification time, inode or status-change time changed since the last
+run (DVC's own state database uses the first three); those facts live in ``.cache/corpus/``,
+never in the index, so the index is the same on every machine. ``data/raw/`` is rebuilt from the
+source by this stage, so it needs no copy in the DVC cache.
 
 ``data/raw_metadata.csv`` always has ``path`` (relative to ``data/raw/``) and ``group`` plus any
 extra columns from ``corpus.metadata``. A chorale music21 cannot resolve is listed with an empty
@@ -32,12 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import pyarrow as pa
 from pydantic import Field
 
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
 from pipeline.core.parallel import ordered_map
-from pipeline.music.midi import list_midi_files
+from pipeline.music.midi import scan_midi_files
 
 BACH = "music21:bach-chorales"
 
@@ -54,6 +64,7 @@ class CorpusConfig(StageConfig):
 class CorpusSummary:
     n_files: int
     n_unresolved: int
+    n_hashed: int = 0
 
 
 # --------------------------------------------------------------------------- folder sources
@@ -78,35 +89,67 @@ def read_metadata_csv(path: Path, known: set[str]) -> dict[str, dict[str, str]]:
     return rows
 
 
-def _place(src: Path, dst: Path, link: str) -> None:
-    """Copy (or hard-link) ``src`` to ``dst`` unless ``dst`` already has its size and mtime."""
-    if dst.exists():
-        a, b = src.stat(), dst.stat()
-        if a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns:
-            return
+def scan_tree(root: Path) -> tuple[dict[str, os.stat_result], list[str]]:
+    """Every non-folder entry under ``root`` (``lstat``, by POSIX path) and every folder."""
+    files: dict[str, os.stat_result] = {}
+    folders: list[str] = []
+    stack = [("", os.fspath(root))]
+    while stack:
+        prefix, folder = stack.pop()
+        with os.scandir(folder) as entries:
+            for e in entries:
+                rel = prefix + e.name
+                if e.is_dir(follow_symlinks=False):
+                    folders.append(rel)
+                    stack.append((rel + "/", e.path))
+                else:
+                    files[rel] = e.stat(follow_symlinks=False)
+    return files, folders
+
+
+def _place(src: Path, dst: Path, src_stat: os.stat_result, dst_stat: os.stat_result | None,
+           link: str) -> bool:
+    """Copy (or hard-link) ``src`` to ``dst`` unless ``dst`` already has its size and mtime;
+    return whether ``dst`` was (re)written."""
+    if dst_stat is not None:
+        if (src_stat.st_size == dst_stat.st_size
+                and src_stat.st_mtime_ns == dst_stat.st_mtime_ns):
+            return False
         dst.unlink()
     dst.parent.mkdir(parents=True, exist_ok=True)
     if link == "hardlink":
         try:
             os.link(src, dst)
-            return
+            return True
         except OSError:  # other filesystem, or links not allowed: copy instead
             pass
     with artifacts.atomic_path(dst) as tmp:
         shutil.copy2(src, tmp)  # keeps mtime, so the next run can skip an unchanged file
+    return True
 
 
-def materialise_folder(cfg: CorpusConfig, source: Path, raw_dir: Path) -> list[dict[str, str]]:
-    files = list_midi_files(source)
-    names = {p.as_posix() for p in files}
-    meta = read_metadata_csv(Path(cfg.metadata), names) if cfg.metadata else {}
-    rows = []
-    for rel in files:
-        _place(source / rel, raw_dir / rel, cfg.link)
-        row = {"path": rel.as_posix(), **meta.get(rel.as_posix(), {})}
+def materialise_folder(
+    cfg: CorpusConfig, source: Path, raw_dir: Path, existing: dict[str, os.stat_result]
+) -> tuple[list[dict[str, str]], dict[str, os.stat_result]]:
+    """Sync ``raw_dir`` with ``source``; the rows and the ``stat`` of every placed file."""
+    files = scan_midi_files(source)
+    meta = read_metadata_csv(Path(cfg.metadata), {rel for rel, _ in files}) if cfg.metadata else {}
+    rows, placed = [], {}
+    for rel, src_stat in files:
+        old = existing.get(rel)
+        if (
+            old is not None
+            and src_stat.st_size == old.st_size
+            and src_stat.st_mtime_ns == old.st_mtime_ns
+        ):
+            placed[rel] = old  # the common case on a re-run: no path objects, no syscalls
+        else:
+            _place(source / rel, raw_dir / rel, src_stat, old, cfg.link)
+            placed[rel] = os.stat(raw_dir / rel)
+        row = {"path": rel, **meta.get(rel, {})}
         row.setdefault("group", "")
         rows.append(row)
-    return rows
+    return rows, placed
 
 
 # --------------------------------------------------------------------------- music21 chorales
@@ -171,16 +214,74 @@ def materialise_bach(
     return rows
 
 
+# --------------------------------------------------------------------------- content index
+INDEX_SCHEMA = pa.schema(
+    [("path", pa.string()), ("sha256", pa.string()), ("size_bytes", pa.int64())]
+)
+STAT_SCHEMA = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size_bytes", pa.int64()),
+        ("mtime_ns", pa.int64()),
+        ("inode", pa.int64()),
+        ("ctime_ns", pa.int64()),
+        ("sha256", pa.string()),
+    ]
+)
+
+
+def stat_cache_path(cache_dir: Path, raw_dir: Path) -> Path:
+    """One stat file per materialised folder (a machine fact: never an artifact)."""
+    key = artifacts.sha256_bytes(str(raw_dir.resolve()).encode())[:16]
+    return cache_dir / f"stat-{key}.parquet"
+
+
+def write_index(raw_dir: Path, stats: dict[str, os.stat_result], index_out: Path,
+                cache_dir: Path | None) -> int:
+    """Write ``index_out`` for the files ``stats`` names (relative to ``raw_dir``, with their
+    ``stat``); return how many were hashed (the rest had the same size, mtime, inode and ctime
+    recorded with their hash last time)."""
+    known: dict[str, tuple[int, ...]] = {}
+    stat_file = stat_cache_path(cache_dir, raw_dir) if cache_dir is not None else None
+    if stat_file is not None and stat_file.exists():
+        try:
+            t = artifacts.read_table(stat_file).to_pydict()
+            cols = [t[f.name] for f in STAT_SCHEMA]
+            known = {row[0]: row[1:] for row in zip(*cols, strict=True)}
+        except (artifacts.ArtifactError, KeyError):  # unreadable cache: hash everything again
+            known = {}
+    paths = sorted(stats)
+    facts = [(s.st_size, s.st_mtime_ns, s.st_ino, s.st_ctime_ns) for s in map(stats.get, paths)]
+    hashes = []
+    for rel, fact in zip(paths, facts, strict=True):
+        prev = known.get(rel)
+        hashes.append(prev[4] if prev is not None and prev[:4] == fact else None)
+    todo = [i for i, h in enumerate(hashes) if h is None]
+    for i in todo:
+        hashes[i] = artifacts.sha256_file(raw_dir / paths[i])
+    hashed = len(todo)
+    columns = list(zip(*facts, strict=True)) if facts else [[], [], [], []]
+    rows = dict(zip([f.name for f in STAT_SCHEMA], [paths, *columns, hashes], strict=True))
+    artifacts.write_parquet(
+        index_out,
+        pa.table({k: rows[k] for k in INDEX_SCHEMA.names}, schema=INDEX_SCHEMA),
+    )
+    if stat_file is not None:
+        artifacts.write_parquet(stat_file, pa.table(rows, schema=STAT_SCHEMA))
+    return hashed
+
+
 # --------------------------------------------------------------------------- stage
-def prune(raw_dir: Path, keep: set[str]) -> None:
-    """Remove files (and then empty folders) under ``raw_dir`` that the source no longer has."""
-    for p in sorted(raw_dir.rglob("*"), reverse=True):
-        rel = p.relative_to(raw_dir).as_posix()
-        if p.is_file() or p.is_symlink():
-            if rel not in keep:
-                p.unlink()
-        elif p.is_dir() and not any(p.iterdir()):
-            p.rmdir()
+def prune(raw_dir: Path, keep: set[str], files: dict[str, os.stat_result],
+          folders: list[str]) -> None:
+    """Remove ``files`` (and then empty ``folders``) under ``raw_dir`` not in ``keep``."""
+    for rel in sorted(files):
+        if rel not in keep:
+            (raw_dir / rel).unlink(missing_ok=True)
+    for rel in sorted(folders, reverse=True):  # children before their parents
+        folder = raw_dir / rel
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def write_metadata(rows: list[dict[str, str]], path: Path) -> None:
@@ -194,12 +295,21 @@ def write_metadata(rows: list[dict[str, str]], path: Path) -> None:
 
 
 def run(
-    cfg: CorpusConfig, runtime: RuntimeConfig, *, raw_dir: Path, metadata_out: Path
+    cfg: CorpusConfig,
+    runtime: RuntimeConfig,
+    *,
+    raw_dir: Path,
+    metadata_out: Path,
+    index_out: Path | None = None,
+    cache_dir: Path | None = None,
 ) -> CorpusSummary:
-    """Synchronise ``raw_dir`` with the source and write ``metadata_out``."""
+    """Synchronise ``raw_dir`` with the source; write ``metadata_out`` and, if given,
+    ``index_out`` (hash facts kept in ``cache_dir`` when given)."""
     raw_dir.mkdir(parents=True, exist_ok=True)
+    existing, folders = scan_tree(raw_dir)
     if cfg.source == BACH:
         rows = materialise_bach(raw_dir, runtime.n_workers(), runtime.progress)
+        placed = {r["path"]: os.stat(raw_dir / r["path"]) for r in rows if r["path"]}
     else:
         source = Path(cfg.source)
         if not source.is_dir():
@@ -207,24 +317,32 @@ def run(
                 f"corpus.source = {cfg.source!r}: not a folder; use a folder of MIDI "
                 f"files or {BACH!r}"
             )
-        rows = materialise_folder(cfg, source, raw_dir)
-    prune(raw_dir, {r["path"] for r in rows if r["path"]})
+        rows, placed = materialise_folder(cfg, source, raw_dir, existing)
+    prune(raw_dir, set(placed), existing, folders)
     write_metadata(rows, metadata_out)
+    hashed = write_index(raw_dir, placed, index_out, cache_dir) if index_out else 0
     unresolved = sum(1 for r in rows if not r["path"])
-    return CorpusSummary(n_files=len(rows) - unresolved, n_unresolved=unresolved)
+    return CorpusSummary(
+        n_files=len(rows) - unresolved, n_unresolved=unresolved, n_hashed=hashed
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("data/raw"), help="output folder")
     parser.add_argument("--metadata-out", type=Path, default=Path("data/raw_metadata.csv"))
+    parser.add_argument("--index-out", type=Path, default=Path("data/raw_index.parquet"),
+                        help="path, sha256 and size of every file in --out (what DVC tracks)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/corpus"),
+                        help="size, mtime and inode of hashed files, to skip re-hashing them")
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("corpus", args.params, CorpusConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
-    summary = run(cfg, runtime, raw_dir=args.out, metadata_out=args.metadata_out)
+    summary = run(cfg, runtime, raw_dir=args.out, metadata_out=args.metadata_out,
+                  index_out=args.index_out, cache_dir=args.cache_dir)
     print(
-        f"corpus: {summary.n_files} files in {args.out}"
+        f"corpus: {summary.n_files} files in {args.out} ({summary.n_hashed} hashed)"
         + (
             f", {summary.n_unresolved} unresolved (see {args.metadata_out})"
             if summary.n_unresolved

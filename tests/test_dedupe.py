@@ -18,6 +18,7 @@ from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody
+from pipeline.music.duplicates import note_digests
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.midi import note_hash
 from pipeline.stages.dedupe import DedupeConfig, run
@@ -222,6 +223,53 @@ def test_output_independent_of_file_order_and_workers(tmp_path):
                      for f in ("pairs.parquet", "clusters.parquet", "fingerprint.json")]
                     + [(tmp_path / str(k) / "dedupe.json").read_bytes()])
     assert outs[0] == outs[1] == outs[2]
+
+
+def test_verdict_cache_reuses_measures_and_changes_nothing(tmp_path):
+    """Dedupe with a cold, a warm and no verdict cache writes the same bytes; the warm run
+    measures no candidate, and after adding pieces only pairs with a new piece are measured."""
+    pieces, _ = planted_corpus(seed=5, families=5, singles=12)
+    cache = tmp_path / "cache"
+
+    def once(name: str, corpus: dict, cache_dir: Path | None) -> tuple[list[bytes], dict]:
+        root = tmp_path / name
+        manifest, notes, _ = write_corpus(root, corpus)
+        run(DedupeConfig(), RuntimeConfig(workers=1, progress=False), manifest=manifest,
+            notes=notes, out_dir=root / "dedupe", report=root / "dedupe.json",
+            cache_dir=cache_dir)
+        outs = [(root / "dedupe" / f).read_bytes() for f in ("pairs.parquet", "clusters.parquet")]
+        return [*outs, (root / "dedupe.json").read_bytes()], artifacts.read_json(
+            root / "dedupe.env.json")
+
+    plain, _ = once("plain", pieces, None)
+    cold, env_cold = once("cold", pieces, cache)
+    warm, env_warm = once("warm", pieces, cache)
+    assert plain == cold == warm
+    assert env_cold["verdicts_measured"] > 0 and env_cold["verdicts_reused"] == 0
+    assert env_warm["verdicts_measured"] == 0
+    assert env_warm["verdicts_reused"] == env_cold["verdicts_measured"]
+
+    rng = np.random.default_rng(9)
+    more = dict(pieces)
+    more["new_base"] = base_piece(rng, n_events=70)
+    more["new_variant"] = variant(rng, more["new_base"], "edited")
+    more["new_copy_of_f0"] = variant(rng, pieces["f0_base"], "edited")
+    grown, env_grown = once("grown", more, cache)
+    fresh, _ = once("fresh", more, None)
+    assert grown == fresh
+    assert 0 < env_grown["verdicts_measured"] < env_cold["verdicts_measured"]
+
+
+def test_note_digests_follow_every_column_the_tiers_read():
+    base = _notes([0.0, 1.0, 2.0], [1.0, 1.0, 2.0], [60, 62, 64])
+    pieces = [base, base, dict(base, track=np.array([0, 1, 0], np.int16)),
+              dict(base, duration=base["duration"] * 2), dict(base, is_drum=np.ones(3, bool))]
+    cat = {k: np.concatenate([p[k] for p in pieces]) for k in base}
+    arrays = fp.NoteArrays(np.array(list("abcde"), object), np.arange(0, 16, 3, dtype=np.int64),
+                           cat["onset"], cat["duration"], cat["pitch"], cat["is_drum"],
+                           cat["track"])
+    d = note_digests(arrays)
+    assert d[0] == d[1] and len(set(d[1:])) == 4 and all(len(x) == 32 for x in d)
 
 
 def test_chunked_fingerprints_equal_whole(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -310,3 +311,102 @@ def test_remi_note_keys_refuses_other_configurations(kwargs):
     assert remi_note_keys(tok, np.zeros(3, np.int64)) is None
     assert remi_note_keys(miditok.TSD(miditok.TokenizerConfig(use_programs=True)),
                           np.zeros(3, np.int64)) is None
+
+
+def test_remi_note_keys_batch_equals_one_at_a_time(remi):
+    """Read together, every sequence gives what it gives alone: no look-back (time signature,
+    bar, position, program) and no Pitch-Velocity-Duration triple crosses into a neighbour, and
+    ids outside the vocabulary spoil only their own sequence."""
+    from hypothesis import HealthCheck
+
+    from pipeline.tokens.cache import remi_note_keys, remi_note_keys_batch
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(token_events(remi), max_size=6), st.integers(0, 6))
+    def check(seqs, spoil):
+        arrays = [np.asarray(s, np.int64) for s in seqs]
+        if spoil < len(arrays):
+            arrays[spoil] = np.append(arrays[spoil], len(remi.vocab))
+        batch = remi_note_keys_batch(remi, arrays)
+        assert len(batch) == len(arrays)
+        for k, (ids, got) in enumerate(zip(arrays, batch, strict=True)):
+            alone = remi_note_keys(remi, ids)
+            if k == spoil:
+                assert got is None and alone is None
+            else:
+                np.testing.assert_array_equal(got, alone)
+
+    check()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(small_rows, small_rows), max_size=5), st.randoms())
+def test_same_multisets_is_same_multiset_per_pair(pairs, rnd):
+    from pipeline.tokens.cache import same_multisets
+
+    arr = lambda x: np.array(x, np.int64).reshape(-1, 4)  # noqa: E731
+    a = [arr(x) for x, _ in pairs]
+    b = [arr(y) if rnd.random() < 0.5 else arr(rnd.sample(x, len(x))) for x, y in pairs]
+    assert same_multisets(a, b).tolist() == [same_multiset(x, y) for x, y in zip(a, b,
+                                                                                   strict=True)]
+
+
+def test_roundtrip_batch_equals_miditok_decode_per_check(remi):
+    """The batched check gives miditok's decode counts, whether the fast reader agrees with the
+    reference (most checks) or not (a reference that is not the encoded score, so the batch
+    falls back to decoding those): a mismatch in one check never leaks into another."""
+    from pipeline.tokens.cache import RoundTrip, roundtrip_batch, roundtrip_counts
+
+    scores = [score_with(480, [(0, 480, 60 + k), (480, 240, 64), (960, 480, 67 - k)])
+              for k in range(4)]
+    pre = [remi.preprocess_score(s) for s in scores]
+    checks = []
+    for k, p in enumerate(pre):
+        ts = remi.encode(p, encode_ids=False, no_preprocess_score=True)
+        reference = pre[(k + 1) % len(pre)] if k % 2 else p  # odd checks: the wrong score
+        checks.append(RoundTrip(k, 0, np.asarray(ts.ids, np.int32), reference, 0, True,
+                                (-1, False)))
+    got = roundtrip_batch(remi, checks)
+    want = [roundtrip_counts(remi, c.ids, c.reference, c.track, c.one_stream, c.program)
+            for c in checks]
+    assert got == want
+    assert [g[0] == 3 for g in got] == [True, False, True, False]
+
+
+@pytest.mark.parametrize("batch_fails", [False, True], ids=["batched", "batch-fails"])
+def test_chunk_settles_checks_like_one_file_at_a_time(tmp_path, monkeypatch, batch_fails):
+    """A chunk's entries (checks settled together) equal each file encoded alone; a bad file
+    in the chunk is flagged on its own; when settling the chunk's checks together fails, they
+    are settled one file at a time."""
+    from pipeline.core.artifacts import sha256_file
+    from pipeline.tokens import cache
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    jobs = []
+    for k in range(5):
+        path = tmp_path / f"{k}.mid"
+        score_with(480, [(0, 480, 60 + k), (480 * k, 240, 70), (960, 120, 50 + k)]).dump_midi(path)
+        jobs.append((sha256_file(path), str(path), (0, 2)))
+    (tmp_path / "bad.mid").write_bytes(b"not midi")
+    jobs.insert(2, (sha256_file(tmp_path / "bad.mid"), str(tmp_path / "bad.mid"), (0,)))
+    cache._init_worker((make_tokenizer, "REMI", {"use_programs": True}), None, "")
+    if batch_fails:
+        whole = cache.roundtrip_batch
+
+        def one_only(tokenizer, checks):
+            if len(checks) > 1:
+                raise RuntimeError("batch")
+            return whole(tokenizer, checks)
+
+        monkeypatch.setattr(cache, "roundtrip_batch", one_only)
+    out, seconds = cache._encode_chunk(tuple(jobs))
+    assert out[2][0] == "read_error" and seconds["check"] > 0
+    tok = cache._WORKER["tokenizer"]
+    for (sha, path, transposes), got in zip(jobs, out, strict=True):
+        if isinstance(got, tuple):
+            continue
+        alone = encode_file(tok, Path(path), sha, transposes)
+        assert got.keys() == alone.keys()
+        for t in alone:
+            np.testing.assert_array_equal(got[t], pack(alone[t]))
+        assert unpack(got[0]).seqs[0].roundtrip_f1 == 1.0

@@ -11,14 +11,22 @@ them; the contamination stage links held-out pieces with the pieces of another c
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from dataclasses import dataclass
+from importlib.metadata import version as package_version
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
 from pydantic import Field, model_validator
 
+from pipeline.core import artifacts
+from pipeline.core.arrays import unique
 from pipeline.core.config import StageConfig
 from pipeline.core.parallel import ordered_map
+from pipeline.core.segments import SegmentStore
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody, similarity
 
@@ -188,7 +196,7 @@ def lsh_candidates(signatures: np.ndarray, pieces: np.ndarray, cfg: DedupeConfig
     i = pieces[np.concatenate(left)] if left else np.zeros(0, np.int64)
     j = pieces[np.concatenate(right)] if right else np.zeros(0, np.int64)
     a, b = np.minimum(i, j), np.maximum(i, j)
-    code = np.unique(a.astype(np.int64) * signatures.shape[0] + b)
+    code = unique(a.astype(np.int64) * signatures.shape[0] + b)
     return code // signatures.shape[0], code % signatures.shape[0]
 
 
@@ -210,7 +218,7 @@ def cross_lsh_candidates(signatures: np.ndarray, queries: np.ndarray, pool: np.n
         q = np.repeat(np.arange(queries.size), count)
         within = np.arange(q.size) - np.repeat(np.cumsum(count) - count, count)
         codes.append(q.astype(np.int64) * pool.size + order[np.repeat(lo, count) + within])
-    code = np.unique(np.concatenate(codes))
+    code = unique(np.concatenate(codes))
     return queries[code // pool.size], pool[code % pool.size]
 
 
@@ -229,7 +237,8 @@ class Verified:
 
 
 def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.ndarray,
-           cfg: DedupeConfig, label: np.ndarray | None = None) -> Verified:
+           cfg: DedupeConfig, label: np.ndarray | None = None,
+           verdicts: VerdictStore | None = None) -> Verified:
     """Check each candidate pair against the near rules, in order: exact shingle Jaccard
     >= ``near_jaccard`` or containment >= ``near_containment`` (both pieces with at least
     ``min_shingles`` shingles); alignment similarity >= the alignment threshold of the whole
@@ -240,7 +249,12 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
     Candidates are taken in the order given (sorted by ``a``, then ``b``). With ``label`` (the
     component of each piece after the earlier tiers), a candidate whose pieces are already
     joined, by those tiers or by pairs confirmed before it, is skipped unmeasured: it would add
-    no link, and a family of n variants would otherwise cost all n(n - 1)/2 pairs."""
+    no link, and a family of n variants would otherwise cost all n(n - 1)/2 pairs.
+
+    With ``verdicts``, a pair's measures (Jaccard, containment, alignments) are read from there
+    when an earlier run measured the same two pieces' notes under the same settings, and the
+    new ones are added to it: the measures are pure functions of those, so the result is the
+    same."""
     n = a.size
     jac, con, ali = np.zeros(n), np.zeros(n), np.full(n, np.nan)
     start, end = np.full(n, np.nan), np.full(n, np.nan)
@@ -261,14 +275,24 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
         ri, rj = root(i), root(j)
         if label is not None and ri == rj:
             continue
-        jac[m], con[m] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
+        known = verdicts.get(i, j) if verdicts is not None else None
+        if known is None:
+            jac[m], con[m] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
+        else:
+            jac[m], con[m] = known[0], known[1]
         shingled = min(sizes[i], sizes[j]) >= cfg.min_shingles
         if shingled and jac[m] >= cfg.near_jaccard:
             rule[m] = "jaccard"  # no alignment needed: a Jaccard pair records no location
             if label is not None:
                 parent[max(ri, rj)] = min(ri, rj)
+            if verdicts is not None and known is None:
+                verdicts.put(i, j, jac[m], con[m], None)
             continue
-        al = similarity.align(seqs, i, j, cfg.min_melody_notes, cutoff=limit)
+        al = known[2] if known is not None else None
+        if al is None:
+            al = similarity.align(seqs, i, j, cfg.min_melody_notes, cutoff=limit)
+            if verdicts is not None:
+                verdicts.put(i, j, jac[m], con[m], al)
         if not rule[m] and shingled and con[m] >= cfg.near_containment and al.part >= limit:
             rule[m] = "containment"
         longer[m], start[m], end[m] = al.longer, al.part_start, al.part_end
@@ -280,6 +304,106 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
         if rule[m] and label is not None:
             parent[max(ri, rj)] = min(ri, rj)
     return Verified(rule != "", jac, con, rule, ali, longer, start, end)
+
+
+# ---------------------------------------------------------------------------------------------
+# measured pairs kept between runs
+
+VERDICT_FORMAT = 1
+VERDICT_SCHEMA = pa.schema([
+    ("pair", pa.string()), ("jaccard", pa.float64()), ("containment", pa.float64()),
+    ("aligned", pa.bool_()), ("whole", pa.float64()), ("melody", pa.float64()),
+    ("part", pa.float64()), ("longer", pa.int8()), ("part_start", pa.float64()),
+    ("part_end", pa.float64())])
+_MEASURE_COLUMNS = VERDICT_SCHEMA.names[1:]
+
+
+def note_digests(notes: fp.NoteArrays) -> list[str]:
+    """Per piece, a digest (128 bits, hex) of exactly the note columns the tiers read: onset,
+    duration, pitch, is_drum and track, in order. A verdict is keyed by the digests of its two
+    pieces, so it is reused only for the same notes, whatever ingest code produced them."""
+    cols = [np.ascontiguousarray(notes.onset, "<f8"), np.ascontiguousarray(notes.duration, "<f8"),
+            np.ascontiguousarray(notes.pitch, "<i2"), np.ascontiguousarray(notes.is_drum, "?"),
+            np.ascontiguousarray(notes.track, "<i2")]
+    views = [memoryview(c).cast("B") for c in cols]
+    widths = [c.itemsize for c in cols]
+    out = []
+    bounds = notes.offsets.tolist()
+    for lo, hi in itertools.pairwise(bounds):
+        h = hashlib.sha256()
+        for v, w in zip(views, widths, strict=True):
+            h.update(v[lo * w : hi * w])
+        out.append(h.hexdigest()[:32])
+    return out
+
+
+def verdict_key(cfg: DedupeConfig) -> str:
+    """What a pair's measures depend on besides its two pieces' notes: the settings that shape
+    shingles, token sequences and alignments (``shingle_k``, ``ioi_resolution``,
+    ``min_melody_notes``, the alignment cutoff), the code that measures (these modules' bytes)
+    and rapidfuzz's and numpy's versions. Thresholds that only turn measures into a verdict,
+    and the candidate settings, are left out: changing them reuses every measure."""
+    code = hashlib.sha256()
+    for module in (__file__, similarity.__file__, fp.__file__, melody.__file__):
+        code.update(Path(module).read_bytes())
+    return artifacts.sha256_json({
+        "format": VERDICT_FORMAT, "code": code.hexdigest(),
+        "rapidfuzz": package_version("rapidfuzz"), "numpy": np.__version__,
+        "settings": {"shingle_k": cfg.shingle_k, "ioi_resolution": cfg.ioi_resolution,
+                     "min_melody_notes": cfg.min_melody_notes, "cutoff": cfg.alignment},
+    })[:20]
+
+
+class VerdictStore:
+    """The measures of candidate pairs from earlier runs (a :class:`SegmentStore` under
+    ``root/<verdict_key>/``, keyed by the two pieces' :func:`note_digests`), and those measured
+    in this run, written by :meth:`save`."""
+
+    def __init__(self, root: Path, cfg: DedupeConfig, digests: list[str]) -> None:
+        self.store = SegmentStore(Path(root) / verdict_key(cfg), VERDICT_SCHEMA, "pair")
+        self.digests = digests
+        self.known: dict[str, tuple] = {}
+        self.new: dict[str, tuple] = {}
+        self.hits = 0
+
+    def _key(self, i: int, j: int) -> str:
+        return self.digests[i] + self.digests[j]
+
+    def load(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Read the stored measures of the candidate pairs ``a``, ``b``."""
+        keys = {self._key(i, j) for i, j in zip(a.tolist(), b.tolist(), strict=True)}
+        table = self.store.lookup(keys & self.store.keys.keys())
+        cols = [table[c].to_pylist() for c in VERDICT_SCHEMA.names]
+        self.known = {row[0]: row[1:] for row in zip(*cols, strict=True)}
+
+    def get(self, i: int, j: int) -> tuple[float, float, similarity.Alignment | None] | None:
+        """(Jaccard, containment, alignment or None when not aligned) of pair ``i``, ``j``."""
+        row = self.known.get(self._key(i, j))
+        if row is None:
+            return None
+        self.hits += 1
+        jac, con, aligned, whole, mel, part, longer, p_start, p_end = row
+        al = similarity.Alignment(whole, mel, part, longer, p_start, p_end) if aligned else None
+        return jac, con, al
+
+    def put(self, i: int, j: int, jac: float, con: float,
+            al: similarity.Alignment | None) -> None:
+        nan = float("nan")
+        self.new[self._key(i, j)] = (
+            float(jac), float(con), al is not None,
+            *((al.whole, al.melody, al.part, al.longer, al.part_start, al.part_end)
+              if al is not None else (nan, nan, nan, 0, nan, nan)))
+
+    def save(self) -> int:
+        """Add this run's new measures to the store; returns how many."""
+        if self.new:
+            keys = sorted(self.new)
+            cols = list(zip(*(self.new[k] for k in keys), strict=True))
+            self.store.add(pa.table([pa.array(keys, pa.string()), *(
+                pa.array(c, VERDICT_SCHEMA.field(name).type)
+                for name, c in zip(_MEASURE_COLUMNS, cols, strict=True))],
+                schema=VERDICT_SCHEMA))
+        return len(self.new)
 
 
 def winnow_views(seqs: similarity.Sequences, cfg: DedupeConfig) -> list[np.ndarray]:
@@ -335,7 +459,7 @@ def near_candidates(fps: Fingerprints, seqs: similarity.Sequences | None, cfg: D
         cross = side[a] != side[b]
         a, b = np.minimum(a[cross], b[cross]), np.maximum(a[cross], b[cross])
     n = max(int(fps.signatures.shape[0]), 1)
-    code = np.unique(a.astype(np.int64) * n + b)
+    code = unique(a.astype(np.int64) * n + b)
     return code // n, code % n, sa, sb
 
 

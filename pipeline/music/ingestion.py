@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig
 from pipeline.core.parallel import ItemFailure, isolated_map
+from pipeline.core.segments import SegmentStore
 from pipeline.music import midi
 from pipeline.music.midi import (
     NOTE_COLUMNS,
@@ -417,79 +417,13 @@ def cache_key(cfg: IngestConfig) -> str:
     })[:20]
 
 
-class ResultCache:
-    """Per-file results keyed by sha256 under ``root/<cache_key>/``, as Parquet segments: each
-    run appends one segment with the results it computed (written atomically), and merges the
-    segments into one when there are more than CACHE_SEGMENTS. A segment that cannot be read is
-    ignored, so the folder can be deleted, or lose files, at any time."""
+class ResultCache(SegmentStore):
+    """Per-file results keyed by sha256 under ``root/<cache_key>/`` (a
+    :class:`~pipeline.core.segments.SegmentStore`: one segment per run that parsed something,
+    merged into one when there are more than CACHE_SEGMENTS)."""
 
     def __init__(self, root: Path, cfg: IngestConfig):
-        self.dir = Path(root) / cache_key(cfg)
-        self.segments = sorted(self.dir.glob("seg-*.parquet")) if self.dir.is_dir() else []
-        self.keys: dict[str, Path] = {}
-        for seg in self.segments:
-            if (t := _read_segment(seg, ["sha256"])) is not None:
-                self.keys.update(dict.fromkeys(t.column(0).to_pylist(), seg))
-
-    def lookup(self, shas: set[str]) -> pa.Table:
-        """The cached rows of ``shas`` (a sha whose segment vanished is missing; one stored twice
-        may come twice, with equal values)."""
-        want = to_arrow(sorted(shas), pa.string())
-        parts = []
-        for seg in sorted({self.keys[s] for s in shas if s in self.keys}):
-            if (t := _read_segment(seg)) is None:
-                continue
-            keep = pc.is_in(t["sha256"], want)
-            parts.append(t if pc.all(keep).as_py() else t.filter(keep))  # all: no copy
-        return pa.concat_tables([pa.Table.from_batches([], CACHE_SCHEMA), *parts])
-
-    def add(self, table: pa.Table) -> None:
-        """Store new results as one more segment; merge the segments when there are many."""
-        if table.num_rows:
-            self._write(table)
-        if len(self.segments) > CACHE_SEGMENTS:
-            old = list(self.segments)
-            parts = []
-            for seg in old:
-                if (t := _read_segment(seg)) is not None:
-                    parts.append(t)
-            merged = self._write(_unique_by_sha(pa.concat_tables(parts)))
-            for seg in old:
-                if seg != merged:
-                    seg.unlink(missing_ok=True)
-            self.segments = [merged]
-
-    def _write(self, table: pa.Table) -> Path:
-        name = hashlib.sha256("\n".join(table["sha256"].to_pylist()).encode()).hexdigest()[:20]
-        path = self.dir / f"seg-{name}.parquet"
-        with artifacts.atomic_path(path) as tmp:
-            # zstd 1 without dictionaries: a third of the uncompressed size, fast to read back.
-            pq.write_table(table, tmp, compression="zstd", compression_level=1,
-                           use_dictionary=False)
-        if path not in self.segments:
-            self.segments.append(path)
-        return path
-
-
-def _read_segment(path: Path, columns: list[str] | None = None) -> pa.Table | None:
-    """A cache segment, or None when it is unreadable or of another layout. (``ParquetFile``, not
-    ``pq.read_table``, which imports pyarrow.dataset and with it pandas.)"""
-    try:
-        with pq.ParquetFile(path) as f:
-            if f.schema_arrow != CACHE_SCHEMA:
-                return None
-            return f.read(columns=columns)
-    except (pa.ArrowException, OSError):
-        return None
-
-
-def _unique_by_sha(table: pa.Table) -> pa.Table:
-    """Rows sorted by sha256, one per sha256 (equal keys hold equal results)."""
-    table = table.take(pc.sort_indices(table["sha256"])).combine_chunks()
-    sha = table["sha256"].to_pylist()
-    keep = np.ones(len(sha), bool)
-    keep[1:] = [a != b for a, b in zip(sha[1:], sha[:-1], strict=True)]
-    return table if keep.all() else table.filter(to_arrow(keep, pa.bool_()))
+        super().__init__(Path(root) / cache_key(cfg), CACHE_SCHEMA, "sha256", CACHE_SEGMENTS)
 
 
 # --------------------------------------------------------------------------- assembly

@@ -143,7 +143,7 @@ class TokenStrings:
               ) -> TokenStrings:
         if not 1 <= symbols <= 256:
             raise ValueError(f"TokenStrings.build: symbols must be 1 to 256, got {symbols}")
-        seqs = similarity.Sequences.build(notes, ioi_resolution)
+        seqs = similarity.Sequences.build(notes, ioi_resolution, melodies=False)
         lengths = np.fromiter(map(len, seqs.tokens), dtype=np.int64, count=len(seqs.tokens))
         chars = np.frombuffer("".join(seqs.tokens).encode("utf-32-le"), dtype=np.uint32)
         _, inverse, counts = np.unique(chars, return_inverse=True, return_counts=True)
@@ -223,7 +223,9 @@ def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self
     best_c = np.zeros(query.size)
     if query.size == 0 or pool.size == 0:
         return best_j, best_c
-    pool_t = sm.matrix[pool].T.tocsc()
+    # CSR once: scipy turns the right operand of a CSR product into CSR on every call, which
+    # took most of the audit's time when it was handed CSC
+    pool_t = sm.matrix[pool].T.tocsr()
     pool_sizes = sm.sizes[pool].astype(np.float64)
     for start in range(0, query.size, BLOCK_ROWS):
         rows = query[start : start + BLOCK_ROWS]
@@ -278,7 +280,7 @@ def _shingle_copies(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, rule
     pool = pool[sm.sizes[pool] >= rule.min_shingles]
     if qpos.size == 0 or pool.size == 0:
         return best_j, best_c, partner
-    pool_t = sm.matrix[pool].T.tocsc()
+    pool_t = sm.matrix[pool].T.tocsr()  # CSR once (see nearest)
     pool_sizes = sm.sizes[pool].astype(np.float64)
     for start in range(0, qpos.size, BLOCK_ROWS):
         pos = qpos[start : start + BLOCK_ROWS]

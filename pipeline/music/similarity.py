@@ -25,6 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from rapidfuzz.distance import Indel
 
+from pipeline.core.arrays import unique
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody as mel
 
@@ -67,9 +68,12 @@ class Sequences:
     """Distinct onsets of each piece's notes (a chord counts once)."""
 
     @classmethod
-    def build(cls, notes: fp.NoteArrays, ioi_resolution: int) -> Sequences:
-        """Sequences of every piece, built in bounded chunks of pieces (the same result)."""
-        parts = [cls._build(c, ioi_resolution) for c in notes.chunks()]
+    def build(cls, notes: fp.NoteArrays, ioi_resolution: int, melodies: bool = True
+              ) -> Sequences:
+        """Sequences of every piece, built in bounded chunks of pieces (the same result);
+        without ``melodies`` the two melody views are empty tuples (finding the top voice is
+        most of the work, and the leakage audit's token strings do not use it)."""
+        parts = [cls._build(c, ioi_resolution, melodies) for c in notes.chunks()]
         if not parts:
             return cls((), (), ((), ()), np.zeros(0, np.int64))
         return cls(tuple(t for p in parts for t in p.tokens),
@@ -79,12 +83,13 @@ class Sequences:
                    np.concatenate([p.distinct_onsets for p in parts]))
 
     @classmethod
-    def _build(cls, notes: fp.NoteArrays, ioi_resolution: int) -> Sequences:
+    def _build(cls, notes: fp.NoteArrays, ioi_resolution: int, melodies: bool = True
+               ) -> Sequences:
         tokens, piece, onset = fp.note_tokens_with_onsets(notes, ioi_resolution)
         off = np.zeros(notes.n_pieces + 1, dtype=np.int64)
         np.cumsum(np.bincount(piece, minlength=notes.n_pieces), out=off[1:])
         views = [_texts(np.clip(interval, -127, 127) + 128, m_off)
-                 for m_off, interval in mel.melody_intervals(notes)]
+                 for m_off, interval in mel.melody_intervals(notes)] if melodies else [(), ()]
         seg, on = notes.segment(), notes.onset
         if not (np.all(np.diff(seg) >= 0) and np.all((np.diff(on) >= 0) | (np.diff(seg) > 0))):
             order = np.lexsort((on, seg))
@@ -208,7 +213,7 @@ def winnow(texts: Sequence[str], k: int, w: int, eligible: np.ndarray) -> np.nda
         # a window is valid when its first and last k-gram lie in one piece (grams are contiguous)
         valid = piece[:m] == piece[w + k - 2: w + k - 2 + m]
         mins = sliding_window_view(h, w).min(axis=1)[valid] >> np.uint64(64 - KEY_BITS)
-        out.append(np.unique((piece[:m][valid].astype(np.uint64) << np.uint64(KEY_BITS)) | mins))
+        out.append(unique((piece[:m][valid].astype(np.uint64) << np.uint64(KEY_BITS)) | mins))
     return np.concatenate(out) if out else np.zeros(0, np.uint64)
 
 

@@ -12,6 +12,10 @@ Outputs:
   the split stage measures similarity exactly as dedupe did;
 - ``reports/dedupe.json`` — pieces merged, removed and bound per tier.
 
+Cache: ``.cache/dedupe/`` keeps the measures of every near candidate by the two pieces' notes
+(:class:`~pipeline.music.duplicates.VerdictStore`), so a re-run after adding files measures only
+the candidates it has not seen; ``--no-cache`` measures all. The outputs never depend on it.
+
 Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up to transposition
 and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (candidates from MinHash
 LSH and shared runs, each verified by shingle Jaccard, containment or alignment). Fingerprints,
@@ -40,6 +44,7 @@ from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
 from pipeline.core import artifacts
+from pipeline.core.arrays import unique
 from pipeline.core.config import RuntimeConfig, load_runtime, load_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import similarity
@@ -48,8 +53,10 @@ from pipeline.music.duplicates import (
     TIERS,
     DedupeConfig,
     Fingerprints,
+    VerdictStore,
     fingerprint,
     near_candidates,
+    note_digests,
     star_edges,
     verify,
 )
@@ -119,8 +126,10 @@ class _Edges:
 
 
 def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
-               seqs: similarity.Sequences) -> tuple[_Edges, dict[str, int]]:
-    """Confirmed edges of every tier, skipping pairs already linked by earlier tiers."""
+               seqs: similarity.Sequences, verdicts: VerdictStore | None = None
+               ) -> tuple[_Edges, dict[str, int]]:
+    """Confirmed edges of every tier, skipping pairs already linked by earlier tiers; with
+    ``verdicts``, near candidates measured by an earlier run are not measured again."""
     n = note_hash.size
     edges = _Edges([], [], [], [], [], [])
     stats: dict[str, int] = {}
@@ -146,7 +155,9 @@ def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
             ca, cb, sa, sb = near_candidates(fps, seqs, cfg, stats)
             fresh = label[ca] != label[cb]
             ca, cb = ca[fresh], cb[fresh]
-            v = verify(fps, seqs, ca, cb, cfg, label)
+            if verdicts is not None:
+                verdicts.load(ca, cb)
+            v = verify(fps, seqs, ca, cb, cfg, label, verdicts)
             stats["near_candidates"] = int(ca.size)
             stats["near_rejected"] = int((~v.ok).sum())
             for r in NEAR_RULES:
@@ -217,14 +228,14 @@ def cluster(edges: _Edges, n_notes: np.ndarray, cfg: DedupeConfig
     for tier in TIERS:
         done.add(tier)
         xa, xb, *_ = edges.arrays(done)
-        now = np.unique(components(n, xa, xb)).size
+        now = unique(components(n, xa, xb)).size
         counts[f"{tier}_merged"] = n_all - now
         n_all = now
         removed = bound = 0
         if tier in drop_tiers:
             done_drop.add(tier)
             xa, xb, *_ = edges.arrays(done_drop)
-            now_drop = np.unique(components(n, xa, xb)).size
+            now_drop = unique(components(n, xa, xb)).size
             removed, n_drop = n_drop - now_drop, now_drop
         elif getattr(cfg.policy, tier) == "bind":
             bound = counts[f"{tier}_merged"]
@@ -263,7 +274,10 @@ def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, d
 
 
 def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path, out_dir: Path,
-        report: Path) -> DedupeSummary:
+        report: Path, cache_dir: Path | None = None) -> DedupeSummary:
+    """Dedupe the ok pieces. With ``cache_dir``, the measures of near candidates are kept there
+    (:class:`~pipeline.music.duplicates.VerdictStore`) and reused by later runs, so adding files
+    costs about their new candidates; the outputs are the same with or without it."""
     t0 = time.perf_counter()
     ok, note_arrays, counts = load_inputs(manifest, notes)
     shas = note_arrays.sha256  # sorted by sha256, aligned with ``ok``
@@ -271,7 +285,10 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
     t1 = time.perf_counter()
     note_hash = np.asarray(ok["note_hash"].fill_null("").to_pylist(), dtype=object)
     seqs = similarity.Sequences.build(note_arrays, cfg.ioi_resolution)
-    edges, stats = link_tiers(fps, note_hash, cfg, seqs)
+    verdicts = (VerdictStore(cache_dir, cfg, note_digests(note_arrays)) if cache_dir is not None
+                else None)
+    edges, stats = link_tiers(fps, note_hash, cfg, seqs, verdicts)
+    verdicts_new = verdicts.save() if verdicts is not None else 0
     label, rep, keep, tier_counts = cluster(edges, note_arrays.lengths, cfg)
     t2 = time.perf_counter()
 
@@ -309,6 +326,9 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
     artifacts.write_sidecar(report.with_suffix(".env.json"), {
         "seconds_fingerprints": round(t1 - t0, 3), "seconds_linking": round(t2 - t1, 3),
         "workers": runtime.n_workers(),
+        # near candidates whose measures came from .cache/dedupe, and those measured here
+        "verdicts_reused": verdicts.hits if verdicts is not None else 0,
+        "verdicts_measured": verdicts_new,
     })
     return DedupeSummary(int(shas.size), int(keep.sum()), int(sizes.size), int(a.size))
 
@@ -328,13 +348,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", type=Path, default=Path("data/dedupe"))
     parser.add_argument("--report", type=Path, default=Path("reports/dedupe.json"))
     parser.add_argument("--workers", help="override runtime.workers (does not change results)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/dedupe"),
+                        help="measures of near candidates by the pieces' notes (does not change "
+                             "results)")
+    parser.add_argument("--no-cache", action="store_true", help="measure every candidate")
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("dedupe", args.params, DedupeConfig)
     runtime = load_runtime(args.params, args.workers)
     s = run(cfg, runtime, manifest=args.manifest, notes=args.notes, out_dir=args.out_dir,
-            report=args.report)
+            report=args.report, cache_dir=None if args.no_cache else args.cache_dir)
     print(f"dedupe: {s.pieces} ok pieces -> {s.kept} kept, {s.clusters} clusters, "
           f"{s.pairs} confirmed pairs")
     return 0

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import shutil
 import time
-from dataclasses import dataclass
+from bisect import bisect_left
+from dataclasses import dataclass, replace
 from math import lcm
 from pathlib import Path
 from typing import Any
@@ -400,6 +402,34 @@ def note_keys(score: Any, grid: int, program: int | None = None) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros((0, 4), np.int64)
 
 
+def notes_keys_batch(scores: list[Any], division: int) -> list[np.ndarray]:
+    """:func:`note_keys` of each score on the grid ``division`` ticks per quarter (a multiple of
+    every score's division), built with a few array operations for all scores together."""
+    counts, progs, factors, cols = [], [], [], {"time": [], "pitch": [], "duration": []}
+    for score in scores:
+        factor = division // int(score.ticks_per_quarter)
+        n_score = 0
+        for track in score.tracks:
+            notes = track.notes.numpy()
+            n = len(notes["time"])
+            if n == 0:
+                continue
+            for name, values in cols.items():
+                values.append(notes[name])
+            progs.append((-1 if track.is_drum else int(track.program), n))
+            factors.append((factor, n))
+            n_score += n
+        counts.append(n_score)
+    if not progs:
+        return [np.zeros((0, 4), np.int64) for _ in scores]
+    prog = np.repeat(*map(np.asarray, zip(*progs, strict=True)))
+    factor = np.repeat(*map(np.asarray, zip(*factors, strict=True)))
+    time, pitch, duration = (np.concatenate(cols[k]).astype(np.int64)
+                             for k in ("time", "pitch", "duration"))
+    rows = np.stack([prog, time * factor, pitch, duration * factor], axis=1).astype(np.int64)
+    return np.split(rows, np.cumsum(counts)[:-1])
+
+
 def match_counts(reference: Any, decoded: Any, program: int | None = None) -> tuple[int, int]:
     """(matched, decoded) note counts of ``decoded`` against ``reference`` (multisets)."""
     grid = lcm(int(reference.ticks_per_quarter), int(decoded.ticks_per_quarter))
@@ -436,6 +466,29 @@ def same_multiset(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a[np.lexsort(a.T[::-1])], b[np.lexsort(b.T[::-1])]))
 
 
+def same_multisets(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """Per pair ``a[k]``, ``b[k]`` (arrays of rows of equal width): :func:`same_multiset`, for
+    all pairs in one sort of the rows tagged with their pair's index (rows as one code each,
+    :func:`_row_codes`, so one key is sorted instead of one per column)."""
+    n = len(a)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    len_a = np.fromiter((len(x) for x in a), dtype=np.int64, count=n)
+    len_b = np.fromiter((len(x) for x in b), dtype=np.int64, count=n)
+    same = len_a == len_b
+    both = [k for k in range(n) if same[k] and len_a[k]]
+    if not both:
+        return same
+    tag = np.repeat(np.asarray(both, dtype=np.int64), len_a[both])[:, None]
+    rows_a = np.concatenate([tag, np.concatenate([a[k] for k in both])], axis=1)
+    rows_b = np.concatenate([tag, np.concatenate([b[k] for k in both])], axis=1)
+    code_a, code_b = _row_codes(rows_a, rows_b)
+    differ = np.sort(code_a) != np.sort(code_b)
+    # codes order rows by tag first, so position p holds a row of the same pair in both
+    same[np.unique(tag[:, 0][differ])] = False
+    return same
+
+
 def _row_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Codes equal exactly when rows are equal: mixed radix when the joint ranges fit in 62
     bits, else the rank of each distinct row."""
@@ -450,34 +503,56 @@ def _row_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes[: len(a)], codes[len(a) :]
 
 
-def chunk_starts(times: list[int], ticks: list[int]) -> np.ndarray:
+def chunk_starts(times: list[int], ticks: list[int], times_sorted: bool | None = None
+                 ) -> np.ndarray:
     """Where each bar/beat sub-sequence starts: ``TokSequence._split_per_ticks`` on plain ints.
 
     Same walk as miditok's (which copies a sub-sequence per bar, the slowest part of encoding
     here): for each tick after the first, the first index at or after the previous one whose
     time is not before the tick, stopping at the end. Event times are sorted, so that is a
-    ``searchsorted``; unsorted times take the walk itself. Tests check the chunks against
-    ``tokenizer.encode`` with a trained vocabulary.
+    bisection from the previous index (``times_sorted`` says so when the caller knows;
+    unsorted times take the walk itself). Plain Python: a piece has tens of bars, where
+    numpy's per-call cost exceeded the work. Tests check the chunks against the walk and
+    against ``tokenizer.encode`` with a trained vocabulary.
     """
-    t = np.asarray(times, dtype=np.int64)
-    k = np.asarray(ticks[1:], dtype=np.int64)
-    if len(t) and not (np.diff(t) >= 0).all():
-        idxs, ti = [0], 0
-        for tick in ticks[1:]:
-            while ti < len(times) and times[ti] < tick:
+    n = len(times)
+    if times_sorted is None:
+        times_sorted = all(map(operator.le, times, itertools.islice(times, 1, None)))
+    idxs, ti = [0], 0
+    for tick in ticks[1:]:
+        if times_sorted:
+            ti = bisect_left(times, tick, ti)
+        else:
+            while ti < n and times[ti] < tick:
                 ti += 1
-            if ti == len(times):
-                break
-            idxs.append(ti)
-        return np.asarray(idxs, dtype=np.int32)
-    found = np.maximum.accumulate(np.searchsorted(t, k, side="left")) if len(k) else k
-    end = np.flatnonzero(found == len(t))
-    found = found[: end[0]] if len(end) else found
-    return np.concatenate([[0], found]).astype(np.int32)
+        if ti == n:
+            break
+        idxs.append(ti)
+    return np.asarray(idxs, dtype=np.int32)
 
 
-def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool) -> Encoding:
-    """Encode a *preprocessed* score with base ids; with ``check``, decode and compare notes."""
+@dataclass(frozen=True)
+class RoundTrip:
+    """A round-trip check to settle: the base ``ids`` of sequence ``index`` of the encoding of
+    file ``file`` (its position in a chunk), against the preprocessed ``reference`` score.
+    Holds no ``TokSequence``: a chunk's worth of their events kept alive tripled the garbage
+    collector's work."""
+
+    file: int
+    index: int  # position of the sequence in the encoding
+    ids: np.ndarray
+    reference: Any
+    track: int
+    one_stream: bool
+    program: tuple[int, bool]
+
+
+def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
+                 checks: list[RoundTrip] | None = None, file: int = 0) -> Encoding:
+    """Encode a *preprocessed* score with base ids; with ``check``, decode and compare notes.
+
+    With ``checks`` the round-trip checks are appended there, to be settled later for a whole
+    chunk of files (:func:`settle`), and the counts are left at -1 meanwhile."""
     from miditok import TokSequence
 
     tokseqs = tokenizer.encode(score, encode_ids=False, no_preprocess_score=True)
@@ -486,6 +561,7 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool)
         tokseqs = [tokseqs]
     tracks = list(score.tracks)
     seqs = []
+    mine: list[RoundTrip] = []
     for i, ts in enumerate(tokseqs):
         if one_stream:
             track, program, is_drum = -1, -1, False
@@ -496,42 +572,79 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool)
         else:  # miditok gives one (empty) sequence for a score without tracks
             track, program, is_drum, n_notes = i, 0, False, 0
         ids = np.asarray(ts.ids, dtype=np.int32)
-        rt_matched = rt_decoded = -1
         if check:
-            t0 = time.perf_counter()
-            rt_matched, rt_decoded = roundtrip_counts(tokenizer, ts, score, i, one_stream,
-                                                      (program, is_drum))
-            CLOCK["check"] += time.perf_counter() - t0
+            mine.append(RoundTrip(file, i, ids, score, i, one_stream, (program, is_drum)))
         times = [e.time for e in ts.events]
+        ordered = all(map(operator.le, times, itertools.islice(times, 1, None)))
         seqs.append(SeqEncoding(track, program, is_drum, n_notes, ids,
-                                chunk_starts(times, ts._ticks_bars),
-                                chunk_starts(times, ts._ticks_beats), rt_matched, rt_decoded))
-    return Encoding(n_notes_input=n_notes_input, seqs=tuple(seqs))
+                                chunk_starts(times, ts._ticks_bars, ordered),
+                                chunk_starts(times, ts._ticks_beats, ordered), -1, -1))
+    enc = Encoding(n_notes_input=n_notes_input, seqs=tuple(seqs))
+    if checks is not None:
+        checks.extend(mine)
+        return enc
+    return settle(tokenizer, mine, [enc])[0] if mine else enc
 
 
-def roundtrip_counts(tokenizer: Any, seq: Any, reference: Any, track: int, one_stream: bool,
-                     program: tuple[int, bool]) -> tuple[int, int]:
-    """(matched, decoded) note counts of ``decode(seq)`` against the preprocessed reference.
+def settle(tokenizer: Any, checks: list[RoundTrip], encodings: list[Encoding]) -> list[Encoding]:
+    """``encodings`` (indexed by each check's ``file``) with the round-trip counts of ``checks``
+    filled in (:func:`roundtrip_batch`)."""
+    if not checks:
+        return encodings
+    t0 = time.perf_counter()
+    counts = roundtrip_batch(tokenizer, checks)
+    out = list(encodings)
+    for c, (matched, decoded) in zip(checks, counts, strict=True):
+        seqs = list(out[c.file].seqs)
+        seqs[c.index] = replace(seqs[c.index], rt_matched=matched, rt_decoded=decoded)
+        out[c.file] = replace(out[c.file], seqs=tuple(seqs))
+    CLOCK["check"] += time.perf_counter() - t0
+    return out
 
-    When :func:`remi_note_keys` can read the notes straight from the ids and they equal the
-    reference's, the counts are exact without building a decoded score (the common case: a
-    third of the worker's time went to miditok's decode). Otherwise miditok decodes: a fresh
-    ``TokSequence`` (tokens and ids copied) because ``decode`` mutates what it is given;
-    passing the tokens skips miditok's id -> token lookup, a bijection. Per-track sequences are
-    compared with their own track, programs ignored (the stream does not encode them; they are
-    passed back to the decoder).
+
+def roundtrip_batch(tokenizer: Any, checks: list[RoundTrip]) -> list[tuple[int, int]]:
+    """(matched, decoded) note counts of each check's ``decode(seq)`` against its reference.
+
+    One-stream REMI sequences are read together (:func:`remi_note_keys_batch`) and compared
+    with their references in one sort (:func:`same_multisets`): numpy's per-call cost on a
+    short piece exceeded the work, so one call per chunk of files replaces a dozen per file.
+    A sequence whose notes differ from the reference, or that the reader does not cover, is
+    decoded by miditok (:func:`roundtrip_counts`), which gives the exact counts."""
+    out: list[tuple[int, int] | None] = [None] * len(checks)
+    fast_at = [k for k, c in enumerate(checks) if c.one_stream]
+    keys = remi_note_keys_batch(tokenizer, [checks[k].ids for k in fast_at]) if fast_at \
+        else None
+    if keys is not None:
+        at, decs = [], []
+        for k, fast in zip(fast_at, keys, strict=True):
+            if fast is not None:
+                at.append(k)
+                decs.append(fast)
+        references = [checks[k].reference for k in at]
+        division = int(tokenizer.time_division)
+        grid = lcm(division, *(int(r.ticks_per_quarter) for r in references))
+        if grid != division:
+            for dec in decs:
+                dec[:, [1, 3]] *= grid // division
+        refs = notes_keys_batch(references, grid)
+        for k, ref, dec, same in zip(at, refs, decs, same_multisets(refs, decs), strict=True):
+            if same:
+                out[k] = (len(ref), len(dec))
+    return [o if o is not None else roundtrip_counts(tokenizer, c.ids, c.reference, c.track,
+                                                     c.one_stream, c.program)
+            for o, c in zip(out, checks, strict=True)]
+
+
+def roundtrip_counts(tokenizer: Any, ids: np.ndarray, reference: Any, track: int,
+                     one_stream: bool, program: tuple[int, bool]) -> tuple[int, int]:
+    """(matched, decoded) note counts of miditok's ``decode`` of base ``ids`` against the
+    preprocessed reference (miditok maps the ids back to their tokens, a bijection). Per-track
+    sequences are compared with their own track, programs ignored (the stream does not encode
+    them; they are passed back to the decoder).
     """
     from miditok import TokSequence
 
-    if one_stream:
-        fast = remi_note_keys(tokenizer, np.asarray(seq.ids, dtype=np.int64))
-        if fast is not None:
-            grid = lcm(int(reference.ticks_per_quarter), int(tokenizer.time_division))
-            ref = note_keys(reference, grid)
-            fast[:, [1, 3]] *= grid // int(tokenizer.time_division)
-            if same_multiset(ref, fast):
-                return len(ref), len(fast)
-    fresh = TokSequence(tokens=list(seq.tokens), ids=list(seq.ids))
+    fresh = TokSequence(ids=[int(i) for i in ids])
     if one_stream:
         return match_counts(reference, tokenizer.decode(fresh))
     decoded = tokenizer.decode([fresh], programs=[program])
@@ -621,57 +734,91 @@ def _build_remi_spec(tokenizer: Any) -> _RemiSpec:
     return _RemiSpec(kind, value, ts_bar, ts_pos, dur_ticks, 0, (int(lo), int(hi)))
 
 
-def _last(mask: np.ndarray, values: np.ndarray, default: int) -> np.ndarray:
-    """At each index, ``values`` at the latest index <= it where ``mask`` holds, else default."""
+def _last(mask: np.ndarray, values: np.ndarray, default: np.ndarray | int,
+          start: np.ndarray) -> np.ndarray:
+    """At each index, ``values`` at the latest index <= it where ``mask`` holds, looking back no
+    further than ``start`` (the index where its sequence starts), else ``default``."""
     last = np.maximum.accumulate(np.where(mask, np.arange(len(mask)), -1))
-    return np.where(last >= 0, values[np.maximum(last, 0)], default)
+    return np.where(last >= start, values[np.maximum(last, 0)], default)
+
+
+def _first(mask: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per sequence (indices ``begin`` to ``end``), the first index where ``mask`` holds, else
+    its ``end``."""
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
+        return end.copy()
+    found = idx[np.minimum(np.searchsorted(idx, begin), idx.size - 1)]
+    return np.where((found >= begin) & (found < end), found, end)
 
 
 def remi_note_keys(tokenizer: Any, ids: np.ndarray) -> np.ndarray | None:
     """(program, onset, pitch, duration) rows of the notes miditok's REMI ``decode`` gives for
     base ``ids`` (one stream), on the tokenizer's time division; None for configurations
-    :func:`_remi_spec` does not cover.
+    :func:`_remi_spec` does not cover or ids outside the vocabulary
+    (:func:`remi_note_keys_batch` on one sequence)."""
+    keys = remi_note_keys_batch(tokenizer, [ids])
+    return None if keys is None else keys[0]
 
-    The same reading as ``REMI._tokens_to_score``, vectorised. The time signature is the first
-    TimeSig token when it comes before any note token (else the default), then the latest
-    TimeSig token. The bar counter starts at -1, a Position before any Bar sets it to 0 and
-    each Bar adds one, moving the bar's start by a bar of the current signature when the
-    counter becomes positive; the current time is set by the latest Bar or Position. A Pitch
-    makes a note at the current time and program when its next two tokens are a Velocity and a
-    Duration and the pitch is within range; the duration's ticks depend on the signature.
-    Drums are program -1, as in :func:`note_keys`. Tests compare it with miditok's ``decode``.
+
+def remi_note_keys_batch(tokenizer: Any, sequences: list[np.ndarray]
+                         ) -> list[np.ndarray | None] | None:
+    """:func:`remi_note_keys` of each sequence, read together: None for configurations
+    :func:`_remi_spec` does not cover, and None in place of a sequence with ids outside the
+    vocabulary.
+
+    The same reading as ``REMI._tokens_to_score``, vectorised over the concatenated sequences,
+    every look-back bounded by its sequence's start. The time signature is the first TimeSig
+    token when it comes before any note token (else the default), then the latest TimeSig
+    token. The bar counter starts at -1, a Position before any Bar sets it to 0 and each Bar
+    adds one, moving the bar's start by a bar of the current signature when the counter becomes
+    positive; the current time is set by the latest Bar or Position. A Pitch makes a note at
+    the current time and program when its next two tokens are a Velocity and a Duration and the
+    pitch is within range; the duration's ticks depend on the signature. Drums are program -1,
+    as in :func:`note_keys`. Tests compare it with miditok's ``decode``.
     """
     spec = _remi_spec(tokenizer)
     if spec is None:
         return None
-    n = len(ids)
+    lengths = np.fromiter((len(x) for x in sequences), dtype=np.int64, count=len(sequences))
+    n = int(lengths.sum())
     if n == 0:
-        return np.zeros((0, 4), np.int64)
-    if ids.min() < 0 or ids.max() >= len(spec.kind):
-        return None
+        return [np.zeros((0, 4), np.int64) for _ in sequences]
+    ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in sequences])
+    seq = np.repeat(np.arange(lengths.size), lengths)
+    end = np.cumsum(lengths)
+    begin = end - lengths
+    start = begin[seq]  # per index: where its sequence starts
+    stop = end[seq]  # per index: where its sequence ends
+    invalid = (ids < 0) | (ids >= len(spec.kind))
+    ids = np.where(invalid, 0, ids)
     kind, value = spec.kind[ids], spec.value[ids]
     is_bar, is_pos, is_ts = kind == _BAR, kind == _POS, kind == _TS
     noteish = (kind >= _PITCH) & (kind <= _DUR)  # Pitch, Velocity, Duration (consecutive)
-    first_ts = int(np.argmax(is_ts)) if is_ts.any() else n
-    first_note = int(np.argmax(noteish)) if noteish.any() else n
-    initial = int(value[first_ts]) if first_ts < first_note else spec.default_ts
-    ts = _last(is_ts, value, initial)
-    first_bar = int(np.argmax(is_bar)) if is_bar.any() else n
-    first_pos = int(np.argmax(is_pos)) if is_pos.any() else n
+    first_ts, first_note = _first(is_ts, begin, end), _first(noteish, begin, end)
+    initial = np.where(first_ts < first_note, value[np.minimum(first_ts, n - 1)],
+                       spec.default_ts)
+    ts = _last(is_ts, value, initial[seq], start)
+    first_bar, first_pos = _first(is_bar, begin, end), _first(is_pos, begin, end)
     step = np.where(is_bar, spec.ts_bar[ts], 0)
-    if first_bar < first_pos:
-        step[first_bar] = 0  # the first Bar only sets the counter to 0
-    bar_tick = np.cumsum(step)
+    step[first_bar[first_bar < first_pos]] = 0  # the first Bar only sets the counter to 0
+    total = np.cumsum(step)
+    bar_tick = total - (total - step)[start]
     set_tick = np.where(is_pos, bar_tick + value * spec.ts_pos[ts], bar_tick)
-    tick = _last(is_bar | is_pos, set_tick, 0)
-    program = _last(kind == _PROG, value, 0)
-    nxt = np.concatenate([kind[1:], [_OTHER]])
-    nxt2 = np.concatenate([kind[2:], [_OTHER, _OTHER]])
+    tick = _last(is_bar | is_pos, set_tick, 0, start)
+    program = _last(kind == _PROG, value, 0, start)
+    at_ = np.arange(n)
+    nxt = np.where(at_ + 1 < stop, np.append(kind[1:], _OTHER), _OTHER)
+    nxt2 = np.where(at_ + 2 < stop, np.append(kind[2:], [_OTHER, _OTHER]), _OTHER)
     lo, hi = spec.pitch_range
     at = np.flatnonzero((kind == _PITCH) & (nxt == _VEL) & (nxt2 == _DUR)
                         & (value >= lo) & (value <= hi))
-    dur = spec.dur_ticks[ts[at], value[at + 2]]
-    return np.stack([program[at], tick[at], value[at], dur], axis=1).astype(np.int64)
+    dur = spec.dur_ticks[ts[at], value[np.minimum(at + 2, n - 1)]]
+    rows = np.stack([program[at], tick[at], value[at], dur], axis=1).astype(np.int64)
+    parts = np.split(rows, np.cumsum(np.bincount(seq[at], minlength=lengths.size))[:-1])
+    bad = np.zeros(lengths.size, dtype=bool)
+    bad[seq[invalid]] = True
+    return [None if b else part for b, part in zip(bad.tolist(), parts, strict=True)]
 
 
 def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:
@@ -685,11 +832,12 @@ def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:
 
 
 def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...],
-                ) -> dict[int, Encoding]:
+                checks: list[RoundTrip] | None = None, file: int = 0) -> dict[int, Encoding]:
     """Read, verify and encode one file at each transposition (0 = the piece itself).
 
     Raises ``SourceError`` for a missing, changed or unparsable file. Transposition 0 is
-    round-trip checked; augmented copies are not (they are training data only).
+    round-trip checked; augmented copies are not (they are training data only). With
+    ``checks``, the check is left there to be settled with others (:func:`settle`).
     """
     from miditok.data_augmentation import augment_score
     from symusic import Score
@@ -709,7 +857,8 @@ def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...
     out = {}
     for offset in transposes:
         if offset == 0:
-            out[0] = encode_score(tokenizer, pre, n_input, check=True)
+            out[0] = encode_score(tokenizer, pre, n_input, check=True, checks=checks,
+                                  file=file)
         elif not transposition_allowed(tokenizer, pre, offset):
             out[offset] = Encoding(n_notes_input=n_input, seqs=(), out_of_range=True)
         else:
@@ -744,21 +893,38 @@ def _init_worker(factory: tuple, cache_root: str | None, key: str) -> None:
 
 
 def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
-    """Encode each job and write the chunk's entries as one cache segment; return packed
-    arrays per job or (flag, detail), and the seconds this chunk spent per phase."""
+    """Encode each job, settle the chunk's round-trip checks together and write the chunk's
+    entries as one cache segment; return packed arrays per job or (flag, detail), and the
+    seconds this chunk spent per phase."""
     before = dict(CLOCK)
     t0 = time.perf_counter()
+    tokenizer = _WORKER["tokenizer"]
     out: list[Any] = []
-    for sha, path, transposes in jobs:
+    checks: list[RoundTrip] = []
+    for k, (sha, path, transposes) in enumerate(jobs):
         try:
-            encs = encode_file(_WORKER["tokenizer"], Path(path), sha, transposes)
+            encs = encode_file(tokenizer, Path(path), sha, transposes, checks, file=k)
         except SourceError as e:
             out.append((e.flag, e.detail))
             continue
         except Exception as e:  # a file miditok cannot encode is flagged, never fatal
             out.append(("encode_error", f"{type(e).__name__}: {e}"))
             continue
-        out.append({t: pack(enc) for t, enc in encs.items()})
+        out.append(encs)
+    try:
+        settled = settle(tokenizer, checks, [r[0] if isinstance(r, dict) else None for r in out])
+    except Exception:  # settle the chunk's checks one file at a time: only a bad one is flagged
+        settled = [None] * len(out)
+        for k, r in enumerate(out):
+            mine = [c for c in checks if c.file == k]
+            try:
+                settled[k] = settle(tokenizer, [replace(c, file=0) for c in mine], [r[0]])[0] \
+                    if mine else (r[0] if isinstance(r, dict) else None)
+            except Exception as e:
+                out[k] = ("encode_error", f"{type(e).__name__}: {e}")
+    out = [{**r, 0: settled[k]} if isinstance(r, dict) and 0 in r else r
+           for k, r in enumerate(out)]
+    out = [{t: pack(enc) for t, enc in r.items()} if isinstance(r, dict) else r for r in out]
     t1 = time.perf_counter()
     CLOCK["encode"] += t1 - t0
     if _WORKER["cache"] is not None:

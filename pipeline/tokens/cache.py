@@ -387,27 +387,16 @@ def note_keys(score: Any, grid: int, program: int | None = None) -> np.ndarray:
     divisions (miditok decodes at its own) compare exactly. Drums use program -1; ``program``
     overrides every track's program.
     """
-    factor = grid // int(score.ticks_per_quarter)
-    rows = []
-    for track in score.tracks:
-        notes = track.notes.numpy()
-        n = len(notes["time"])
-        if n == 0:
-            continue
-        prog = program if program is not None else (-1 if track.is_drum else int(track.program))
-        rows.append(np.stack([np.full(n, prog, np.int64),
-                              notes["time"].astype(np.int64) * factor,
-                              notes["pitch"].astype(np.int64),
-                              notes["duration"].astype(np.int64) * factor], axis=1))
-    return np.concatenate(rows) if rows else np.zeros((0, 4), np.int64)
+    return notes_keys_batch([score], grid, program)[0]
 
 
-def notes_keys_batch(scores: list[Any], division: int) -> list[np.ndarray]:
-    """:func:`note_keys` of each score on the grid ``division`` ticks per quarter (a multiple of
-    every score's division), built with a few array operations for all scores together."""
+def notes_keys_batch(scores: list[Any], grid: int, program: int | None = None
+                     ) -> list[np.ndarray]:
+    """:func:`note_keys` of each score (``grid`` a multiple of every score's division), built
+    with a few array operations for all scores together."""
     counts, progs, factors, cols = [], [], [], {"time": [], "pitch": [], "duration": []}
     for score in scores:
-        factor = division // int(score.ticks_per_quarter)
+        factor = grid // int(score.ticks_per_quarter)
         n_score = 0
         for track in score.tracks:
             notes = track.notes.numpy()
@@ -416,7 +405,9 @@ def notes_keys_batch(scores: list[Any], division: int) -> list[np.ndarray]:
                 continue
             for name, values in cols.items():
                 values.append(notes[name])
-            progs.append((-1 if track.is_drum else int(track.program), n))
+            prog = program if program is not None else (-1 if track.is_drum
+                                                        else int(track.program))
+            progs.append((prog, n))
             factors.append((factor, n))
             n_score += n
         counts.append(n_score)
@@ -458,18 +449,11 @@ def multiset_matches(a: np.ndarray, b: np.ndarray) -> int:
                           np.bincount(codes[len(ka) :], minlength=n)).sum())
 
 
-def same_multiset(a: np.ndarray, b: np.ndarray) -> bool:
-    """True when the rows of ``a`` and ``b`` are the same multiset (both sorted by every column
-    and compared: cheaper than :func:`multiset_matches` on the tens of rows of a short piece)."""
-    if a.shape != b.shape:
-        return False
-    return bool(np.array_equal(a[np.lexsort(a.T[::-1])], b[np.lexsort(b.T[::-1])]))
-
-
 def same_multisets(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
-    """Per pair ``a[k]``, ``b[k]`` (arrays of rows of equal width): :func:`same_multiset`, for
-    all pairs in one sort of the rows tagged with their pair's index (rows as one code each,
-    :func:`_row_codes`, so one key is sorted instead of one per column)."""
+    """Per pair ``a[k]``, ``b[k]`` (arrays of rows of equal width): whether their rows are the
+    same multiset. All pairs in one sort of the rows tagged with their pair's index (rows as one
+    code each, :func:`_row_codes`, so one key is sorted instead of one per column): cheaper than
+    :func:`multiset_matches` per pair on the tens of rows of a short piece."""
     n = len(a)
     if n == 0:
         return np.zeros(0, dtype=bool)
@@ -539,10 +523,9 @@ class RoundTrip:
     collector's work."""
 
     file: int
-    index: int  # position of the sequence in the encoding
+    index: int  # position of the sequence in the encoding (= its track, per-track mode)
     ids: np.ndarray
     reference: Any
-    track: int
     one_stream: bool
     program: tuple[int, bool]
 
@@ -573,7 +556,7 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
             track, program, is_drum, n_notes = i, 0, False, 0
         ids = np.asarray(ts.ids, dtype=np.int32)
         if check:
-            mine.append(RoundTrip(file, i, ids, score, i, one_stream, (program, is_drum)))
+            mine.append(RoundTrip(file, i, ids, score, one_stream, (program, is_drum)))
         times = [e.time for e in ts.events]
         ordered = all(map(operator.le, times, itertools.islice(times, 1, None)))
         seqs.append(SeqEncoding(track, program, is_drum, n_notes, ids,
@@ -630,7 +613,7 @@ def roundtrip_batch(tokenizer: Any, checks: list[RoundTrip]) -> list[tuple[int, 
         for k, ref, dec, same in zip(at, refs, decs, same_multisets(refs, decs), strict=True):
             if same:
                 out[k] = (len(ref), len(dec))
-    return [o if o is not None else roundtrip_counts(tokenizer, c.ids, c.reference, c.track,
+    return [o if o is not None else roundtrip_counts(tokenizer, c.ids, c.reference, c.index,
                                                      c.one_stream, c.program)
             for o, c in zip(out, checks, strict=True)]
 
@@ -911,18 +894,18 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
             out.append(("encode_error", f"{type(e).__name__}: {e}"))
             continue
         out.append(encs)
+    # the checked base encodings (transposition 0; a job may hold only augmented copies)
+    bases = [r.get(0) if isinstance(r, dict) else None for r in out]
     try:
-        settled = settle(tokenizer, checks, [r[0] if isinstance(r, dict) else None for r in out])
+        bases = settle(tokenizer, checks, bases)
     except Exception:  # settle the chunk's checks one file at a time: only a bad one is flagged
-        settled = [None] * len(out)
-        for k, r in enumerate(out):
-            mine = [c for c in checks if c.file == k]
+        for k in sorted({c.file for c in checks}):
             try:
-                settled[k] = settle(tokenizer, [replace(c, file=0) for c in mine], [r[0]])[0] \
-                    if mine else (r[0] if isinstance(r, dict) else None)
+                bases[k] = settle(tokenizer, [replace(c, file=0) for c in checks if c.file == k],
+                                  [bases[k]])[0]
             except Exception as e:
                 out[k] = ("encode_error", f"{type(e).__name__}: {e}")
-    out = [{**r, 0: settled[k]} if isinstance(r, dict) and 0 in r else r
+    out = [{**r, 0: bases[k]} if isinstance(r, dict) and 0 in r else r
            for k, r in enumerate(out)]
     out = [{t: pack(enc) for t, enc in r.items()} if isinstance(r, dict) else r for r in out]
     t1 = time.perf_counter()

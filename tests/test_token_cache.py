@@ -414,3 +414,33 @@ def test_chunk_settles_checks_like_one_file_at_a_time(tmp_path, monkeypatch, bat
             np.testing.assert_array_equal(got[t], pack(alone[t]))
         if 0 in got:
             assert unpack(got[0]).seqs[0].roundtrip_f1 == 1.0
+
+
+def test_a_file_failing_after_its_base_encoding_leaves_no_check_behind(tmp_path, monkeypatch):
+    """A file whose augmented copy cannot be made is flagged on its own, and the other files'
+    checks are still settled in one batch (its base encoding's check is not left over)."""
+    import miditok.data_augmentation
+
+    from pipeline.core.artifacts import sha256_file
+    from pipeline.tokens import cache
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    jobs = []
+    for k in range(4):
+        path = tmp_path / f"{k}.mid"
+        score_with(480, [(0, 480, 60 + k), (480, 240, 70), (960, 120, 50 + k)]).dump_midi(path)
+        jobs.append((sha256_file(path), str(path), (0, 2) if k == 1 else (0,)))
+    cache._init_worker((make_tokenizer, "REMI", {"use_programs": True}), None, "")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no copy")
+
+    monkeypatch.setattr(miditok.data_augmentation, "augment_score", broken)
+    batches = []
+    whole = cache.roundtrip_batch
+    monkeypatch.setattr(cache, "roundtrip_batch",
+                        lambda tok, checks: batches.append(len(checks)) or whole(tok, checks))
+    out, _ = cache._encode_chunk(tuple(jobs))
+    assert out[1] == ("encode_error", "RuntimeError: no copy")
+    assert batches == [3]
+    assert all(unpack(out[k][0]).seqs[0].roundtrip_f1 == 1.0 for k in (0, 2, 3))

@@ -3,7 +3,7 @@
 :func:`unique` exists because numpy 2.3+ answers ``np.unique(a)`` (no ``return_*`` flags) with a
 hash table and then sorts the result: on 10 million uint64 values that took 12 s here against
 0.17 s for a sort and a comparison of neighbours. The dedupe stage's winnowing made three such
-calls per 20,000 pieces, most of its time at corpus scale.
+calls per 20,000 pieces: 6.4 of its 27.7 s there.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ hash of everything the rows depend on besides their key (settings, code, library
 store is never read under other conditions.
 
 Used by the ingest stage (per-file results by sha256) and the dedupe stage (near-duplicate
-verdicts by pair of sha256).
+verdicts by the note digests of a pair of pieces).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Duplicate detection shared by the dedupe and contamination stages: the settings, per-piece
-fingerprints, the near tier's candidate pairs and their verification.
+fingerprints, the near tier's candidate pairs and their verification, and the store of measured
+pairs that dedupe keeps between runs (:class:`VerdictStore`).
 
 Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up to transposition
 and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (candidates from MinHash

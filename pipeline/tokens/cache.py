@@ -487,6 +487,10 @@ def _row_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes[: len(a)], codes[len(a) :]
 
 
+def nondecreasing(values: list[int]) -> bool:
+    return all(map(operator.le, values, itertools.islice(values, 1, None)))
+
+
 def chunk_starts(times: list[int], ticks: list[int], times_sorted: bool | None = None
                  ) -> np.ndarray:
     """Where each bar/beat sub-sequence starts: ``TokSequence._split_per_ticks`` on plain ints.
@@ -501,7 +505,7 @@ def chunk_starts(times: list[int], ticks: list[int], times_sorted: bool | None =
     """
     n = len(times)
     if times_sorted is None:
-        times_sorted = all(map(operator.le, times, itertools.islice(times, 1, None)))
+        times_sorted = nondecreasing(times)
     idxs, ti = [0], 0
     for tick in ticks[1:]:
         if times_sorted:
@@ -558,7 +562,7 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
         if check:
             mine.append(RoundTrip(file, i, ids, score, one_stream, (program, is_drum)))
         times = [e.time for e in ts.events]
-        ordered = all(map(operator.le, times, itertools.islice(times, 1, None)))
+        ordered = nondecreasing(times)
         seqs.append(SeqEncoding(track, program, is_drum, n_notes, ids,
                                 chunk_starts(times, ts._ticks_bars, ordered),
                                 chunk_starts(times, ts._ticks_beats, ordered), -1, -1))
@@ -838,15 +842,17 @@ def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...
     n_input = sum(len(t.notes) for t in score.tracks)
     pre = tokenizer.preprocess_score(score)
     out = {}
+    mine: list[RoundTrip] | None = [] if checks is not None else None
     for offset in transposes:
         if offset == 0:
-            out[0] = encode_score(tokenizer, pre, n_input, check=True, checks=checks,
-                                  file=file)
+            out[0] = encode_score(tokenizer, pre, n_input, check=True, checks=mine, file=file)
         elif not transposition_allowed(tokenizer, pre, offset):
             out[offset] = Encoding(n_notes_input=n_input, seqs=(), out_of_range=True)
         else:
             out[offset] = encode_score(tokenizer, augment_score(pre, pitch_offset=offset),
                                        n_input, check=False)
+    if checks is not None and mine:  # only a file encoded whole leaves checks to settle
+        checks.extend(mine)
     return out
 
 

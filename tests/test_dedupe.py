@@ -18,7 +18,7 @@ from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody
-from pipeline.music.duplicates import note_digests
+from pipeline.music.digests import note_digests
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.midi import note_hash
 from pipeline.stages.dedupe import DedupeConfig, run

@@ -42,7 +42,7 @@ def test_stage_modules_map_one_to_one_to_dvc_stages() -> None:
 
 
 def test_a_removed_dep_is_named(copy: Path) -> None:
-    kept = "      - pipeline/music/fingerprints.py\n"
+    kept = "      - pipeline/music/digests.py\n"
     _edit(copy / "dvc.yaml", "      - pipeline/core/splits.py\n" + kept, kept)
     problems = check(copy)
     assert len(problems) == 1, problems

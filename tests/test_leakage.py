@@ -66,10 +66,14 @@ def test_crossing_counts_see_a_leak():
                    "pairs_with_a_dropped_piece": 1}
 
 
-def test_random_split_is_seeded_and_proportional():
-    a = random_split(20000, (0.8, 0.1, 0.1), seed=3)
-    assert (a == random_split(20000, (0.8, 0.1, 0.1), seed=3)).all()
+def test_random_split_is_seeded_proportional_and_stable_under_additions():
+    shas = [f"{i:064x}" for i in range(20000)]
+    a = random_split(shas, (0.8, 0.1, 0.1), seed=3)
+    assert (a == random_split(shas, (0.8, 0.1, 0.1), seed=3)).all()
+    assert (a != random_split(shas, (0.8, 0.1, 0.1), seed=4)).mean() > 0.2
     assert abs((a == "test").mean() - 0.1) < 0.01 and abs((a == "train").mean() - 0.8) < 0.01
+    more = random_split(["f" * 64, *shas[::2]], (0.8, 0.1, 0.1), seed=3)
+    assert (more[1:] == a[::2]).all()  # a piece keeps its side when others come or go
 
 
 def test_audit_contrasts_grouped_and_random_split(tmp_path):

@@ -11,6 +11,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -18,6 +19,19 @@ SPLITS_SCHEMA = pa.schema([("sha256", pa.string()), ("group_id", pa.string()),
                            ("split", pa.string()), ("fold", pa.int16())])
 """``data/splits.parquet``: every kept piece, its group and split (``fold`` -1 when folds are
 off)."""
+
+
+def unit_hash(seed: int, key: str, salt: str = "split") -> float:
+    """A uniform number in [0, 1) from (seed, salt, key): stable across runs and machines. The
+    split stage assigns groups with it; the leakage audit draws its samples and its random
+    split with it (other salts), so they stay put when pieces are added."""
+    digest = hashlib.sha256(f"{seed}\x00{salt}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def unit_hashes(seed: int, keys: Iterable[str], salt: str) -> np.ndarray:
+    """:func:`unit_hash` of each key, as float64."""
+    return np.fromiter((unit_hash(seed, k, salt) for k in keys), dtype=np.float64)
 
 
 def split_hash(sha256: Iterable[str], split: Iterable[str]) -> str:

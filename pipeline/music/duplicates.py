@@ -13,7 +13,6 @@ them; the contamination stage links held-out pieces with the pieces of another c
 from __future__ import annotations
 
 import hashlib
-import itertools
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -319,25 +318,6 @@ VERDICT_SCHEMA = pa.schema([
 _MEASURE_COLUMNS = VERDICT_SCHEMA.names[1:]
 
 
-def note_digests(notes: fp.NoteArrays) -> list[str]:
-    """Per piece, a digest (128 bits, hex) of exactly the note columns the tiers read: onset,
-    duration, pitch, is_drum and track, in order. A verdict is keyed by the digests of its two
-    pieces, so it is reused only for the same notes, whatever ingest code produced them."""
-    cols = [np.ascontiguousarray(notes.onset, "<f8"), np.ascontiguousarray(notes.duration, "<f8"),
-            np.ascontiguousarray(notes.pitch, "<i2"), np.ascontiguousarray(notes.is_drum, "?"),
-            np.ascontiguousarray(notes.track, "<i2")]
-    views = [memoryview(c).cast("B") for c in cols]
-    widths = [c.itemsize for c in cols]
-    out = []
-    bounds = notes.offsets.tolist()
-    for lo, hi in itertools.pairwise(bounds):
-        h = hashlib.sha256()
-        for v, w in zip(views, widths, strict=True):
-            h.update(v[lo * w : hi * w])
-        out.append(h.hexdigest()[:32])
-    return out
-
-
 def verdict_key(cfg: DedupeConfig) -> str:
     """What a pair's measures depend on besides its two pieces' notes: the settings that shape
     shingles, token sequences and alignments (``shingle_k``, ``ioi_resolution``,
@@ -357,8 +337,9 @@ def verdict_key(cfg: DedupeConfig) -> str:
 
 class VerdictStore:
     """The measures of candidate pairs from earlier runs (a :class:`SegmentStore` under
-    ``root/<verdict_key>/``, keyed by the two pieces' :func:`note_digests`), and those measured
-    in this run, written by :meth:`save`."""
+    ``root/<verdict_key>/``, keyed by the two pieces'
+    :func:`~pipeline.music.digests.note_digests`), and those measured in this run, written
+    by :meth:`save`."""
 
     def __init__(self, root: Path, cfg: DedupeConfig, digests: list[str]) -> None:
         self.store = SegmentStore(Path(root) / verdict_key(cfg), VERDICT_SCHEMA, "pair")

@@ -31,8 +31,9 @@ bound of the similarity, and then exactly wherever the bound allows a better pai
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -40,7 +41,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel
 from scipy.sparse import csr_array
 
-from pipeline.core.splits import SPLIT_NAMES
+from pipeline.core.splits import SPLIT_NAMES, unit_hashes
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody, similarity
 from pipeline.report.figures import histograms_png
@@ -212,6 +213,91 @@ class NearCopyRule:
         return similarity.alignment_threshold(self.jaccard, self.shingle_k)
 
 
+MEASURES = ("nearest_jaccard", "nearest_containment", "jaccard", "containment", "alignment",
+            "melody")
+"""What :class:`Neighbours` keeps per query: the nearest shingle Jaccard and containment over
+every pool piece; the same two over the pairs whose pieces both have ``min_shingles`` shingles
+(the near rule's); the Indel similarity of the whole note tokens and of the melodies."""
+NEAREST_JACCARD, NEAREST_CONTAINMENT, JACCARD, CONTAINMENT, ALIGNMENT, MELODY = range(6)
+_NO_ROW = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class Neighbours:
+    """Per query piece, over the pool pieces it is compared with: the best value of each of
+    :data:`MEASURES` and the pool row reaching it (the lowest row, i.e. the smallest sha256,
+    among equal values; -1 where the best is 0), and the strongest shingle near copy
+    (``partner``: highest Jaccard, then containment, then lowest row, among the pairs that meet
+    the shingle rule; -1: none) with its Jaccard and containment.
+
+    Each entry is a maximum over pairs, each pair's value a pure function of its two pieces, with
+    ties broken by row: the result over a pool is the :meth:`merge` of the results over any
+    partition of it, whatever the order, so a query can be compared with new pool pieces only
+    and merged with what an earlier run found (:mod:`pipeline.music.leakage_cache`)."""
+
+    values: np.ndarray  # (Q, len(MEASURES)) float64
+    rows: np.ndarray  # (Q, len(MEASURES)) int64
+    partner: np.ndarray  # (Q,) int64
+    partner_sims: np.ndarray  # (Q, 2) float64: the partner's Jaccard and containment
+
+    @classmethod
+    def zeros(cls, n: int) -> Neighbours:
+        return cls(np.zeros((n, len(MEASURES))), np.full((n, len(MEASURES)), -1, np.int64),
+                   np.full(n, -1, np.int64), np.zeros((n, 2)))
+
+    def raise_to(self, m: int, q: np.ndarray, v: np.ndarray, r: np.ndarray) -> None:
+        """Raise measure ``m`` of queries ``q`` (positions, repeats allowed) to values ``v``
+        reached at pool rows ``r`` where they beat what is held (ties: the lower row)."""
+        keep = v > 0
+        q, v, r = q[keep], v[keep], r[keep]
+        if q.size == 0:
+            return
+        if q.size > 1 and (q[1:] < q[:-1]).any():
+            order = np.argsort(q, kind="stable")
+            q, v, r = q[order], v[order], r[order]
+        starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
+        best = np.maximum.reduceat(v, starts)
+        tied = v == np.repeat(best, np.diff(np.r_[starts, q.size]))
+        low = np.minimum.reduceat(np.where(tied, r, _NO_ROW), starts)
+        q = q[starts]
+        held_v, held_r = self.values[q, m], self.rows[q, m]
+        take = (best > held_v) | ((best == held_v) & (low < held_r))
+        self.values[q[take], m] = best[take]
+        self.rows[q[take], m] = low[take]
+
+    def raise_partner(self, q: np.ndarray, jac: np.ndarray, con: np.ndarray, r: np.ndarray
+                      ) -> None:
+        """Offer pairs that meet the shingle rule as near copies of queries ``q``."""
+        if q.size == 0:
+            return
+        order = np.lexsort((r, -con, -jac, q))
+        first = np.r_[True, q[order][1:] != q[order][:-1]]
+        sel = order[first]
+        q, jac, con, r = q[sel], jac[sel], con[sel], r[sel]
+        held, (hj, hc) = self.partner[q], self.partner_sims[q].T
+        take = (held < 0) | (jac > hj) | ((jac == hj) & ((con > hc) | ((con == hc)
+                                                                        & (r < held))))
+        self.partner[q[take]] = r[take]
+        self.partner_sims[q[take]] = np.stack([jac[take], con[take]], axis=1)
+
+    def merge(self, other: Neighbours, at: np.ndarray) -> None:
+        """Merge ``other`` (results of the queries at positions ``at``) into these."""
+        for m in range(len(MEASURES)):
+            self.raise_to(m, at, other.values[:, m], other.rows[:, m])
+        has = other.partner >= 0
+        self.raise_partner(at[has], other.partner_sims[has, 0], other.partner_sims[has, 1],
+                           other.partner[has])
+
+    def near_copies(self, rule: NearCopyRule) -> NearCopies:
+        """The near-copy view under ``rule``: an alignment's best row is a partner where it
+        reaches ``rule.alignment``."""
+        t = rule.alignment - _EPS
+        a, m = self.values[:, ALIGNMENT], self.values[:, MELODY]
+        return NearCopies(self.values[:, JACCARD], self.values[:, CONTAINMENT], a, m,
+                          self.partner, np.where(a >= t, self.rows[:, ALIGNMENT], -1),
+                          np.where(m >= t, self.rows[:, MELODY], -1))
+
+
 def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self: bool = False
             ) -> tuple[np.ndarray, np.ndarray]:
     """For each query row, the highest exact Jaccard and containment against any ``pool`` row.
@@ -219,28 +305,10 @@ def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self
     Returns zeros where the pool is empty or nothing is shared; ``exclude_self`` ignores a
     query's own row when it is also in the pool.
     """
-    best_j = np.zeros(query.size)
-    best_c = np.zeros(query.size)
-    if query.size == 0 or pool.size == 0:
-        return best_j, best_c
-    # CSR once: scipy turns the right operand of a CSR product into CSR on every call, which
-    # took most of the audit's time when it was handed CSC
-    pool_t = sm.matrix[pool].T.tocsr()
-    pool_sizes = sm.sizes[pool].astype(np.float64)
-    for start in range(0, query.size, BLOCK_ROWS):
-        rows = query[start : start + BLOCK_ROWS]
-        inter = (sm.matrix[rows] @ pool_t).tocoo()
-        r, c, v = inter.row, inter.col, inter.data.astype(np.float64)
-        if exclude_self:
-            mine = rows[r] == pool[c]
-            r, c, v = r[~mine], c[~mine], v[~mine]
-        qs = sm.sizes[rows][r].astype(np.float64)
-        ps = pool_sizes[c]
-        jac = v / np.maximum(qs + ps - v, 1.0)
-        con = v / np.maximum(np.minimum(qs, ps), 1.0)
-        np.maximum.at(best_j, start + r, jac)
-        np.maximum.at(best_c, start + r, con)
-    return best_j, best_c
+    out = Neighbours.zeros(query.size)
+    groups = np.arange(sm.sha256.size) if exclude_self else None
+    _shingle_neighbours(sm, query, pool, None, groups, out)
+    return out.values[:, NEAREST_JACCARD], out.values[:, NEAREST_CONTAINMENT]
 
 
 @dataclass(frozen=True)
@@ -269,22 +337,21 @@ class NearCopies:
                                  self.melody_partner))
 
 
-def _shingle_copies(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
-                    groups: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Best Jaccard, best containment and strongest near copy (highest Jaccard, then containment,
-    then lowest row) of each query over ``pool``; pieces under ``rule.min_shingles`` take no
-    part, and pairs with equal ``groups`` codes are skipped when ``groups`` is given."""
-    best_j, best_c = np.zeros(query.size), np.zeros(query.size)
-    partner = np.full(query.size, -1, dtype=np.int64)
-    qpos = np.flatnonzero(sm.sizes[query] >= rule.min_shingles)
-    pool = pool[sm.sizes[pool] >= rule.min_shingles]
-    if qpos.size == 0 or pool.size == 0:
-        return best_j, best_c, partner
-    pool_t = sm.matrix[pool].T.tocsr()  # CSR once (see nearest)
+def _shingle_neighbours(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray,
+                        rule: NearCopyRule | None, groups: np.ndarray | None,
+                        out: Neighbours) -> None:
+    """The shingle measures of ``out`` (nearest Jaccard and containment over every pool piece;
+    with ``rule``, the same over pieces of ``rule.min_shingles`` shingles and the shingle
+    partner) from one sparse product per block of queries; pairs with equal ``groups`` codes
+    are skipped when ``groups`` is given."""
+    if query.size == 0 or pool.size == 0:
+        return
+    # CSR once: scipy turns the right operand of a CSR product into CSR on every call, which
+    # took most of the audit's time when it was handed CSC
+    pool_t = sm.matrix[pool].T.tocsr()
     pool_sizes = sm.sizes[pool].astype(np.float64)
-    for start in range(0, qpos.size, BLOCK_ROWS):
-        pos = qpos[start : start + BLOCK_ROWS]
-        rows = query[pos]
+    for start in range(0, query.size, BLOCK_ROWS):
+        rows = query[start : start + BLOCK_ROWS]
         inter = (sm.matrix[rows] @ pool_t).tocoo()
         r, c, v = inter.row, inter.col, inter.data.astype(np.float64)
         if groups is not None:
@@ -293,25 +360,26 @@ def _shingle_copies(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, rule
         qs, ps = sm.sizes[rows][r].astype(np.float64), pool_sizes[c]
         jac = v / np.maximum(qs + ps - v, 1.0)
         con = v / np.maximum(np.minimum(qs, ps), 1.0)
-        np.maximum.at(best_j, pos[r], jac)
-        np.maximum.at(best_c, pos[r], con)
+        q, p = start + r, pool[c]
+        out.raise_to(NEAREST_JACCARD, q, jac, p)
+        out.raise_to(NEAREST_CONTAINMENT, q, con, p)
+        if rule is None:
+            continue
+        big = np.minimum(qs, ps) >= rule.min_shingles
+        q, p, jac, con = q[big], p[big], jac[big], con[big]
+        out.raise_to(JACCARD, q, jac, p)
+        out.raise_to(CONTAINMENT, q, con, p)
         fired = (jac >= rule.jaccard) | (con >= rule.containment)
-        r, c, jac, con = r[fired], c[fired], jac[fired], con[fired]
-        order = np.lexsort((pool[c], -con, -jac, r))
-        first = np.ones(order.size, dtype=bool)
-        first[1:] = r[order][1:] != r[order][:-1]
-        partner[pos[r[order][first]]] = pool[c[order][first]]
-    return best_j, best_c, partner
+        out.raise_partner(q[fired], jac[fired], con[fired], p[fired])
 
 
-def _aligned_copies(texts: Sequence[str], lengths: np.ndarray, query: np.ndarray,
-                    qpos: np.ndarray, cand: np.ndarray, t: float, best: np.ndarray,
-                    partner: np.ndarray, *, groups: np.ndarray | None, workers: int,
-                    exact: Sequence[str] | None = None) -> None:
-    """Raise ``best[qpos]`` to the best Indel similarity of each query ``query[qpos]`` with a pool
-    row of ``cand``, and set ``partner[qpos]`` to that row where it reaches ``t`` and beats the
-    best so far (ties: the first row in length order, or with ``exact`` the first aligned).
-    ``lengths`` are the strings' lengths.
+def _aligned_neighbours(texts: Sequence[str], lengths: np.ndarray, query: np.ndarray,
+                        qpos: np.ndarray, cand: np.ndarray, t: float, out: Neighbours, m: int, *,
+                        groups: np.ndarray | None, workers: int,
+                        exact: Sequence[str] | None = None) -> None:
+    """Raise measure ``m`` of ``out`` at positions ``qpos`` to the best Indel similarity of each
+    query ``query[qpos]`` with a pool row of ``cand`` whose length allows ``t``. ``lengths`` are
+    the strings' lengths.
 
     Indel similarity is at most 2·min(a, b) / (a + b) for lengths a, b, so pool strings outside
     [a·t / (2 - t), a·(2 - t) / t] cannot reach ``t`` and are not aligned: the best similarity
@@ -331,53 +399,49 @@ def _aligned_copies(texts: Sequence[str], lengths: np.ndarray, query: np.ndarray
         b = np.searchsorted(clen, qlen[pos].max() * (2 - t) / t + _EPS, side="right")
         if a >= b:
             continue
-        sim = process.cdist([texts[i] for i in rows], [texts[i] for i in cand[a:b]],
+        cols = cand[a:b]
+        sim = process.cdist([texts[i] for i in rows], [texts[i] for i in cols],
                             scorer=Indel.normalized_similarity, dtype=np.float64,
                             workers=workers)
         ql, cl = qlen[pos][:, None], clen[a:b][None, :]
         sim[2 * np.minimum(ql, cl) / (ql + cl) < t - _EPS] = -1.0  # outside this row's band
         if groups is not None:
-            sim[groups[rows][:, None] == groups[cand[a:b]][None, :]] = -1.0
+            sim[groups[rows][:, None] == groups[cols][None, :]] = -1.0
         if exact is None:
-            col = sim.argmax(axis=1)
-            top = sim[np.arange(pos.size), col]
+            top = sim.max(axis=1)
+            low = np.where(sim == top[:, None], cols[None, :], _NO_ROW).min(axis=1)
         else:
-            top, col = _exact_best(sim, exact, rows, cand[a:b])
-        better = top > best[pos]
-        best[pos[better]] = top[better]
-        hit = better & (top >= t - _EPS)
-        partner[pos[hit]] = cand[a:b][col[hit]]
+            top, low = _exact_best(sim, exact, rows, cols)
+        out.raise_to(m, pos, top, low)
 
 
 def _exact_best(bound: np.ndarray, exact: Sequence[str], rows: np.ndarray, cols: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Per row of ``bound`` (upper bounds of the Indel similarities of pieces ``rows`` with pieces
     ``cols``; negative: not a pair), the exact best similarity over its pairs (-1 if none) and
-    its column. Pairs are aligned on ``exact`` in decreasing order of their bound until the bound
-    no longer exceeds the best found: usually one or two pairs per row. ``bound`` is consumed."""
+    the lowest of ``cols`` reaching it. Pairs are aligned on ``exact`` in decreasing order of
+    their bound until the bound falls below the best found: usually one or two pairs per row.
+    ``bound`` is consumed."""
     top = np.full(rows.size, -1.0)
-    col = np.zeros(rows.size, dtype=np.int64)
+    low = np.full(rows.size, -1, dtype=np.int64)
     for r, q in enumerate(rows.tolist()):
         row = bound[r]
         while True:
             c = int(row.argmax())
-            if row[c] < 0 or row[c] <= top[r]:
+            if row[c] < 0 or row[c] < top[r]:
                 break
             s = Indel.normalized_similarity(exact[q], exact[cols[c]])
-            if s > top[r]:
-                top[r], col[r] = s, c
+            if s > top[r] or (s == top[r] and cols[c] < low[r]):
+                top[r], low[r] = s, cols[c]
             row[c] = -1.0
-    return top, col
+    return top, low
 
 
-def _melody_copies(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
-                   groups: np.ndarray | None, workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best melody similarity (either view) of each query over ``pool`` and the pool row of the
-    best pair if it reaches ``rule.alignment`` (-1 otherwise). Query melodies of
-    ``min_melody_notes`` to ``max_melody_notes - 1`` notes are aligned, against pool melodies of
-    at least ``min_melody_notes``."""
-    best = np.zeros(query.size)
-    partner = np.full(query.size, -1, dtype=np.int64)
+def _melody_neighbours(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
+                       groups: np.ndarray | None, workers: int, out: Neighbours) -> None:
+    """The melody measure of ``out``: the best similarity (either view) of each query over
+    ``pool``. Query melodies of ``min_melody_notes`` to ``max_melody_notes - 1`` notes are
+    aligned, against pool melodies of at least ``min_melody_notes``."""
     lo_len, hi_len = rule.min_melody_notes - 1, rule.max_melody_notes - 1
     qall = np.arange(query.size)
     q_same = mel.same[query]
@@ -386,24 +450,34 @@ def _melody_copies(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule: Nea
     for v, qsub, psub in tasks:
         lengths = mel.lengths[v]
         qlen = lengths[query[qsub]]
-        _aligned_copies(mel.views[v], lengths, query, qsub[(qlen >= lo_len) & (qlen < hi_len)],
-                        psub[lengths[psub] >= lo_len], rule.alignment, best, partner,
-                        groups=groups, workers=workers)
-    return best, partner
+        _aligned_neighbours(mel.views[v], lengths, query, qsub[(qlen >= lo_len) & (qlen < hi_len)],
+                            psub[lengths[psub] >= lo_len], rule.alignment, out, MELODY,
+                            groups=groups, workers=workers)
 
 
-def _token_copies(tok: TokenStrings, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
-                  groups: np.ndarray | None, workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Best whole note-token similarity of each query over ``pool`` and the pool row of the best
-    pair if it reaches ``rule.alignment`` (-1 otherwise). Both pieces need ``min_align_onsets``
-    distinct onsets; queries of ``max_align_tokens`` tokens or more are not aligned."""
-    best = np.zeros(query.size)
-    partner = np.full(query.size, -1, dtype=np.int64)
+def _token_neighbours(tok: TokenStrings, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
+                      groups: np.ndarray | None, workers: int, out: Neighbours) -> None:
+    """The alignment measure of ``out``: the best whole note-token similarity of each query over
+    ``pool``. Both pieces need ``min_align_onsets`` distinct onsets; queries of
+    ``max_align_tokens`` tokens or more are not aligned."""
     ok = tok.onsets >= rule.min_align_onsets
     qpos = np.flatnonzero(ok[query] & (tok.lengths[query] < rule.max_align_tokens))
-    _aligned_copies(tok.coarse, tok.lengths, query, qpos, pool[ok[pool]], rule.alignment, best,
-                    partner, groups=groups, workers=workers, exact=tok.exact)
-    return best, partner
+    _aligned_neighbours(tok.coarse, tok.lengths, query, qpos, pool[ok[pool]], rule.alignment, out,
+                        ALIGNMENT, groups=groups, workers=workers, exact=tok.exact)
+
+
+def neighbours(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, query: np.ndarray,
+               pool: np.ndarray, rule: NearCopyRule, *, groups: np.ndarray | None = None,
+               workers: int = 1, align: bool = True) -> Neighbours:
+    """Exhaustive search of every ``query`` row against every ``pool`` row (no candidates, no
+    sampling); ``groups``: skip pairs with equal codes (a piece's own group, or the piece itself);
+    ``align`` False: the shingle measures only."""
+    out = Neighbours.zeros(query.size)
+    _shingle_neighbours(sm, query, pool, rule, groups, out)
+    if align:
+        _token_neighbours(tok, query, pool, rule, groups, workers, out)
+        _melody_neighbours(mel, query, pool, rule, groups, workers, out)
+    return out
 
 
 def near_copies(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, query: np.ndarray,
@@ -411,10 +485,8 @@ def near_copies(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, query: np.n
                 workers: int = 1) -> NearCopies:
     """Exhaustive near-copy search of every ``query`` row against every ``pool`` row (no
     candidates, no sampling); ``groups``: skip pairs of one group (within-train neighbours)."""
-    j, c, sp = _shingle_copies(sm, query, pool, rule, groups)
-    a, ap = _token_copies(tok, query, pool, rule, groups, workers)
-    m, mp = _melody_copies(mel, query, pool, rule, groups, workers)
-    return NearCopies(j, c, a, m, sp, ap, mp)
+    return neighbours(sm, mel, tok, query, pool, rule, groups=groups,
+                      workers=workers).near_copies(rule)
 
 
 def pair_record(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, q: int, p: int,
@@ -444,26 +516,64 @@ def pair_record(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, q: int, p: 
             "melody_similarity": round(max(s for s, _ in sims), 6), "fired": fired}
 
 
-def _sample(idx: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
-    return np.sort(rng.choice(idx, size=cap, replace=False)) if idx.size > cap else idx
+def _sample(idx: np.ndarray, cap: int, u: np.ndarray) -> np.ndarray:
+    """``idx`` when it has at most ``cap`` rows, else the ``cap`` rows of smallest ``u`` (a
+    per-piece hash): a uniform sample that keeps its pieces when pieces are added, except those
+    a new piece displaces. Sorted."""
+    if idx.size <= cap:
+        return idx
+    return np.sort(idx[np.argsort(u[idx], kind="stable")[:cap]])
 
 
 def _share(count: int, n: int) -> float | None:
     return round(float(count / n), 6) if n else None
 
 
-def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, tok: TokenStrings,
-                rule: NearCopyRule, *, test: dict[str, np.ndarray], seed: int, max_test: int,
-                workers: int = 1) -> dict:
-    """The ``independent`` block of the report: near copies in train of held-out pieces.
+@dataclass(frozen=True)
+class AuditPass:
+    """One comparison of the audit: each ``query`` row against every ``pool`` row, skipping the
+    pairs whose pieces share ``exclude`` (None: none; "self": the piece itself; "group": its
+    split group). ``align`` False: the shingle measures only."""
 
-    ``test``: the measured test rows per split column (``split``, ``random``), every test piece
-    unless there are more than ``max_test`` (then the audit's seeded sample). Val pieces and
-    train pieces (for within-train, other-group neighbours) are capped and sampled the same way.
-    """
-    rng = np.random.default_rng([seed, 2])
-    split = pieces["split"].to_numpy()
-    train = np.flatnonzero(split == "train")
+    name: str
+    query: np.ndarray
+    pool: np.ndarray
+    exclude: str | None
+    align: bool
+
+
+def audit_passes(pieces: pd.DataFrame, seed: int, max_test: int) -> list[AuditPass]:
+    """The audit's comparisons. ``pieces``: rows in sha256 order with ``split`` and ``random``.
+
+    Test pieces of the grouped and the random split (every one, or a sample of ``max_test``)
+    against train, and against the other test pieces for scale; val pieces against train; and
+    train pieces against the train pieces of other groups. Samples are the pieces of smallest
+    :func:`pipeline.core.splits.unit_hash` (seeded), so adding pieces leaves them in place
+    except where a new piece enters."""
+    sha = pieces["sha256"].tolist()
+    u_test, u_val, u_train = (unit_hashes(seed, sha, f"audit-{s}") for s in SPLIT_NAMES[::-1])
+    out = []
+    for name, col in (("grouped", "split"), ("random", "random")):
+        splits = pieces[col].to_numpy()
+        train, test = np.flatnonzero(splits == "train"), np.flatnonzero(splits == "test")
+        query = _sample(test, max_test, u_test)
+        out += [AuditPass(f"{name}_test", query, train, None, True),
+                AuditPass(f"{name}_test_test", query, test, "self", False)]
+    splits = pieces["split"].to_numpy()
+    train = np.flatnonzero(splits == "train")
+    out += [AuditPass("val", _sample(np.flatnonzero(splits == "val"), max_test, u_val), train,
+                      None, True),
+            AuditPass("within_train", _sample(train, max_test, u_train), train, "group", True)]
+    return out
+
+
+def _independent(pieces: pd.DataFrame, found: dict[str, Neighbours], passes: dict[str, AuditPass],
+                 sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, rule: NearCopyRule,
+                 max_test: int) -> dict:
+    """The ``independent`` block of the report: near copies in train of held-out pieces, every
+    test piece unless there are more than ``max_test`` (then the audit's sample); val pieces and
+    train pieces (for within-train, other-group neighbours) are capped and sampled the same
+    way."""
     out: dict = {
         "method": "each test/val piece vs every train piece, exhaustively, no dedupe pairs or "
                   "candidates: exact shingle Jaccard/containment (sparse incidence product), or "
@@ -476,15 +586,12 @@ def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, tok: Tok
         "melody_min_notes": rule.min_melody_notes, "melody_max_notes": rule.max_melody_notes,
         "max_pieces_per_split": max_test,
     }
-    for name, col, rows in (("test", "split", test["split"]),
-                            ("val", "split", _sample(np.flatnonzero(split == "val"), max_test,
-                                                     rng)),
-                            ("random", "random", test["random"])):
-        splits = pieces[col].to_numpy()
-        pool = np.flatnonzero(splits == "train")
-        found = near_copies(sm, mel, tok, rows, pool, rule, workers=workers)
-        n_all = int((splits == ("val" if name == "val" else "test")).sum())
-        n_near = int(found.near.sum())
+    for name, col, key in (("test", "split", "grouped_test"), ("val", "split", "val"),
+                           ("random", "random", "random_test")):
+        rows = passes[key].query
+        copies = found[key].near_copies(rule)
+        n_all = int((pieces[col].to_numpy() == ("val" if name == "val" else "test")).sum())
+        n_near = int(copies.near.sum())
         if name == "random":
             out["random_split"] = {"test_pieces": n_all, "test_measured": int(rows.size),
                                    "test_near_train": n_near,
@@ -497,26 +604,26 @@ def independent(pieces: pd.DataFrame, sm: ShingleMatrix, mel: Melodies, tok: Tok
             too_short = ((sm.sizes[rows] < rule.min_shingles)
                          & (tok.onsets[rows] < rule.min_align_onsets)
                          & (mel.lengths[:, rows].max(axis=0) < rule.min_melody_notes - 1))
-            out["test_near_train_by_shingles"] = int((found.shingle_partner >= 0).sum())
-            out["test_near_train_by_alignment"] = int((found.alignment_partner >= 0).sum())
-            out["test_near_train_by_melody"] = int((found.melody_partner >= 0).sum())
+            out["test_near_train_by_shingles"] = int((copies.shingle_partner >= 0).sum())
+            out["test_near_train_by_alignment"] = int((copies.alignment_partner >= 0).sum())
+            out["test_near_train_by_melody"] = int((copies.melody_partner >= 0).sum())
             out["test_too_short_to_measure"] = int(too_short.sum())
-            hits = np.flatnonzero(found.near)
-            records = sorted((pair_record(sm, mel, tok, int(rows[h]), int(found.partner[h]),
+            hits = np.flatnonzero(copies.near)
+            records = sorted((pair_record(sm, mel, tok, int(rows[h]), int(copies.partner[h]),
                                           rule) for h in hits),
                              key=lambda x: (x["test_sha256"], x["train_sha256"]))
             out["examples"] = records[:MAX_EXAMPLES]
     # how often the rule fires between train pieces the split may separate (other groups)
-    rows = _sample(train, max_test, rng)
-    codes = np.unique(pieces["group_id"].to_numpy().astype(str), return_inverse=True)[1]
-    found = near_copies(sm, mel, tok, rows, train, rule, groups=codes, workers=workers)
-    n_near = int(found.near.sum())
+    copies = found["within_train"].near_copies(rule)
+    n_near = int(copies.near.sum())
     out["within_train"] = {
-        "pieces": int(train.size), "measured": int(rows.size),
-        "near_other_group": n_near, "near_other_group_share": _share(n_near, rows.size),
-        "jaccard_max": round(float(found.jaccard.max(initial=0.0)), 6),
-        "alignment_max": round(float(found.alignment.max(initial=0.0)), 6),
-        "melody_max": round(float(found.melody.max(initial=0.0)), 6),
+        "pieces": int(passes["within_train"].pool.size),
+        "measured": int(passes["within_train"].query.size),
+        "near_other_group": n_near,
+        "near_other_group_share": _share(n_near, passes["within_train"].query.size),
+        "jaccard_max": round(float(copies.jaccard.max(initial=0.0)), 6),
+        "alignment_max": round(float(copies.alignment.max(initial=0.0)), 6),
+        "melody_max": round(float(copies.melody.max(initial=0.0)), 6),
     }
     return out
 
@@ -559,47 +666,71 @@ def partner_in_train(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str) 
     return out
 
 
-def random_split(n: int, ratios: tuple[float, float, float], seed: int) -> np.ndarray:
-    """Plain per-piece random split (the leaky baseline), seeded."""
-    u = np.random.default_rng(seed).random(n)
+def random_split(sha256: Sequence[str], ratios: tuple[float, float, float], seed: int
+                 ) -> np.ndarray:
+    """Plain per-piece random split (the leaky baseline): each piece by a seeded hash of its
+    sha256, so a piece keeps its side when pieces are added."""
+    u = unit_hashes(seed, sha256, "random-split")
     cut = np.cumsum(ratios)
     return np.asarray(SPLIT_NAMES, dtype=object)[np.searchsorted(cut[:-1], u, side="right")]
 
 
+Measure = Callable[[AuditPass, np.ndarray, np.ndarray], Neighbours]
+"""``measure(audit_pass, query, pool)``: the pass's measures of rows ``query`` over rows
+``pool``."""
+
+
+class PassRunner(Protocol):
+    def run(self, sha256: np.ndarray, group_id: np.ndarray, passes: list[AuditPass],
+            measure: Measure) -> dict[str, Neighbours]: ...
+
+
 def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Melodies,
           tok: TokenStrings, *, seed: int, ratios: tuple[float, float, float], max_test: int,
-          rule: NearCopyRule, workers: int = 1) -> tuple[dict, bytes]:
+          rule: NearCopyRule, workers: int = 1, cache: PassRunner | None = None
+          ) -> tuple[dict, bytes]:
     """Leakage metrics and the figure (PNG bytes).
 
     ``pieces``: one row per kept piece in ``sm`` order with ``sha256``, ``split``, ``group_id``,
     ``group`` (metadata label, "" if none) and ``cluster_id``. ``pairs``: dedupe's pairs (used
     for the crossing counts and the ``*_with_pair_in_train`` counts only, never by
-    ``independent``). ``workers``: threads for the alignments (results do not depend on it).
+    ``independent``). ``workers``: threads for the alignments. ``cache``
+    (:class:`pipeline.music.leakage_cache.AuditCache`): runs the passes from an earlier run's
+    results, comparing them only with what changed. Neither changes the result.
     """
     shas = list(pieces["sha256"])
     if any(shas != list(x.sha256) for x in (sm, mel, tok)):
         raise ValueError("audit: pieces, shingle matrix, melodies and token strings must list "
                          "the same sha256 in order")
-    rng = np.random.default_rng(seed)
-    pieces = pieces.assign(random=random_split(len(pieces), ratios, seed + 1))
+    pieces = pieces.assign(random=random_split(shas, ratios, seed))
     report: dict = {}
-    curves = {}
-    measured = {}
     for name, col in (("grouped", "split"), ("random", "random")):
         counts = crossing_counts(pieces, pairs, col)
         if name == "random":
             counts.pop("crossing_groups", None)
         report.update({f"{name}_{k}": v for k, v in counts.items()})
         report.update({f"{name}_{k}": v for k, v in partner_in_train(pieces, pairs, col).items()})
-        splits = pieces[col].to_numpy()
-        test = _sample(np.flatnonzero(splits == "test"), max_test, rng)
-        measured[col] = test
-        train = np.flatnonzero(splits == "train")
-        all_test = np.flatnonzero(splits == "test")
-        j_train, c_train = nearest(sm, test, train)
-        j_test, _ = nearest(sm, test, all_test, exclude_self=True)
+
+    passes = audit_passes(pieces, seed, max_test)
+    group_id = pieces["group_id"].to_numpy().astype(str)
+    codes = {"self": np.arange(len(pieces)), "group": np.unique(group_id, return_inverse=True)[1]}
+
+    def measure(p: AuditPass, query: np.ndarray, pool: np.ndarray) -> Neighbours:
+        return neighbours(sm, mel, tok, query, pool, rule, groups=codes.get(p.exclude),
+                          workers=workers, align=p.align)
+
+    if cache is not None:
+        found = cache.run(np.asarray(shas, dtype=object), group_id, passes, measure)
+    else:
+        found = {p.name: measure(p, p.query, p.pool) for p in passes}
+
+    curves = {}
+    for name in ("grouped", "random"):
+        train = found[f"{name}_test"].values
+        j_train, c_train = train[:, NEAREST_JACCARD], train[:, NEAREST_CONTAINMENT]
+        j_test = found[f"{name}_test_test"].values[:, NEAREST_JACCARD]
         near = (j_train >= rule.jaccard) | (c_train >= rule.containment)
-        report[f"{name}_test_audited"] = int(test.size)
+        report[f"{name}_test_audited"] = int(j_train.size)
         report[f"{name}_test_near_duplicate_in_train"] = int(near.sum())
         for label, v in (("nearest_train", j_train), ("nearest_test", j_test)):
             report[f"{name}_{label}_jaccard_mean"] = float(v.mean()) if v.size else None
@@ -609,8 +740,8 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
         if name == "grouped":
             curves["grouped: test → nearest other test"] = j_test
     report = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in report.items()}
-    report["independent"] = independent(pieces, sm, mel, tok, rule, test=measured, seed=seed,
-                                        max_test=max_test, workers=workers)
+    report["independent"] = _independent(pieces, found, {p.name: p for p in passes}, sm, mel,
+                                         tok, rule, max_test)
     png = histograms_png(curves, xlabel="exact shingle Jaccard of the nearest neighbour",
                          title="Leakage: similarity of test pieces to their nearest neighbour")
     return report, png

@@ -48,6 +48,7 @@ from pipeline.core.arrays import unique
 from pipeline.core.config import RuntimeConfig, load_runtime, load_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import similarity
+from pipeline.music.digests import note_digests
 from pipeline.music.duplicates import (
     NEAR_RULES,
     TIERS,
@@ -56,7 +57,6 @@ from pipeline.music.duplicates import (
     VerdictStore,
     fingerprint,
     near_candidates,
-    note_digests,
     star_edges,
     verify,
 )

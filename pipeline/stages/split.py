@@ -41,8 +41,8 @@ old.parquet && symkit split --previous old.parquet``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +55,11 @@ from scipy.sparse.csgraph import connected_components
 
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
-from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash
+from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_hash
 from pipeline.music import fingerprints as fp
 from pipeline.music import leakage
+from pipeline.music.digests import note_digests
+from pipeline.music.leakage_cache import AuditCache, cache_key
 
 MAX_MOVED_LISTED = 1000
 
@@ -156,12 +158,6 @@ class SplitSummary:
 # pure core
 
 
-def unit_hash(seed: int, key: str, salt: str = "split") -> float:
-    """A uniform number in [0, 1) from (seed, salt, key): stable across runs and machines."""
-    digest = hashlib.sha256(f"{seed}\x00{salt}\x00{key}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64
-
-
 def group_keys(files: pd.DataFrame, clusters: pd.DataFrame) -> pd.Series:
     """Group key of every piece in ``clusters`` (index: sha256).
 
@@ -237,7 +233,11 @@ def moved_pieces(previous: pd.DataFrame | None, table: pd.DataFrame) -> list[str
 
 def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path,
         dedupe_dir: Path, splits: Path, report: Path, leakage_report: Path, figure: Path,
-        previous: Path | None = None) -> SplitSummary:
+        previous: Path | None = None, cache_dir: Path | None = None) -> SplitSummary:
+    """Split the kept pieces and audit the split. With ``cache_dir``, the audit's results are
+    kept there (:class:`~pipeline.music.leakage_cache.AuditCache`) and the next run compares
+    its queries only with the pieces they have not met; the outputs are the same without it."""
+    t0 = time.perf_counter()
     man = artifacts.read_parquet(manifest, columns=["sha256", "status", "group", "n_notes"])
     man["group"] = man["group"].fillna("")
     files = man[man["status"].isin(["ok", "duplicate"])]
@@ -281,16 +281,33 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     artifacts.write_json(report, out)
 
     # leakage audit over the kept pieces
+    t1 = time.perf_counter()
     note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
     rule = leakage.NearCopyRule.from_settings(settings)
-    sm = leakage.ShingleMatrix.build(note_arrays, rule.shingle_k, settings["ioi_resolution"])
-    tok = leakage.TokenStrings.build(note_arrays, settings["ioi_resolution"])
-    metrics, png = leakage.audit(pieces, pairs, sm, leakage.Melodies.build(note_arrays), tok,
-                                 seed=cfg.seed, ratios=(cfg.train, cfg.val, cfg.test),
+    ioi = settings["ioi_resolution"]
+    sm = leakage.ShingleMatrix.build(note_arrays, rule.shingle_k, ioi)
+    tok = leakage.TokenStrings.build(note_arrays, ioi)
+    mel = leakage.Melodies.build(note_arrays)
+    cache = None
+    if cache_dir is not None:
+        context = cfg.model_dump(include={"seed", "train", "val", "test", "folds", "test_fold",
+                                          "audit_max_test"})
+        cache = AuditCache(cache_dir, cache_key(rule, ioi, context), note_digests(note_arrays))
+    t2 = time.perf_counter()
+    metrics, png = leakage.audit(pieces, pairs, sm, mel, tok, seed=cfg.seed,
+                                 ratios=(cfg.train, cfg.val, cfg.test),
                                  max_test=cfg.audit_max_test, rule=rule,
-                                 workers=runtime.n_workers())
+                                 workers=runtime.n_workers(), cache=cache)
     artifacts.write_json(leakage_report, metrics)
     artifacts.write_bytes(figure, png)
+    t3 = time.perf_counter()
+    artifacts.write_sidecar(report.with_suffix(".env.json"), {
+        "seconds_split": round(t1 - t0, 3), "seconds_audit_inputs": round(t2 - t1, 3),
+        "seconds_audit": round(t3 - t2, 3), "workers": runtime.n_workers(),
+        # per comparison: queries whose results came from .cache/split (compared only with the
+        # pieces they had not met) and queries measured in full
+        "audit_cache": cache.stats if cache is not None else None,
+    })
     return SplitSummary(len(table), out["groups"], {s: out[f"{s}_pieces"] for s in SPLIT_NAMES},
                         out["split_hash"], len(moved))
 
@@ -323,6 +340,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--previous", type=Path, default=None,
                         help="an earlier splits.parquet to list moved pieces against "
                              "(default: the existing --splits file, if any)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(".cache/split"),
+                        help="the leakage audit's results of the last run (does not change "
+                             "results)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="measure every audit comparison in full")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -331,7 +353,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         s = run(cfg, runtime, manifest=args.manifest, notes=args.notes,
                 dedupe_dir=args.dedupe_dir, splits=args.splits, report=args.report,
-                leakage_report=args.leakage_report, figure=args.figure, previous=args.previous)
+                leakage_report=args.leakage_report, figure=args.figure, previous=args.previous,
+                cache_dir=None if args.no_cache else args.cache_dir)
     except SplitTooSmallError as e:
         print(f"symkit split: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,34 @@
+"""Note digests: the identity of a piece's notes in the per-piece caches.
+
+Dedupe's verdict store (:class:`pipeline.music.duplicates.VerdictStore`) keys a pair's measures
+by the digests of its two pieces, and the leakage audit's cache
+(:mod:`pipeline.music.leakage_cache`) matches pieces by sha256 and digest, so a result is reused
+only for the same notes, whatever ingest code produced them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+
+from pipeline.music.fingerprints import NoteArrays
+
+
+def note_digests(notes: NoteArrays) -> list[str]:
+    """Per piece, a digest (128 bits, hex) of exactly the note columns dedupe's tiers and the
+    leakage audit read: onset, duration, pitch, is_drum and track, in order."""
+    cols = [np.ascontiguousarray(notes.onset, "<f8"), np.ascontiguousarray(notes.duration, "<f8"),
+            np.ascontiguousarray(notes.pitch, "<i2"), np.ascontiguousarray(notes.is_drum, "?"),
+            np.ascontiguousarray(notes.track, "<i2")]
+    views = [memoryview(c).cast("B") for c in cols]
+    widths = [c.itemsize for c in cols]
+    out = []
+    bounds = notes.offsets.tolist()
+    for lo, hi in itertools.pairwise(bounds):
+        h = hashlib.sha256()
+        for v, w in zip(views, widths, strict=True):
+            h.update(v[lo * w : hi * w])
+        out.append(h.hexdigest()[:32])
+    return out

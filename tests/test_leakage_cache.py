@@ -2,7 +2,8 @@
 reports exactly what a run without them reports, through added pieces, pieces that moved split,
 groups that merged or split, a piece whose notes changed under the same sha256, and a tie that a
 new piece wins; and it reuses most queries while doing so. A damaged cache is ignored. Also the
-merge property the cache rests on: results over a pool are the merge of results over its parts."""
+merge property the cache rests on: results over a pool are the merge of results over its parts.
+The per-piece inputs (shingles, tokens, melodies) kept by note digest equal a fresh build."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pipeline.music.leakage import (
     audit,
     neighbours,
 )
-from pipeline.music.leakage_cache import AuditCache
+from pipeline.music.leakage_cache import AuditCache, _pieces, audit_inputs
 from tests.test_dedupe import base_piece, variant
 from tests.test_leakage import edited, tune
 
@@ -162,3 +163,44 @@ def test_results_over_a_pool_are_the_merge_of_results_over_its_parts(exclude):
         assert np.array_equal(getattr(whole, field), getattr(merged, field)), field
     # ties go to the lowest row: s06 (the same notes as t06, a smaller sha256)
     assert whole.partner[np.flatnonzero(query == row["t06_copy"])[0]] == row["s06"]
+
+
+def _same_inputs(a, b) -> None:
+    sm_a, mel_a, tok_a = a
+    sm_b, mel_b, tok_b = b
+    assert list(sm_a.sha256) == list(sm_b.sha256)
+    assert (sm_a.matrix != sm_b.matrix).nnz == 0 and np.array_equal(sm_a.sizes, sm_b.sizes)
+    assert mel_a.views == mel_b.views
+    assert np.array_equal(mel_a.lengths, mel_b.lengths) and np.array_equal(mel_a.same, mel_b.same)
+    assert tok_a.exact == tok_b.exact and tok_a.coarse == tok_b.coarse
+    assert np.array_equal(tok_a.lengths, tok_b.lengths)
+    assert np.array_equal(tok_a.onsets, tok_b.onsets)
+
+
+def test_per_piece_inputs_from_the_cache_equal_a_fresh_build(tmp_path):
+    """Cold, warm and partly warm (pieces added; two pieces with the same notes share one
+    entry) builds of the shingle matrix, melodies and token strings equal the plain build; a
+    damaged segment only costs time."""
+    pieces = corpus()
+    names = sorted(pieces)
+    table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **pieces[k]} for k in names]),
+                                 schema=NOTES_SCHEMA, preserve_index=False)
+    notes = fp.notes_from_table(table)
+    digests = note_digests(notes)
+    plain = (ShingleMatrix.build(notes, 4, 4), Melodies.build(notes),
+             TokenStrings.build(notes, 4))
+    some = np.flatnonzero(~np.isin(notes.sha256, ["c1", "t07", "t09_copy"]))
+    stats: dict = {}
+    part = audit_inputs(_pieces(notes, some), 4, 4, [digests[i] for i in some], tmp_path, stats)
+    assert stats == {"features_reused": 0, "features_measured": some.size - 1}  # t06 = s06
+    _same_inputs(part, (ShingleMatrix.build(_pieces(notes, some), 4, 4),
+                        Melodies.build(_pieces(notes, some)),
+                        TokenStrings.build(_pieces(notes, some), 4)))
+    _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
+    assert stats == {"features_reused": some.size, "features_measured": 3}
+    _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
+    assert stats["features_measured"] == 0
+    for seg in (tmp_path).rglob("seg-*.parquet"):
+        seg.write_bytes(b"damaged")
+    _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
+    _same_inputs(audit_inputs(notes, 4, 4, digests, None, stats), plain)

@@ -78,12 +78,18 @@ class ShingleMatrix:
 
     @classmethod
     def build(cls, notes: fp.NoteArrays, k: int, ioi_resolution: int) -> ShingleMatrix:
-        offsets, values = fp.shingles(notes, k, ioi_resolution)
+        return cls.from_sets(notes.sha256, *fp.shingles(notes, k, ioi_resolution))
+
+    @classmethod
+    def from_sets(cls, sha256: np.ndarray, offsets: np.ndarray, values: np.ndarray
+                  ) -> ShingleMatrix:
+        """From each piece's shingle set (:func:`pipeline.music.fingerprints.shingles`)."""
         _, column = np.unique(values, return_inverse=True)
         n_cols = int(column.max()) + 1 if column.size else 0
+        offsets = np.asarray(offsets, dtype=np.int64)
         m = csr_array((np.ones(column.size, dtype=np.float32), column.astype(np.int64), offsets),
-                      shape=(notes.n_pieces, n_cols))
-        return cls(notes.sha256, m, np.diff(offsets))
+                      shape=(sha256.size, n_cols))
+        return cls(sha256, m, np.diff(offsets))
 
     def shingle_set(self, i: int) -> np.ndarray:
         """Column ids of piece ``i``'s shingles (sorted)."""
@@ -103,14 +109,17 @@ class Melodies:
 
     @classmethod
     def build(cls, notes: fp.NoteArrays) -> Melodies:
-        views, lengths = [], []
-        for off, interval in melody.melody_intervals(notes):
-            text = (np.clip(interval, -127, 127) + _CODE).astype(np.uint8).tobytes()
-            views.append(_slices(text.decode("latin-1"), off))
-            lengths.append(np.diff(off))
+        return cls.from_views(notes.sha256, melody_texts(notes))
+
+    @classmethod
+    def from_views(cls, sha256: np.ndarray, views: tuple[Sequence[str], Sequence[str]]
+                   ) -> Melodies:
+        """From each piece's two melody strings (:func:`melody_texts`)."""
+        views = (tuple(views[0]), tuple(views[1]))
+        lengths = np.array([[len(t) for t in v] for v in views], dtype=np.int64).reshape(2, -1)
         same = np.fromiter((a == b for a, b in zip(*views, strict=True)), dtype=bool,
-                           count=notes.n_pieces)
-        return cls(notes.sha256, (views[0], views[1]), np.stack(lengths), same)
+                           count=sha256.size)
+        return cls(sha256, views, lengths, same)
 
     def select(self, rows: np.ndarray) -> Melodies:
         """The melodies of pieces ``rows``, in that order."""
@@ -142,11 +151,19 @@ class TokenStrings:
     @classmethod
     def build(cls, notes: fp.NoteArrays, ioi_resolution: int, symbols: int = 256
               ) -> TokenStrings:
+        seqs = similarity.Sequences.build(notes, ioi_resolution, melodies=False)
+        return cls.from_tokens(notes.sha256, seqs.tokens, seqs.distinct_onsets, symbols)
+
+    @classmethod
+    def from_tokens(cls, sha256: np.ndarray, tokens: Sequence[str], onsets: np.ndarray,
+                    symbols: int = 256) -> TokenStrings:
+        """From each piece's note-token string and distinct onsets
+        (:class:`pipeline.music.similarity.Sequences`)."""
         if not 1 <= symbols <= 256:
             raise ValueError(f"TokenStrings.build: symbols must be 1 to 256, got {symbols}")
-        seqs = similarity.Sequences.build(notes, ioi_resolution, melodies=False)
-        lengths = np.fromiter(map(len, seqs.tokens), dtype=np.int64, count=len(seqs.tokens))
-        chars = np.frombuffer("".join(seqs.tokens).encode("utf-32-le"), dtype=np.uint32)
+        tokens = tuple(tokens)
+        lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+        chars = np.frombuffer("".join(tokens).encode("utf-32-le"), dtype=np.uint32)
         _, inverse, counts = np.unique(chars, return_inverse=True, return_counts=True)
         rank = np.empty(counts.size, dtype=np.int64)
         rank[np.argsort(-counts, kind="stable")] = np.arange(counts.size)
@@ -154,14 +171,24 @@ class TokenStrings:
         code = np.where(rank < own, rank, own + (rank - own) % (symbols - own))
         code = code.astype(np.uint8)[inverse.reshape(-1)]
         off = np.concatenate([[0], np.cumsum(lengths)])
-        return cls(notes.sha256, seqs.tokens, _slices(code.tobytes().decode("latin-1"), off),
-                   lengths, seqs.distinct_onsets)
+        return cls(sha256, tokens, _slices(code.tobytes().decode("latin-1"), off), lengths,
+                   np.asarray(onsets, dtype=np.int64))
 
     def select(self, rows: np.ndarray) -> TokenStrings:
         """The token strings of pieces ``rows``, in that order."""
         return TokenStrings(self.sha256[rows], tuple(self.exact[i] for i in rows),
                             tuple(self.coarse[i] for i in rows), self.lengths[rows],
                             self.onsets[rows])
+
+
+def melody_texts(notes: fp.NoteArrays) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Each piece's two melodies (:func:`pipeline.music.melody.melody_intervals`: skyline, top
+    track) as strings of one character per interval."""
+    views = []
+    for off, interval in melody.melody_intervals(notes):
+        text = (np.clip(interval, -127, 127) + _CODE).astype(np.uint8).tobytes()
+        views.append(_slices(text.decode("latin-1"), off))
+    return views[0], views[1]
 
 
 def _slices(text: str, offsets: np.ndarray) -> tuple[str, ...]:

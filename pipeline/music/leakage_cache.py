@@ -1,4 +1,4 @@
-"""The leakage audit's results between runs: ``.cache/split/<key>/``.
+"""The leakage audit's work kept between runs, under ``.cache/split/``.
 
 The audit (:func:`pipeline.music.leakage.audit`) compares every sampled query piece with every
 piece of a pool, exhaustively, which costs queries × pool pieces each time the split stage runs.
@@ -20,8 +20,14 @@ everything else the results depend on: the near-copy rule, ``ioi_resolution``, t
 measuring code, the rapidfuzz, numpy and scipy versions, and the split settings (so alternating
 between two settings keeps both states). It holds the last run's state only: two Parquet files,
 each written atomically, the results naming the digest of the pieces file they go with (a
-mismatch, e.g. after a kill between the two writes, reads as no state). Deleting the folder
-costs time, never a different result; the tests compare runs with and without it.
+mismatch, e.g. after a kill between the two writes, reads as no state).
+
+The audit's inputs, each piece's shingle set, note tokens and melodies, are kept beside it by
+note digest (:func:`audit_inputs`, a :class:`~pipeline.core.segments.SegmentStore` under
+``.cache/split/features-<key>/``), so a re-run measures only the new pieces' notes.
+
+Deleting either costs time, never a different result; the tests compare runs with and without
+them.
 """
 
 from __future__ import annotations
@@ -35,12 +41,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy
 
 from pipeline.core import artifacts
+from pipeline.core.segments import SegmentStore
 from pipeline.music import fingerprints, melody, similarity
-from pipeline.music.leakage import MEASURES, AuditPass, Measure, NearCopyRule, Neighbours
+from pipeline.music.leakage import (
+    MEASURES,
+    AuditPass,
+    Measure,
+    Melodies,
+    NearCopyRule,
+    Neighbours,
+    ShingleMatrix,
+    TokenStrings,
+    melody_texts,
+)
 
 STATE_FORMAT = 1
 _M = len(MEASURES)
@@ -219,3 +237,103 @@ class AuditCache:
         artifacts.write_bytes(self.dir / "pieces.parquet", raw)
         with artifacts.atomic_path(self.dir / "results.parquet") as tmp:
             pq.write_table(results, tmp, compression="zstd", compression_level=1)
+
+
+# ---------------------------------------------------------------------------- per-piece inputs
+FEATURES_FORMAT = 1
+FEATURES_SCHEMA = pa.schema([
+    ("digest", pa.string()), ("shingles", pa.large_list(pa.uint64())),
+    ("tokens", pa.large_string()), ("onsets", pa.int64()),
+    ("skyline", pa.large_string()), ("top_track", pa.large_string())])
+"""What the audit measures of one piece, by note digest: its shingle set, its note tokens
+(:class:`pipeline.music.similarity.Sequences`) and distinct onsets, and its two melodies
+(:func:`pipeline.music.leakage.melody_texts`)."""
+
+
+def features_key(shingle_k: int, ioi_resolution: int) -> str:
+    """The features folder's name: a hash of what a piece's features depend on besides its
+    notes."""
+    from pipeline.music import leakage
+
+    code = hashlib.sha256()
+    for module in (leakage.__file__, similarity.__file__, fingerprints.__file__,
+                   melody.__file__):
+        code.update(Path(module).read_bytes())
+    return "features-" + artifacts.sha256_json({
+        "format": FEATURES_FORMAT, "code": code.hexdigest(), "shingle_k": shingle_k,
+        "ioi_resolution": ioi_resolution, "numpy": np.__version__})[:20]
+
+
+def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution: int,
+                 digests: Sequence[str], root: Path | None = None, stats: dict | None = None
+                 ) -> tuple[ShingleMatrix, Melodies, TokenStrings]:
+    """The audit's per-piece inputs: shingle matrix, melodies and token strings of every piece.
+
+    With ``root``, each piece's features are kept in a segment store under
+    ``root/<features_key>/`` keyed by its note digest, and only pieces not found there are
+    measured: the same arrays either way (a piece's features depend on its notes alone).
+    ``stats`` gets ``features_reused`` and ``features_measured``."""
+    if root is None:
+        sm = ShingleMatrix.build(notes, shingle_k, ioi_resolution)
+        if stats is not None:
+            stats.update(features_reused=0, features_measured=notes.n_pieces)
+        return sm, Melodies.build(notes), TokenStrings.build(notes, ioi_resolution)
+    store = SegmentStore(Path(root) / features_key(shingle_k, ioi_resolution), FEATURES_SCHEMA,
+                         "digest")
+    found = store.lookup(set(digests) & store.keys.keys())
+    row_of = {d: i for i, d in enumerate(found["digest"].to_pylist())}
+    first = {}
+    for i, d in enumerate(digests):
+        if d not in row_of:
+            first.setdefault(d, i)
+    new = pa.Table.from_batches([], FEATURES_SCHEMA)
+    if first:
+        idx = np.fromiter(first.values(), dtype=np.int64, count=len(first))
+        new = _features(_pieces(notes, idx), list(first), shingle_k, ioi_resolution)
+        store.add(new)
+    table = pa.concat_tables([found, new])
+    row_of.update({d: found.num_rows + i for i, d in enumerate(first)})
+    table = table.take(pa.array([row_of[d] for d in digests], pa.int64()))
+    if stats is not None:  # pieces found in the store; distinct digests measured here
+        stats.update(features_reused=sum(d not in first for d in digests),
+                     features_measured=len(first))
+    sets = table["shingles"].combine_chunks()
+    offsets = np.zeros(len(digests) + 1, dtype=np.int64)
+    np.cumsum(pc.list_value_length(sets).to_numpy(zero_copy_only=False), out=offsets[1:])
+    values = sets.flatten().to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
+    sm = ShingleMatrix.from_sets(notes.sha256, offsets, values)
+    mel = Melodies.from_views(notes.sha256, (table["skyline"].to_pylist(),
+                                             table["top_track"].to_pylist()))
+    tok = TokenStrings.from_tokens(notes.sha256, table["tokens"].to_pylist(),
+                                   table["onsets"].to_numpy())
+    return sm, mel, tok
+
+
+def _pieces(notes: fingerprints.NoteArrays, idx: np.ndarray) -> fingerprints.NoteArrays:
+    """Pieces ``idx`` of ``notes``, in that order."""
+    if idx.size == notes.n_pieces and np.array_equal(idx, np.arange(notes.n_pieces)):
+        return notes
+    counts = notes.lengths[idx]
+    offsets = np.zeros(idx.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    take = np.repeat(notes.offsets[idx] - offsets[:-1], counts) + np.arange(offsets[-1])
+    return fingerprints.NoteArrays(notes.sha256[idx], offsets, notes.onset[take],
+                                   notes.duration[take], notes.pitch[take],
+                                   notes.is_drum[take], notes.track[take])
+
+
+def _features(notes: fingerprints.NoteArrays, digests: list[str], shingle_k: int,
+              ioi_resolution: int) -> pa.Table:
+    """The :data:`FEATURES_SCHEMA` rows of ``notes``' pieces."""
+    offsets, values = fingerprints.shingles(notes, shingle_k, ioi_resolution)
+    seqs = similarity.Sequences.build(notes, ioi_resolution, melodies=False)
+    skyline, top_track = melody_texts(notes)
+    return pa.table({
+        "digest": pa.array(digests, pa.string()),
+        "shingles": pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()),
+                                                  pa.array(values, pa.uint64())),
+        "tokens": pa.array(seqs.tokens, pa.large_string()),
+        "onsets": pa.array(np.asarray(seqs.distinct_onsets, dtype=np.int64), pa.int64()),
+        "skyline": pa.array(skyline, pa.large_string()),
+        "top_track": pa.array(top_track, pa.large_string()),
+    }, schema=FEATURES_SCHEMA)

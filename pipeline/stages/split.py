@@ -59,7 +59,7 @@ from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_ha
 from pipeline.music import fingerprints as fp
 from pipeline.music import leakage
 from pipeline.music.digests import note_digests
-from pipeline.music.leakage_cache import AuditCache, cache_key
+from pipeline.music.leakage_cache import AuditCache, audit_inputs, cache_key
 
 MAX_MOVED_LISTED = 1000
 
@@ -285,14 +285,15 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
     rule = leakage.NearCopyRule.from_settings(settings)
     ioi = settings["ioi_resolution"]
-    sm = leakage.ShingleMatrix.build(note_arrays, rule.shingle_k, ioi)
-    tok = leakage.TokenStrings.build(note_arrays, ioi)
-    mel = leakage.Melodies.build(note_arrays)
-    cache = None
+    cache, inputs = None, {}
     if cache_dir is not None:
+        digests = note_digests(note_arrays)
+        sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, digests, cache_dir, inputs)
         context = cfg.model_dump(include={"seed", "train", "val", "test", "folds", "test_fold",
                                           "audit_max_test"})
-        cache = AuditCache(cache_dir, cache_key(rule, ioi, context), note_digests(note_arrays))
+        cache = AuditCache(cache_dir, cache_key(rule, ioi, context), digests)
+    else:
+        sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, [], None, inputs)
     t2 = time.perf_counter()
     metrics, png = leakage.audit(pieces, pairs, sm, mel, tok, seed=cfg.seed,
                                  ratios=(cfg.train, cfg.val, cfg.test),
@@ -304,9 +305,10 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     artifacts.write_sidecar(report.with_suffix(".env.json"), {
         "seconds_split": round(t1 - t0, 3), "seconds_audit_inputs": round(t2 - t1, 3),
         "seconds_audit": round(t3 - t2, 3), "workers": runtime.n_workers(),
-        # per comparison: queries whose results came from .cache/split (compared only with the
-        # pieces they had not met) and queries measured in full
-        "audit_cache": cache.stats if cache is not None else None,
+        # pieces whose shingles, tokens and melodies came from .cache/split, and per comparison
+        # the queries whose results came from there (compared only with the pieces they had not
+        # met) and those measured in full
+        **inputs, "audit_cache": cache.stats if cache is not None else None,
     })
     return SplitSummary(len(table), out["groups"], {s: out[f"{s}_pieces"] for s in SPLIT_NAMES},
                         out["split_hash"], len(moved))

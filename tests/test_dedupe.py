@@ -18,7 +18,7 @@ from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody
-from pipeline.music.digests import note_digests
+from pipeline.music.digests import note_digests, take_pieces
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.midi import note_hash
 from pipeline.stages.dedupe import DedupeConfig, run
@@ -248,16 +248,65 @@ def test_verdict_cache_reuses_measures_and_changes_nothing(tmp_path):
     assert env_cold["verdicts_measured"] > 0 and env_cold["verdicts_reused"] == 0
     assert env_warm["verdicts_measured"] == 0
     assert env_warm["verdicts_reused"] == env_cold["verdicts_measured"]
+    assert env_cold["features_reused"] == env_warm["features_measured"] == 0
+    assert env_warm["features_reused"] == len(pieces)
+
+    from tests.test_leakage import _chorale_corpus
 
     rng = np.random.default_rng(9)
     more = dict(pieces)
     more["new_base"] = base_piece(rng, n_events=70)
     more["new_variant"] = variant(rng, more["new_base"], "edited")
     more["new_copy_of_f0"] = variant(rng, pieces["f0_base"], "edited")
+    # a pair only an alignment confirms: a chorale with inner notes added (whole note tokens)
+    chorales = _chorale_corpus()
+    more["chorale"], more["chorale_inner"] = chorales["original"], chorales["copy"]
     grown, env_grown = once("grown", more, cache)
     fresh, _ = once("fresh", more, None)
     assert grown == fresh
+    rules = set(artifacts.read_parquet(tmp_path / "fresh" / "dedupe" / "pairs.parquet")["rule"])
+    assert "alignment" in rules, rules
     assert 0 < env_grown["verdicts_measured"] < env_cold["verdicts_measured"]
+    assert (env_grown["features_reused"], env_grown["features_measured"]) == (len(pieces), 5)
+
+
+def test_per_piece_work_from_the_cache_equals_measuring_every_piece(tmp_path):
+    """Fingerprints, distinct onsets and winnowed runs read from the features store (cold,
+    partly warm, warm) equal those measured over all pieces; sequences built for some pieces
+    only hold exactly those pieces' full-build entries."""
+    from pipeline.music.dedupe_cache import piece_work, sequences_for
+    from pipeline.music.duplicates import fingerprint, winnow_views
+    from pipeline.music.similarity import Sequences
+
+    pieces, _ = planted_corpus(seed=6, families=4, singles=10)
+    _, notes_path, _ = write_corpus(tmp_path, pieces)
+    notes = fp.read_notes(notes_path)
+    digests = note_digests(notes)
+    cfg = DedupeConfig()
+    fps, seqs = fingerprint(notes, cfg), Sequences.build(notes, cfg.ioi_resolution)
+    views = winnow_views(seqs, cfg)
+    half = np.arange(0, notes.n_pieces, 2)
+    piece_work(take_pieces(notes, half), cfg, [digests[i] for i in half], tmp_path / "c")
+    for _ in range(2):  # partly warm, then warm
+        stats: dict = {}
+        work = piece_work(notes, cfg, digests, tmp_path / "c", stats=stats)
+        for field in ("transposed", "melody", "shingle_offsets", "shingles", "signatures"):
+            got, want = getattr(work.fps, field), getattr(fps, field)
+            assert got.dtype == want.dtype and np.array_equal(got, want), field
+        assert np.array_equal(work.distinct_onsets, seqs.distinct_onsets)
+        assert all(np.array_equal(a, b) for a, b in zip(work.views, views, strict=True))
+        assert any(v.size for v in views)
+    assert stats == {"features_reused": notes.n_pieces, "features_measured": 0}
+    some = np.array([1, 4, 5])
+    lazy = sequences_for(notes, some, cfg.ioi_resolution, seqs.distinct_onsets)
+    for i in range(notes.n_pieces):
+        if i in some:
+            assert lazy.tokens[i] == seqs.tokens[i] and np.array_equal(lazy.onsets[i],
+                                                                         seqs.onsets[i])
+            assert (lazy.melodies[0][i], lazy.melodies[1][i]) == (seqs.melodies[0][i],
+                                                                  seqs.melodies[1][i])
+        else:
+            assert lazy.tokens[i] == "" and lazy.melodies[0][i] == ""
 
 
 def test_note_digests_follow_every_column_the_tiers_read():

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.music import fingerprints as fp
-from pipeline.music.digests import note_digests
+from pipeline.music.digests import note_digests, take_pieces
 from pipeline.music.ingestion import NOTES_SCHEMA
 from pipeline.music.leakage import (
     MEASURES,
@@ -25,7 +25,7 @@ from pipeline.music.leakage import (
     audit,
     neighbours,
 )
-from pipeline.music.leakage_cache import AuditCache, _pieces, audit_inputs
+from pipeline.music.leakage_cache import AuditCache, audit_inputs
 from tests.test_dedupe import base_piece, variant
 from tests.test_leakage import edited, tune
 
@@ -191,11 +191,11 @@ def test_per_piece_inputs_from_the_cache_equal_a_fresh_build(tmp_path):
              TokenStrings.build(notes, 4))
     some = np.flatnonzero(~np.isin(notes.sha256, ["c1", "t07", "t09_copy"]))
     stats: dict = {}
-    part = audit_inputs(_pieces(notes, some), 4, 4, [digests[i] for i in some], tmp_path, stats)
+    part = audit_inputs(take_pieces(notes, some), 4, 4, [digests[i] for i in some], tmp_path, stats)
     assert stats == {"features_reused": 0, "features_measured": some.size - 1}  # t06 = s06
-    _same_inputs(part, (ShingleMatrix.build(_pieces(notes, some), 4, 4),
-                        Melodies.build(_pieces(notes, some)),
-                        TokenStrings.build(_pieces(notes, some), 4)))
+    _same_inputs(part, (ShingleMatrix.build(take_pieces(notes, some), 4, 4),
+                        Melodies.build(take_pieces(notes, some)),
+                        TokenStrings.build(take_pieces(notes, some), 4)))
     _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
     assert stats == {"features_reused": some.size, "features_measured": 3}
     _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)

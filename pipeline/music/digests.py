@@ -1,4 +1,4 @@
-"""Note digests: the identity of a piece's notes in the per-piece caches.
+"""What the per-piece caches share: the identity of a piece's notes, and a selection of pieces.
 
 Dedupe's verdict store (:class:`pipeline.music.duplicates.VerdictStore`) keys a pair's measures
 by the digests of its two pieces, and the leakage audit's cache
@@ -32,3 +32,15 @@ def note_digests(notes: NoteArrays) -> list[str]:
             h.update(v[lo * w : hi * w])
         out.append(h.hexdigest()[:32])
     return out
+
+
+def take_pieces(notes: NoteArrays, idx: np.ndarray) -> NoteArrays:
+    """Pieces ``idx`` of ``notes``, in that order (the pieces a cache did not have)."""
+    if idx.size == notes.n_pieces and np.array_equal(idx, np.arange(notes.n_pieces)):
+        return notes
+    counts = notes.lengths[idx]
+    offsets = np.zeros(idx.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    take = np.repeat(notes.offsets[idx] - offsets[:-1], counts) + np.arange(offsets[-1])
+    return NoteArrays(notes.sha256[idx], offsets, notes.onset[take], notes.duration[take],
+                      notes.pitch[take], notes.is_drum[take], notes.track[take])

@@ -358,6 +358,13 @@ class VerdictStore:
         cols = [table[c].to_pylist() for c in VERDICT_SCHEMA.names]
         self.known = {row[0]: row[1:] for row in zip(*cols, strict=True)}
 
+    def unmeasured(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The pieces of the pairs ``a``, ``b`` whose measures :meth:`load` did not find."""
+        miss = [self._key(i, j) not in self.known for i, j in zip(a.tolist(), b.tolist(),
+                                                                  strict=True)]
+        miss = np.asarray(miss, dtype=bool)
+        return np.unique(np.concatenate([a[miss], b[miss]]))
+
     def get(self, i: int, j: int) -> tuple[float, float, similarity.Alignment | None] | None:
         """(Jaccard, containment, alignment or None when not aligned) of pair ``i``, ``j``."""
         row = self.known.get(self._key(i, j))

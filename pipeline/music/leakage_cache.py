@@ -48,6 +48,7 @@ import scipy
 from pipeline.core import artifacts
 from pipeline.core.segments import SegmentStore
 from pipeline.music import fingerprints, melody, similarity
+from pipeline.music.digests import take_pieces
 from pipeline.music.leakage import (
     MEASURES,
     AuditPass,
@@ -289,7 +290,7 @@ def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution:
     new = pa.Table.from_batches([], FEATURES_SCHEMA)
     if first:
         idx = np.fromiter(first.values(), dtype=np.int64, count=len(first))
-        new = _features(_pieces(notes, idx), list(first), shingle_k, ioi_resolution)
+        new = _features(take_pieces(notes, idx), list(first), shingle_k, ioi_resolution)
         store.add(new)
     table = pa.concat_tables([found, new])
     row_of.update({d: found.num_rows + i for i, d in enumerate(first)})
@@ -307,19 +308,6 @@ def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution:
     tok = TokenStrings.from_tokens(notes.sha256, table["tokens"].to_pylist(),
                                    table["onsets"].to_numpy())
     return sm, mel, tok
-
-
-def _pieces(notes: fingerprints.NoteArrays, idx: np.ndarray) -> fingerprints.NoteArrays:
-    """Pieces ``idx`` of ``notes``, in that order."""
-    if idx.size == notes.n_pieces and np.array_equal(idx, np.arange(notes.n_pieces)):
-        return notes
-    counts = notes.lengths[idx]
-    offsets = np.zeros(idx.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    take = np.repeat(notes.offsets[idx] - offsets[:-1], counts) + np.arange(offsets[-1])
-    return fingerprints.NoteArrays(notes.sha256[idx], offsets, notes.onset[take],
-                                   notes.duration[take], notes.pitch[take],
-                                   notes.is_drum[take], notes.track[take])
 
 
 def _features(notes: fingerprints.NoteArrays, digests: list[str], shingle_k: int,

@@ -13,8 +13,10 @@ Outputs:
 - ``reports/dedupe.json`` — pieces merged, removed and bound per tier.
 
 Cache: ``.cache/dedupe/`` keeps the measures of every near candidate by the two pieces' notes
-(:class:`~pipeline.music.duplicates.VerdictStore`), so a re-run after adding files measures only
-the candidates it has not seen; ``--no-cache`` measures all. The outputs never depend on it.
+(:class:`~pipeline.music.duplicates.VerdictStore`) and each piece's fingerprints and winnowed
+runs by its notes (:mod:`pipeline.music.dedupe_cache`), so a re-run after adding files measures
+only the pieces and candidates it has not seen, and builds note-token sequences only for the
+pieces of those candidates; ``--no-cache`` measures all. The outputs never depend on it.
 
 Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up to transposition
 and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (candidates from MinHash
@@ -34,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +52,7 @@ from pipeline.core.arrays import unique
 from pipeline.core.config import RuntimeConfig, load_runtime, load_section
 from pipeline.music import fingerprints as fp
 from pipeline.music import similarity
+from pipeline.music.dedupe_cache import piece_work, sequences_for
 from pipeline.music.digests import note_digests
 from pipeline.music.duplicates import (
     NEAR_RULES,
@@ -126,10 +131,14 @@ class _Edges:
 
 
 def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
-               seqs: similarity.Sequences, verdicts: VerdictStore | None = None
+               seqs: similarity.Sequences | Callable[[np.ndarray], similarity.Sequences],
+               verdicts: VerdictStore | None = None, views: list[np.ndarray] | None = None
                ) -> tuple[_Edges, dict[str, int]]:
     """Confirmed edges of every tier, skipping pairs already linked by earlier tiers; with
-    ``verdicts``, near candidates measured by an earlier run are not measured again."""
+    ``verdicts``, near candidates measured by an earlier run are not measured again. ``seqs``:
+    every piece's sequences, or a function giving sequences that hold at least the given
+    pieces' (with ``views``, the winnowed runs of every piece; :mod:`pipeline.music.
+    dedupe_cache`)."""
     n = note_hash.size
     edges = _Edges([], [], [], [], [], [])
     stats: dict[str, int] = {}
@@ -152,11 +161,16 @@ def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
             a2, b2 = star_edges(fps.melody[:, 1])
             a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
         else:
-            ca, cb, sa, sb = near_candidates(fps, seqs, cfg, stats)
+            full = isinstance(seqs, similarity.Sequences)
+            ca, cb, sa, sb = near_candidates(fps, seqs if full else None, cfg, stats,
+                                             views=views)
             fresh = label[ca] != label[cb]
             ca, cb = ca[fresh], cb[fresh]
             if verdicts is not None:
                 verdicts.load(ca, cb)
+            if not full:  # sequences of the pieces whose pairs are measured here
+                seqs = seqs(verdicts.unmeasured(ca, cb) if verdicts is not None
+                            else np.unique(np.concatenate([ca, cb])))
             v = verify(fps, seqs, ca, cb, cfg, label, verdicts)
             stats["near_candidates"] = int(ca.size)
             stats["near_rejected"] = int((~v.ok).sum())
@@ -281,13 +295,21 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
     t0 = time.perf_counter()
     ok, note_arrays, counts = load_inputs(manifest, notes)
     shas = note_arrays.sha256  # sorted by sha256, aligned with ``ok``
-    fps = fingerprint(note_arrays, cfg, runtime.n_workers(), runtime.progress)
-    t1 = time.perf_counter()
     note_hash = np.asarray(ok["note_hash"].fill_null("").to_pylist(), dtype=object)
-    seqs = similarity.Sequences.build(note_arrays, cfg.ioi_resolution)
-    verdicts = (VerdictStore(cache_dir, cfg, note_digests(note_arrays)) if cache_dir is not None
-                else None)
-    edges, stats = link_tiers(fps, note_hash, cfg, seqs, verdicts)
+    verdicts, views, features = None, None, {}
+    if cache_dir is not None:
+        digests = note_digests(note_arrays)
+        work = piece_work(note_arrays, cfg, digests, cache_dir, runtime.n_workers(),
+                          runtime.progress, features)
+        fps, views = work.fps, work.views
+        seqs = partial(sequences_for, note_arrays, ioi_resolution=cfg.ioi_resolution,
+                       distinct_onsets=work.distinct_onsets)
+        verdicts = VerdictStore(cache_dir, cfg, digests)
+    else:
+        fps = fingerprint(note_arrays, cfg, runtime.n_workers(), runtime.progress)
+        seqs = similarity.Sequences.build(note_arrays, cfg.ioi_resolution)
+    t1 = time.perf_counter()
+    edges, stats = link_tiers(fps, note_hash, cfg, seqs, verdicts, views)
     verdicts_new = verdicts.save() if verdicts is not None else 0
     label, rep, keep, tier_counts = cluster(edges, note_arrays.lengths, cfg)
     t2 = time.perf_counter()
@@ -329,6 +351,8 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
         # near candidates whose measures came from .cache/dedupe, and those measured here
         "verdicts_reused": verdicts.hits if verdicts is not None else 0,
         "verdicts_measured": verdicts_new,
+        # pieces whose fingerprints and winnowed runs came from .cache/dedupe, digests measured
+        **features,
     })
     return DedupeSummary(int(shas.size), int(keep.sum()), int(sizes.size), int(a.size))
 

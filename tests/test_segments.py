@@ -1,11 +1,11 @@
-"""pipeline.core.segments: the append-only Parquet store behind the ingest and dedupe caches."""
+"""pipeline.core.segments: the append-only Parquet store behind the per-item caches."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.segments import SegmentStore
+from pipeline.core.segments import SegmentStore, list_column
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.int64())])
 
@@ -26,6 +26,7 @@ def test_add_lookup_and_reopen(tmp_path):
     store.add(rows(("c", 3)))
     store.add(rows())  # nothing new: no segment
     assert len(store.segments) == 2
+    assert values(store, {"a", "c"}) == {"a": 1, "c": 3}  # what it added, without reopening
     again = SegmentStore(tmp_path / "s", SCHEMA, "key")
     assert set(again.keys) == {"a", "b", "c"}
     assert values(again, {"a", "c", "zz"}) == {"a": 1, "c": 3}
@@ -39,6 +40,7 @@ def test_merge_keeps_one_row_per_key(tmp_path):
     assert len(store.segments) == 1 and len(list(tmp_path.glob("seg-*.parquet"))) == 1
     merged = pq.read_table(store.segments[0])
     assert merged["key"].to_pylist() == ["a", "b", "c"]
+    assert values(store, {"a", "b", "c"}) == {"a": 97, "b": 98, "c": 99}  # keys follow the merge
 
 
 def test_unreadable_or_foreign_segments_are_ignored(tmp_path):
@@ -50,3 +52,27 @@ def test_unreadable_or_foreign_segments_are_ignored(tmp_path):
     assert set(again.keys) == {"a"}
     store.segments[0].unlink()  # a segment vanishes after listing: its keys are just missing
     assert values(again, {"a"}) == {}
+
+
+def test_fill_measures_each_new_key_once_and_keeps_the_order(tmp_path):
+    store = SegmentStore(tmp_path, SCHEMA, "key")
+    store.add(rows(("b", 20)))
+    calls = []
+
+    def measure(new: list[str], first) -> pa.Table:
+        calls.append((new, first.tolist()))
+        return rows(*((k, 10 * (ord(k) - ord("a") + 1)) for k in new))
+
+    table, new = store.fill(["c", "b", "a", "c"], measure)
+    assert table["key"].to_pylist() == ["c", "b", "a", "c"]
+    assert table["value"].to_pylist() == [30, 20, 10, 30]
+    assert new == ["c", "a"] and calls == [(["c", "a"], [0, 2])]
+    table, new = SegmentStore(tmp_path, SCHEMA, "key").fill(["a", "c"], measure)
+    assert table["value"].to_pylist() == [10, 30] and new == [] and len(calls) == 1
+
+
+def test_list_column_gives_offsets_and_values():
+    col = pa.chunked_array([pa.array([[1, 2], []], pa.large_list(pa.uint64())),
+                            pa.array([[3]], pa.large_list(pa.uint64()))])
+    offsets, flat = list_column(col)
+    assert offsets.tolist() == [0, 2, 2, 3] and flat.tolist() == [1, 2, 3]

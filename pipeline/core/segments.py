@@ -8,13 +8,15 @@ saves time. Nothing in it can hold a pickle. The folder's name is the caller's: 
 hash of everything the rows depend on besides their key (settings, code, library versions), so a
 store is never read under other conditions.
 
-Used by the ingest stage (per-file results by sha256) and the dedupe stage (near-duplicate
-verdicts by the note digests of a pair of pieces).
+Used by the ingest stage (per-file results by sha256), the dedupe stage (near-duplicate verdicts
+by the note digests of a pair of pieces; per-piece fingerprints by note digest) and the split
+stage (the leakage audit's per-piece inputs by note digest).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -54,10 +56,31 @@ class SegmentStore:
             parts.append(t if pc.all(keep).as_py() else t.filter(keep))  # all: no copy
         return pa.concat_tables([pa.Table.from_batches([], self.schema), *parts])
 
+    def fill(self, keys: Sequence[str], measure: Callable[[list[str], np.ndarray], pa.Table]
+             ) -> tuple[pa.Table, list[str]]:
+        """One row per key of ``keys``, in that order: the stored row where there is one, else a
+        row of ``measure(new, first)``, which is called once with the distinct keys not stored
+        (``new``) and the position of each in ``keys`` (``first``), and whose rows are stored.
+        Returns the rows and ``new``."""
+        found = self.lookup(set(keys) & self.keys.keys())
+        row_of = {k: i for i, k in enumerate(found[self.key].to_pylist())}
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            if k not in row_of:
+                first.setdefault(k, i)
+        new = pa.Table.from_batches([], self.schema)
+        if first:
+            new = measure(list(first), np.fromiter(first.values(), np.int64, len(first)))
+            self.add(new)
+        row_of.update({k: found.num_rows + i for i, k in enumerate(first)})
+        rows = pa.array([row_of[k] for k in keys], pa.int64())
+        return pa.concat_tables([found, new]).take(rows), list(first)
+
     def add(self, table: pa.Table) -> None:
         """Store new rows as one more segment; merge the segments when there are many."""
         if table.num_rows:
-            self._write(table)
+            path = self._write(table)
+            self.keys.update(dict.fromkeys(table[self.key].to_pylist(), path))
         if len(self.segments) > self.max_segments:
             old = list(self.segments)
             parts = [t for seg in old if (t := self._read(seg)) is not None]
@@ -66,6 +89,8 @@ class SegmentStore:
                 if seg != merged:
                     seg.unlink(missing_ok=True)
             self.segments = [merged]
+            t = self._read(merged, [self.key])
+            self.keys = dict.fromkeys(t.column(0).to_pylist(), merged) if t is not None else {}
 
     def _write(self, table: pa.Table) -> Path:
         name = hashlib.sha256("\n".join(table[self.key].to_pylist()).encode()).hexdigest()[:20]
@@ -96,3 +121,12 @@ class SegmentStore:
         keep = np.ones(len(keys), bool)
         keep[1:] = [a != b for a, b in zip(keys[1:], keys[:-1], strict=True)]
         return table if keep.all() else table.filter(pa.array(keep, pa.bool_()))
+
+
+def list_column(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as numpy: offsets (int64, from 0; row ``i`` is
+    ``values[offsets[i]:offsets[i+1]]``) and the flat values."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+    np.cumsum(pc.list_value_length(arr).to_numpy(zero_copy_only=False), out=offsets[1:])
+    return offsets, arr.flatten().to_numpy(zero_copy_only=False)

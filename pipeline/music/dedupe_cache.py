@@ -26,10 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.core import artifacts
-from pipeline.core.segments import SegmentStore
+from pipeline.core.segments import SegmentStore, list_column
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody, similarity
 from pipeline.music.digests import take_pieces
@@ -80,24 +79,13 @@ def piece_work(notes: fp.NoteArrays, cfg: DedupeConfig, digests: Sequence[str], 
     same arrays as measuring every piece. ``stats`` gets ``features_reused`` (pieces found) and
     ``features_measured`` (distinct digests measured)."""
     store = SegmentStore(Path(root) / features_key(cfg), FEATURES_SCHEMA, "digest")
-    found = store.lookup(set(digests) & store.keys.keys())
-    row_of = {d: i for i, d in enumerate(found["digest"].to_pylist())}
-    first: dict[str, int] = {}
-    for i, d in enumerate(digests):
-        if d not in row_of:
-            first.setdefault(d, i)
-    new = pa.Table.from_batches([], FEATURES_SCHEMA)
-    if first:
-        idx = np.fromiter(first.values(), dtype=np.int64, count=len(first))
-        new = _measure(take_pieces(notes, idx), list(first), cfg, workers, show_progress)
-        store.add(new)
+    table, new = store.fill(digests, lambda keys, idx: _measure(
+        take_pieces(notes, idx), keys, cfg, workers, show_progress))
     if stats is not None:
-        stats.update(features_reused=sum(d not in first for d in digests),
-                     features_measured=len(first))
-    row_of.update({d: found.num_rows + i for i, d in enumerate(first)})
-    table = pa.concat_tables([found, new]).take(
-        pa.array([row_of[d] for d in digests], pa.int64()))
-    offsets, shingles = _lists(table["shingles"])
+        fresh = set(new)
+        stats.update(features_reused=sum(d not in fresh for d in digests),
+                     features_measured=len(new))
+    offsets, shingles = list_column(table["shingles"])
     n = len(digests)
     fps = Fingerprints(
         np.asarray(table["transposed"].to_pylist(), dtype=object),
@@ -105,10 +93,10 @@ def piece_work(notes: fp.NoteArrays, cfg: DedupeConfig, digests: Sequence[str], 
                   np.asarray(table["melody_top_track"].to_pylist(), dtype=object)], axis=1)
         .reshape(n, 2),
         offsets, shingles,
-        _lists(table["signature"])[1].astype(np.uint32).reshape(n, cfg.num_perm))
+        list_column(table["signature"])[1].astype(np.uint32).reshape(n, cfg.num_perm))
     views = []
     for v in VIEWS:
-        off, keys = _lists(table[v])
+        off, keys = list_column(table[v])
         piece = np.repeat(np.arange(n, dtype=np.uint64), np.diff(off))
         views.append((piece << np.uint64(similarity.KEY_BITS)) | keys)
     return PieceWork(fps, table["onsets"].to_numpy().astype(np.int64), views)
@@ -130,14 +118,6 @@ def sequences_for(notes: fp.NoteArrays, needed: np.ndarray, ioi_resolution: int,
             skyline[i], top[i] = built.melodies[0][k], built.melodies[1][k]
     return similarity.Sequences(tuple(tokens), tuple(onsets), (tuple(skyline), tuple(top)),
                                 np.asarray(distinct_onsets, dtype=np.int64))
-
-
-def _lists(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """Offsets (int64, from 0) and flat values of a list column."""
-    arr = column.combine_chunks()
-    offsets = np.zeros(len(arr) + 1, dtype=np.int64)
-    np.cumsum(pc.list_value_length(arr).to_numpy(zero_copy_only=False), out=offsets[1:])
-    return offsets, arr.flatten().to_numpy(zero_copy_only=False)
 
 
 def _measure(notes: fp.NoteArrays, digests: list[str], cfg: DedupeConfig, workers: int,

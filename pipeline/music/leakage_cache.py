@@ -41,12 +41,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import scipy
 
 from pipeline.core import artifacts
-from pipeline.core.segments import SegmentStore
+from pipeline.core.segments import SegmentStore, list_column
 from pipeline.music import fingerprints, melody, similarity
 from pipeline.music.digests import take_pieces
 from pipeline.music.leakage import (
@@ -281,28 +280,14 @@ def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution:
         return sm, Melodies.build(notes), TokenStrings.build(notes, ioi_resolution)
     store = SegmentStore(Path(root) / features_key(shingle_k, ioi_resolution), FEATURES_SCHEMA,
                          "digest")
-    found = store.lookup(set(digests) & store.keys.keys())
-    row_of = {d: i for i, d in enumerate(found["digest"].to_pylist())}
-    first = {}
-    for i, d in enumerate(digests):
-        if d not in row_of:
-            first.setdefault(d, i)
-    new = pa.Table.from_batches([], FEATURES_SCHEMA)
-    if first:
-        idx = np.fromiter(first.values(), dtype=np.int64, count=len(first))
-        new = _features(take_pieces(notes, idx), list(first), shingle_k, ioi_resolution)
-        store.add(new)
-    table = pa.concat_tables([found, new])
-    row_of.update({d: found.num_rows + i for i, d in enumerate(first)})
-    table = table.take(pa.array([row_of[d] for d in digests], pa.int64()))
+    table, new = store.fill(digests, lambda keys, idx: _features(
+        take_pieces(notes, idx), keys, shingle_k, ioi_resolution))
     if stats is not None:  # pieces found in the store; distinct digests measured here
-        stats.update(features_reused=sum(d not in first for d in digests),
-                     features_measured=len(first))
-    sets = table["shingles"].combine_chunks()
-    offsets = np.zeros(len(digests) + 1, dtype=np.int64)
-    np.cumsum(pc.list_value_length(sets).to_numpy(zero_copy_only=False), out=offsets[1:])
-    values = sets.flatten().to_numpy(zero_copy_only=False).astype(np.uint64, copy=False)
-    sm = ShingleMatrix.from_sets(notes.sha256, offsets, values)
+        fresh = set(new)
+        stats.update(features_reused=sum(d not in fresh for d in digests),
+                     features_measured=len(new))
+    offsets, values = list_column(table["shingles"])
+    sm = ShingleMatrix.from_sets(notes.sha256, offsets, values.astype(np.uint64, copy=False))
     mel = Melodies.from_views(notes.sha256, (table["skyline"].to_pylist(),
                                              table["top_track"].to_pylist()))
     tok = TokenStrings.from_tokens(notes.sha256, table["tokens"].to_pylist(),

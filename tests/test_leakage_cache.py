@@ -204,3 +204,21 @@ def test_per_piece_inputs_from_the_cache_equal_a_fresh_build(tmp_path):
         seg.write_bytes(b"damaged")
     _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
     _same_inputs(audit_inputs(notes, 4, 4, digests, None, stats), plain)
+
+
+def test_one_block_and_many_blocks_give_the_same_neighbours(monkeypatch):
+    """A query set of one block is measured as pool × queries' transpose, a larger one as query
+    blocks × the pool's transpose: the same intersection counts, so the same results."""
+    from pipeline.music import leakage
+
+    pieces = corpus()
+    sm, mel, tok, _ = arrays(pieces)
+    query = np.arange(0, sm.sha256.size, 2)
+    pool = np.arange(1, sm.sha256.size, 2)
+    groups = np.arange(sm.sha256.size) // 3
+    one = neighbours(sm, mel, tok, query, pool, RULE, groups=groups, align=False)
+    monkeypatch.setattr(leakage, "BLOCK_ROWS", 4)  # now several blocks of 4
+    many = neighbours(sm, mel, tok, query, pool, RULE, groups=groups, align=False)
+    assert (one.values[:, :4] > 0).any()
+    for field in ("values", "rows", "partner", "partner_sims"):
+        assert np.array_equal(getattr(one, field), getattr(many, field)), field

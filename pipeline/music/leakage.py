@@ -41,6 +41,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel
 from scipy.sparse import csr_array
 
+from pipeline.core.arrays import codes
 from pipeline.core.splits import SPLIT_NAMES, unit_hashes
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody, similarity
@@ -84,10 +85,9 @@ class ShingleMatrix:
     def from_sets(cls, sha256: np.ndarray, offsets: np.ndarray, values: np.ndarray
                   ) -> ShingleMatrix:
         """From each piece's shingle set (:func:`pipeline.music.fingerprints.shingles`)."""
-        _, column = np.unique(values, return_inverse=True)
-        n_cols = int(column.max()) + 1 if column.size else 0
+        n_cols, column = codes(values)
         offsets = np.asarray(offsets, dtype=np.int64)
-        m = csr_array((np.ones(column.size, dtype=np.float32), column.astype(np.int64), offsets),
+        m = csr_array((np.ones(column.size, dtype=np.float32), column, offsets),
                       shape=(sha256.size, n_cols))
         return cls(sha256, m, np.diff(offsets))
 
@@ -164,12 +164,17 @@ class TokenStrings:
         tokens = tuple(tokens)
         lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
         chars = np.frombuffer("".join(tokens).encode("utf-32-le"), dtype=np.uint32)
-        _, inverse, counts = np.unique(chars, return_inverse=True, return_counts=True)
+        # token characters are code points (< 0x110000): counting them is a bincount, not the
+        # sort np.unique would make of every character (5 s of a 100,000-piece audit)
+        every = np.bincount(chars)
+        present = np.flatnonzero(every)  # the distinct characters, in increasing order
+        counts = every[present]
         rank = np.empty(counts.size, dtype=np.int64)
         rank[np.argsort(-counts, kind="stable")] = np.arange(counts.size)
         own = symbols * 3 // 4
-        code = np.where(rank < own, rank, own + (rank - own) % (symbols - own))
-        code = code.astype(np.uint8)[inverse.reshape(-1)]
+        lut = np.zeros(every.size, dtype=np.uint8)
+        lut[present] = np.where(rank < own, rank, own + (rank - own) % (symbols - own))
+        code = lut[chars]
         off = np.concatenate([[0], np.cumsum(lengths)])
         return cls(sha256, tokens, _slices(code.tobytes().decode("latin-1"), off), lengths,
                    np.asarray(onsets, dtype=np.int64))
@@ -373,13 +378,19 @@ def _shingle_neighbours(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray,
     are skipped when ``groups`` is given."""
     if query.size == 0 or pool.size == 0:
         return
-    # CSR once: scipy turns the right operand of a CSR product into CSR on every call, which
-    # took most of the audit's time when it was handed CSC
-    pool_t = sm.matrix[pool].T.tocsr()
+    pool_rows = sm.matrix[pool]
+    # several blocks: the pool's transpose as CSR, once (scipy turns the right operand of a
+    # CSR product into CSR on every call, which took most of the audit's time when it was
+    # handed CSC); one block (a re-run's few queries against a whole pool): the pool times the
+    # queries' transpose, one pass over the pool's entries instead of a transpose and a sort
+    pool_t = pool_rows.T.tocsr() if query.size > BLOCK_ROWS else None
     pool_sizes = sm.sizes[pool].astype(np.float64)
     for start in range(0, query.size, BLOCK_ROWS):
         rows = query[start : start + BLOCK_ROWS]
-        inter = (sm.matrix[rows] @ pool_t).tocoo()
+        if pool_t is None:
+            inter = (pool_rows @ sm.matrix[rows].T.tocsr()).T.tocoo()
+        else:
+            inter = (sm.matrix[rows] @ pool_t).tocoo()
         r, c, v = inter.row, inter.col, inter.data.astype(np.float64)
         if groups is not None:
             other = groups[rows[r]] != groups[pool[c]]

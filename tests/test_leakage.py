@@ -17,6 +17,7 @@ from pipeline.music import fingerprints as fp
 from pipeline.music import similarity
 from pipeline.music.ingestion import NOTES_SCHEMA
 from pipeline.music.leakage import (
+    MEASURES,
     Melodies,
     NearCopyRule,
     ShingleMatrix,
@@ -24,7 +25,7 @@ from pipeline.music.leakage import (
     audit,
     crossing_counts,
     near_copies,
-    nearest,
+    neighbours,
     random_split,
 )
 from pipeline.stages.dedupe import DedupeConfig
@@ -49,7 +50,10 @@ def test_nearest_equals_brute_force():
     sets = [np.sort(vals[off[i] : off[i + 1]]) for i in range(len(sm.sha256))]
     query, pool = np.arange(0, len(sets), 2), np.arange(1, len(sets), 2)
     for exclude_self, pool_ in ((False, pool), (True, np.arange(len(sets)))):
-        j, c = nearest(sm, query, pool_, exclude_self=exclude_self)
+        found = neighbours(sm, None, None, query, pool_, RULE, align=False,
+                           groups=np.arange(len(sets)) if exclude_self else None)
+        j = found.values[:, MEASURES.index("nearest_jaccard")]
+        c = found.values[:, MEASURES.index("nearest_containment")]
         for n, q in enumerate(query):
             sims = [fp.jaccard_containment(sets[q], sets[p]) for p in pool_ if p != q]
             assert j[n] == pytest.approx(max(s[0] for s in sims))

@@ -29,8 +29,8 @@ import pyarrow as pa
 
 from pipeline.core import artifacts
 from pipeline.core.segments import SegmentStore, list_column
+from pipeline.music import duplicates, melody, similarity
 from pipeline.music import fingerprints as fp
-from pipeline.music import melody, similarity
 from pipeline.music.digests import take_pieces
 from pipeline.music.duplicates import DedupeConfig, Fingerprints, fingerprint, winnow_views
 
@@ -48,10 +48,9 @@ _KEY_MASK = np.uint64((1 << similarity.KEY_BITS) - 1)
 
 def features_key(cfg: DedupeConfig) -> str:
     """The folder's name: a hash of what a piece's features depend on besides its notes."""
-    from pipeline.music import duplicates
-
     code = hashlib.sha256()
-    for module in (duplicates.__file__, similarity.__file__, fp.__file__, melody.__file__):
+    for module in (__file__, duplicates.__file__, similarity.__file__, fp.__file__,
+                   melody.__file__):
         code.update(Path(module).read_bytes())
     return "features-" + artifacts.sha256_json({
         "format": FEATURES_FORMAT, "code": code.hexdigest(), "numpy": np.__version__,

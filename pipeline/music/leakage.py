@@ -330,19 +330,6 @@ class Neighbours:
                           np.where(m >= t, self.rows[:, MELODY], -1))
 
 
-def nearest(sm: ShingleMatrix, query: np.ndarray, pool: np.ndarray, exclude_self: bool = False
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """For each query row, the highest exact Jaccard and containment against any ``pool`` row.
-
-    Returns zeros where the pool is empty or nothing is shared; ``exclude_self`` ignores a
-    query's own row when it is also in the pool.
-    """
-    out = Neighbours.zeros(query.size)
-    groups = np.arange(sm.sha256.size) if exclude_self else None
-    _shingle_neighbours(sm, query, pool, None, groups, out)
-    return out.values[:, NEAREST_JACCARD], out.values[:, NEAREST_CONTAINMENT]
-
-
 @dataclass(frozen=True)
 class NearCopies:
     """Per query piece: the best similarities to any pool piece and the pool row of its strongest

@@ -46,7 +46,7 @@ import scipy
 
 from pipeline.core import artifacts
 from pipeline.core.segments import SegmentStore, list_column
-from pipeline.music import fingerprints, melody, similarity
+from pipeline.music import fingerprints, leakage, melody, similarity
 from pipeline.music.digests import take_pieces
 from pipeline.music.leakage import (
     MEASURES,
@@ -74,8 +74,6 @@ columns are rows of ``pieces.parquet`` (-1: none)."""
 
 def cache_key(rule: NearCopyRule, ioi_resolution: int, context: Mapping) -> str:
     """The folder name: a hash of what the stored results depend on besides the pieces."""
-    from pipeline.music import leakage
-
     code = hashlib.sha256()
     for module in (leakage.__file__, __file__, similarity.__file__, fingerprints.__file__,
                    melody.__file__):
@@ -253,10 +251,8 @@ FEATURES_SCHEMA = pa.schema([
 def features_key(shingle_k: int, ioi_resolution: int) -> str:
     """The features folder's name: a hash of what a piece's features depend on besides its
     notes."""
-    from pipeline.music import leakage
-
     code = hashlib.sha256()
-    for module in (leakage.__file__, similarity.__file__, fingerprints.__file__,
+    for module in (leakage.__file__, __file__, similarity.__file__, fingerprints.__file__,
                    melody.__file__):
         code.update(Path(module).read_bytes())
     return "features-" + artifacts.sha256_json({

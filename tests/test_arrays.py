@@ -1,4 +1,4 @@
-"""pipeline.core.arrays: the sort-based unique and codes equal numpy's unique."""
+"""pipeline.core.arrays: the sort-based unique equals numpy's."""
 
 from __future__ import annotations
 
@@ -7,21 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.arrays import codes, unique
-
-int_arrays = given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
-                   st.sampled_from(["int64", "uint64", "int8", "bool"]))
-
-
-def typed(values: list[int], dtype: str) -> np.ndarray:
-    a = np.asarray(values, dtype=np.int64 if dtype != "uint64" else object)
-    return (a % 2**64).astype(np.uint64) if dtype == "uint64" else a.astype(dtype)
+from pipeline.core.arrays import unique
 
 
 @settings(max_examples=80, deadline=None)
-@int_arrays
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40),
+       st.sampled_from(["int64", "uint64", "int8", "bool"]))
 def test_unique_equals_numpy(values, dtype):
-    a = typed(values, dtype)
+    a = np.asarray(values, dtype=np.int64 if dtype != "uint64" else object)
+    a = (a % 2**64).astype(np.uint64) if dtype == "uint64" else a.astype(dtype)
     got = unique(a)
     want = np.unique(a)
     assert got.dtype == want.dtype
@@ -32,18 +26,3 @@ def test_unique_flattens_and_refuses_floats():
     np.testing.assert_array_equal(unique(np.array([[3, 1], [3, 2]])), [1, 2, 3])
     with pytest.raises(TypeError, match="integer or boolean"):
         unique(np.array([1.0, np.nan, np.nan]))
-
-
-@settings(max_examples=80, deadline=None)
-@int_arrays
-def test_codes_equal_numpys_inverse(values, dtype):
-    a = typed(values, dtype)
-    n, got = codes(a)
-    want_unique, want = np.unique(a, return_inverse=True)
-    assert n == want_unique.size and got.dtype == np.int64
-    np.testing.assert_array_equal(got, want.reshape(-1))
-
-
-def test_codes_refuse_floats():
-    with pytest.raises(TypeError, match="integer or boolean"):
-        codes(np.array([1.0, 2.0]))

@@ -3,8 +3,7 @@
 :func:`unique` exists because numpy 2.3+ answers ``np.unique(a)`` (no ``return_*`` flags) with a
 hash table and then sorts the result: on 10 million uint64 values that took 12 s here against
 0.17 s for a sort and a comparison of neighbours. The dedupe stage's winnowing made three such
-calls per 20,000 pieces: 6.4 of its 27.7 s there. :func:`codes` gives what
-``np.unique(values, return_inverse=True)`` gives, in about half its time.
+calls per 20,000 pieces: 6.4 of its 27.7 s there.
 """
 
 from __future__ import annotations
@@ -25,24 +24,3 @@ def unique(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
-
-
-def codes(values: np.ndarray) -> tuple[int, np.ndarray]:
-    """The number of distinct values of an integer array and, per value, the rank of its value
-    among them (``np.unique(values, return_inverse=True)``'s inverse): one argsort, where
-    np.unique also sorts the values and builds the inverse in more passes (1.32 s against
-    0.7 s on 7.4 million uint64 values here)."""
-    a = np.asarray(values).ravel()
-    if a.dtype.kind not in "biu":
-        raise TypeError(f"codes: integer or boolean values only, got dtype {a.dtype}")
-    out = np.empty(a.size, dtype=np.int64)
-    if a.size == 0:
-        return 0, out
-    order = np.argsort(a)
-    s = a[order]
-    new = np.empty(a.size, dtype=np.int64)
-    new[0] = 0
-    np.not_equal(s[1:], s[:-1], out=new[1:], casting="unsafe")
-    np.cumsum(new, out=new)
-    out[order] = new
-    return int(new[-1]) + 1, out

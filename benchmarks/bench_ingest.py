@@ -1,12 +1,15 @@
 """Ingest throughput: files/s with 1 and N workers against a plain single-process loop.
 
-The baseline (measured in the same run) is the bare work with no isolation, in one process:
-read each file, sha256 its bytes, parse it with symusic into notes in beats and judge it
-(``inspect_bytes``: limits and the note hash). The stage (``ingestion.run``, no result cache)
-adds the listing, worker processes, per-chunk timeouts, crash isolation, duplicate resolution
-and writing the manifest and notes tables; the ratios show what that costs and what parallelism
-gains back. A last line times a re-run through a warm result cache. Each timing is the
-minimum (and median) of ``--repeat`` runs; the load average is printed beside them.
+The baseline (measured in the same run) is the bare work with no isolation, in one process, one
+file at a time, written plainly here (:func:`plain_inspect`, independent of the stage's code): read
+each file, sha256 its bytes, parse it with symusic into notes in beats in canonical order, and
+judge it as the stage does (limits, longest silence, the note hash); the run checks that it finds
+the same note hashes as the stage. The stage (``ingestion.run``, no result cache) adds the listing,
+worker processes, per-chunk timeouts, crash isolation, duplicate resolution and writing the
+manifest and notes tables, and judges each worker's chunk of files together (``inspect_many``); the
+ratios show what that costs and what it gains back. A last line times a re-run through a warm
+result cache. Each timing is the minimum (and median) of ``--repeat`` runs; the load average is
+printed beside them.
 
     python benchmarks/bench_ingest.py --files 4000 [--workers 2] [--corpus tiny|pipeline]
 
@@ -29,8 +32,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.core.artifacts import read_table
 from pipeline.core.config import RuntimeConfig
-from pipeline.music.ingestion import IngestConfig, inspect_bytes, run
+from pipeline.music.ingestion import IngestConfig, run
 from tests.midi_utils import make_midi, random_piece
 
 
@@ -42,12 +46,52 @@ def make_corpus(root: Path, n: int, seed: int = 0) -> None:
         (root / f"{i // 1000:03d}" / f"piece{i:06d}.mid").write_bytes(make_midi(piece))
 
 
-def baseline(paths: list[Path], cfg: IngestConfig) -> None:
-    """Read + sha256 + parse + notes in beats (+ limits, note hash), one process, no isolation."""
+def plain_inspect(data: bytes, cfg: IngestConfig) -> str:
+    """One file's core work, plainly: parse, notes in beats sorted by (onset, pitch, duration,
+    track), longest silence, limits, and the note hash of an ok file ('' otherwise: the stage
+    also hashes only ok files)."""
+    import symusic
+
+    if data[:4] != b"MThd":
+        return ""
+    try:
+        score = symusic.Score.from_midi(data)
+    except RuntimeError:
+        return ""
+    tpq = score.ticks_per_quarter
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("on", "du", "pitch", "track", "drum")}
+    for index, track in enumerate(score.tracks):
+        arr = track.notes.numpy()
+        if arr["pitch"].size:
+            cols["on"].append(arr["time"] / tpq)
+            cols["du"].append(arr["duration"] / tpq)
+            cols["pitch"].append(arr["pitch"].astype(np.int64))
+            cols["track"].append(np.full(arr["pitch"].size, index))
+            cols["drum"].append(np.full(arr["pitch"].size, int(track.is_drum)))
+    if not cols["on"]:
+        return ""
+    n = {c: np.concatenate(v) for c, v in cols.items()}
+    order = np.lexsort((n["track"], n["du"], n["pitch"], n["on"]))
+    n = {c: v[order] for c, v in n.items()}
+    end = n["on"] + n["du"]
+    gap = max(n["on"][0], (n["on"][1:] - np.maximum.accumulate(end)[:-1]).max(initial=0.0))
+    seconds = score.to("second").end()
+    if not cfg.min_notes <= n["on"].size <= cfg.max_notes or gap > cfg.max_gap_beats \
+            or seconds > cfg.max_duration_s:
+        return ""
+    rows = np.stack([np.rint(n["on"] * 48), n["pitch"], np.maximum(np.rint(n["du"] * 48), 1),
+                     n["drum"]], axis=1).astype("<i8")
+    return hashlib.sha256(rows[np.lexsort(rows.T[::-1])].tobytes()).hexdigest()
+
+
+def baseline(paths: list[Path], cfg: IngestConfig) -> list[str]:
+    """Read + sha256 + :func:`plain_inspect`, one file at a time, one process, no isolation."""
+    hashes = []
     for p in paths:
         data = p.read_bytes()
         hashlib.sha256(data).hexdigest()
-        inspect_bytes(data, cfg)
+        hashes.append(plain_inspect(data, cfg))
+    return hashes
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:
@@ -101,6 +145,9 @@ def main() -> None:
         stage(args.workers, cache)
         line(f"  again, warm cache, {args.workers} worker(s)",
              *timed(lambda: stage(args.workers, cache), args.repeat), base)
+        stage_hashes = read_table(Path(tmp) / "out1" / "m.parquet", ["note_hash"])
+        print("the baseline finds the same note hashes as the stage: "
+              f"{baseline(paths, cfg) == stage_hashes['note_hash'].to_pylist()}")
         same = all((Path(tmp) / "out1" / n).read_bytes() ==
                    (Path(tmp) / f"out{args.workers}" / n).read_bytes()
                    for n in ("m.parquet", "n.parquet", "r.json"))

@@ -22,12 +22,13 @@ the peak of its process tree's memory (sum of PSS, sampled every 0.1 s). Then:
 - ``no-op``: ``dvc repro tokenize`` with nothing changed (corpus re-scans its folder);
 - ``+1%``: N/100 new files are added and each stage runs again with ``dvc repro -s``.
 
-Baselines, measured in the same run on the first ``--baseline-files`` files in one process:
-corpus = a plain file copy loop, ingest = read once + sha256 + parse + notes in beats
-(``pipeline.music.ingestion.inspect_bytes``), tokenize = a plain miditok ``encode`` loop. The
-ratio is the stage's files/s over the baseline's (> 1: faster than the plain loop). dedupe and split
-have no single-process loop to compare with (``benchmarks/bench_dedupe.py`` compares dedupe with
-brute force). Timings are printed and written to ``--json``; nothing is asserted.
+Baselines, measured in the same run on the first ``--baseline-files`` files in one process: corpus
+= a plain file copy loop, ingest = read once + sha256 + parse + notes in beats + the stage's
+judgement, one file at a time (``bench_ingest.plain_inspect``), tokenize = a plain miditok
+``encode`` loop. The ratio is the stage's files/s over the baseline's (> 1: faster than the plain
+loop). dedupe and split have no single-process loop to compare with (``benchmarks/bench_dedupe.py``
+compares dedupe with brute force). Timings are printed and written to ``--json``; nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -162,9 +163,10 @@ def link_corpus(store: Path, corpus: Path, n: int) -> None:
 # ------------------------------------------------------------------------------- measurement
 def baselines(paths: list[Path], model: str) -> dict[str, float]:
     """Files/s of the plain single-process loops (see the module docstring)."""
+    from bench_ingest import plain_inspect
     from symusic import Score
 
-    from pipeline.music.ingestion import IngestConfig, inspect_bytes
+    from pipeline.music.ingestion import IngestConfig
     from pipeline.tokens.tokenizer import make_tokenizer
 
     out = {}
@@ -178,7 +180,7 @@ def baselines(paths: list[Path], model: str) -> dict[str, float]:
     for p in paths:
         data = p.read_bytes()
         hashlib.sha256(data).hexdigest()
-        inspect_bytes(data, cfg)
+        plain_inspect(data, cfg)
     out["ingest"] = len(paths) / (time.perf_counter() - t)
     params = yaml.safe_load((ROOT / "params.yaml").read_text())["tokenize"]
     tok = make_tokenizer(params["tokenizer"], params["config"])

@@ -1,4 +1,4 @@
-"""pipeline.core.arrays: the sort-based unique equals numpy's."""
+"""pipeline.core.arrays: the sort-based unique equals numpy's; lex_order equals np.lexsort."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.arrays import unique
+from pipeline.core.arrays import lex_order, unique
 
 
 @settings(max_examples=80, deadline=None)
@@ -26,3 +26,39 @@ def test_unique_flattens_and_refuses_floats():
     np.testing.assert_array_equal(unique(np.array([[3, 1], [3, 2]])), [1, 2, 3])
     with pytest.raises(TypeError, match="integer or boolean"):
         unique(np.array([1.0, np.nan, np.nan]))
+
+
+KEY = st.tuples(st.sampled_from(["int64", "uint64", "int16", "bool"]),
+                st.sampled_from([1, 3, 2**40, 2**63]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(KEY, min_size=1, max_size=5), st.integers(0, 30), st.integers(0, 2**32 - 1))
+def test_lex_order_equals_lexsort(kinds, n, seed):
+    """Packed when the keys' ranges fit 64 bits together, np.lexsort otherwise: the same stable
+    permutation either way (narrow keys make ties; wide and extreme ones the fallback)."""
+    rng = np.random.default_rng(seed)
+    keys = []
+    for dtype, span in kinds:
+        if dtype == "bool":
+            keys.append(rng.integers(0, 2, n).astype(bool))
+        elif dtype == "uint64":
+            keys.append(rng.integers(0, min(span, 2**63), n, dtype=np.uint64) * np.uint64(2))
+        elif dtype == "int16":
+            keys.append(rng.integers(-min(span, 2**15), min(span, 2**15), n).astype(np.int16))
+        else:
+            keys.append(rng.integers(-span, span - 1, n, dtype=np.int64))
+    got = lex_order(*keys)
+    assert got.dtype == np.intp
+    np.testing.assert_array_equal(got, np.lexsort(keys[::-1]))
+
+
+def test_lex_order_extremes_and_refusals():
+    full = np.array([2**63 - 1, -(2**63), 0, -1, 2**63 - 1], np.int64)  # a 64-bit range
+    np.testing.assert_array_equal(lex_order(full), [1, 3, 2, 0, 4])
+    np.testing.assert_array_equal(lex_order(np.array([2, 1, 2]), np.array([1, 0, 0])), [1, 2, 0])
+    assert lex_order(np.zeros(0, int)).size == 0
+    with pytest.raises(TypeError, match="integer or boolean"):
+        lex_order(np.array([1.0, 0.5]))
+    with pytest.raises(ValueError, match="equal length"):
+        lex_order(np.arange(3), np.arange(2))

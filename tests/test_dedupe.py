@@ -20,7 +20,7 @@ from pipeline.music import fingerprints as fp
 from pipeline.music import melody
 from pipeline.music.digests import note_digests, take_pieces
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
-from pipeline.music.midi import note_hash
+from pipeline.music.parsing import note_hash
 from pipeline.stages.dedupe import DedupeConfig, run
 
 Notes = dict[str, np.ndarray]

@@ -94,7 +94,7 @@ def test_stages_out_of_pipeline_order_are_named(copy: Path) -> None:
 def test_package_init_with_code_is_refused(copy: Path) -> None:
     init = copy / "pipeline" / "music" / "__init__.py"
     init.write_text(init.read_text(encoding="utf-8")
-                    + "from pipeline.music.midi import parse_midi\n", encoding="utf-8")
+                    + "from pipeline.music.parsing import parse_midi\n", encoding="utf-8")
     problems = check(copy)
     assert any(p.startswith("pipeline/music/__init__.py: a package __init__") for p in problems)
 

@@ -30,14 +30,14 @@ def outputs(raw: Path, out: Path, cache: Path | None, workers: int = 1,
 
 def crash_on_parse(monkeypatch, marker: bytes = b"") -> None:
     """Make the parser kill its worker (on files ending in ``marker``; every file when empty)."""
-    real = ingest_mod.parse_midi
+    real = ingest_mod.parse_many
 
-    def fragile(data: bytes):
-        if data.endswith(marker):
+    def fragile(datas: list[bytes]):
+        if any(d.endswith(marker) for d in datas):
             os._exit(11)
-        return real(data)
+        return real(datas)
 
-    monkeypatch.setattr(ingest_mod, "parse_midi", fragile)
+    monkeypatch.setattr(ingest_mod, "parse_many", fragile)
 
 
 @pytest.fixture

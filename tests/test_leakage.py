@@ -453,7 +453,7 @@ BACH_BWV = ("258", "114.7", "47.5", "421", "9.7", "155.5", "269", "347")
 
 @pytest.fixture(scope="module")
 def bach_tables(tmp_path_factory):
-    from pipeline.music.midi import note_hash, parse_midi
+    from pipeline.music.parsing import note_hash, parse_midi
     from pipeline.stages.corpus import chorale_list, chorale_midi
 
     entries = [e for e in chorale_list() if e["bwv"] in BACH_BWV]

@@ -24,3 +24,36 @@ def unique(values: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def lex_order(*keys: np.ndarray) -> np.ndarray:
+    """The stable order of rows by integer (or boolean) keys, the first one primary: the same
+    permutation as ``np.lexsort(keys[::-1])``.
+
+    When the keys' ranges fit 64 bits together they are packed into one uint64 (each less its
+    minimum) and sorted once, stably. ``np.lexsort`` makes one indirect merge sort per key;
+    measured here, it was 2.4-2.6x slower on four random keys (36,000 to 3 M rows) and about 20x
+    on the notes of 64 small MIDI files (37,000 notes, five keys), which arrive almost in time
+    order (a stable sort of one key runs through such presorted stretches fast). Keys too wide
+    to pack fall back to ``np.lexsort``."""
+    if not keys:
+        raise TypeError("lex_order: at least one key")
+    arrays = [np.asarray(k) for k in keys]
+    n = arrays[0].size
+    for a in arrays:
+        if a.ndim != 1 or a.size != n:
+            raise ValueError("lex_order: keys must be 1-D and of equal length")
+        if a.dtype.kind not in "biu":
+            raise TypeError(f"lex_order: integer or boolean keys only, got dtype {a.dtype}")
+    if n < 2:
+        return np.arange(n, dtype=np.intp)
+    lows = [int(a.min()) for a in arrays]
+    widths = [(int(a.max()) - lo).bit_length() for a, lo in zip(arrays, lows, strict=True)]
+    if sum(widths) > 64:
+        return np.lexsort(arrays[::-1])
+    packed = np.zeros(n, np.uint64)
+    for a, lo, width in zip(arrays, lows, widths, strict=True):
+        if width:  # wrapping uint64 arithmetic: a - lo exactly, as it lies in [0, 2**width)
+            packed <<= np.uint64(width)
+            packed |= a.astype(np.uint64) - np.uint64(lo % 2**64)
+    return np.argsort(packed, kind="stable")

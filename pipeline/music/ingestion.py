@@ -41,14 +41,15 @@ from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig
 from pipeline.core.parallel import ItemFailure, isolated_map
 from pipeline.core.segments import SegmentStore
-from pipeline.music import midi
-from pipeline.music.midi import (
+from pipeline.music import parsing
+from pipeline.music.midi import list_midi_paths
+from pipeline.music.parsing import (
     NOTE_COLUMNS,
-    list_midi_paths,
+    durations_beats,
     looks_like_midi,
-    max_gap_beats,
-    note_hash,
-    parse_midi,
+    max_gaps_beats,
+    note_hashes,
+    parse_many,
 )
 
 REASONS = {
@@ -115,45 +116,62 @@ class IngestSummary:
 
 
 # --------------------------------------------------------------------------- per-file work
-def inspect_file(path: str, cfg: IngestConfig) -> dict:
-    """Read, parse and judge one file (see :func:`inspect_bytes`)."""
-    return inspect_bytes(Path(path).read_bytes(), cfg)
-
-
 def inspect_bytes(data: bytes, cfg: IngestConfig) -> dict:
     """Parse one file's bytes and apply the limits. Returns a plain dict: ``reason`` and
     ``detail`` ('' when the file is ok), the parsed facts when it parsed, and ``note_hash`` and
     ``notes`` when it is ok."""
-    if not looks_like_midi(data):
-        return {"reason": "not_midi", "detail": f"starts with {data[:8]!r}"}
-    try:
-        parsed = parse_midi(data)
-    except (RuntimeError, ValueError, OverflowError) as e:
-        return {"reason": "corrupt", "detail": str(e) or type(e).__name__}
-    row = {
-        "n_notes": parsed.n_notes,
-        "n_tracks": parsed.n_tracks,
-        "tpq": parsed.tpq,
-        "duration_s": parsed.duration_s,
-        "duration_beats": parsed.duration_beats,
-        "reason": "",
-        "detail": "",
-    }
-    gap = max_gap_beats(parsed.notes)
-    if parsed.n_notes < cfg.min_notes:
-        row.update(reason="no_notes", detail=f"{parsed.n_notes} notes")
-    elif parsed.n_notes > cfg.max_notes:
-        row.update(reason="too_many_notes", detail=f"{parsed.n_notes} notes > {cfg.max_notes}")
-    elif gap > cfg.max_gap_beats:
-        row.update(
-            reason="absurd_timing", detail=f"silence of {gap:g} beats > {cfg.max_gap_beats:g}"
-        )
-    elif parsed.duration_s > cfg.max_duration_s:
-        row.update(reason="too_long", detail=f"{parsed.duration_s:g} s > {cfg.max_duration_s:g}")
-    else:
-        row["note_hash"] = note_hash(parsed.notes)
-        row["notes"] = parsed.notes
+    (row,), notes = inspect_many([data], cfg)
+    if "note_hash" in row:
+        row["notes"] = notes
     return row
+
+
+def inspect_many(datas: list[bytes],
+                 cfg: IngestConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """:func:`inspect_bytes` for several files at once: one dict per file (without ``notes``),
+    and the notes of the ok files concatenated in order (``n_notes`` each). The files are
+    parsed together (:func:`~pipeline.music.parsing.parse_many`: one sort of all their notes) and
+    hashed together; a worker's chunk of small files costs about half as much this way as one
+    file at a time."""
+    rows: list[dict] = [{"reason": "not_midi", "detail": f"starts with {d[:8]!r}"} for d in datas]
+    midi_rows = [k for k, d in enumerate(datas) if looks_like_midi(d)]
+    parsed = parse_many([datas[k] for k in midi_rows])
+    gaps = max_gaps_beats(parsed.notes, parsed.counts)
+    ends = durations_beats(parsed.notes, parsed.counts)
+    ok = np.zeros(len(midi_rows), bool)
+    for j, k in enumerate(midi_rows):
+        if parsed.errors[j] is not None:
+            rows[k] = {"reason": "corrupt", "detail": parsed.errors[j]}
+            continue
+        n_notes = int(parsed.counts[j])
+        rows[k] = row = {
+            "n_notes": n_notes,
+            "n_tracks": int(parsed.n_tracks[j]),
+            "tpq": int(parsed.tpq[j]),
+            "duration_s": float(parsed.duration_s[j]),
+            "duration_beats": float(ends[j]),
+            "reason": "",
+            "detail": "",
+        }
+        gap, duration_s = float(gaps[j]), row["duration_s"]
+        if n_notes < cfg.min_notes:
+            row.update(reason="no_notes", detail=f"{n_notes} notes")
+        elif n_notes > cfg.max_notes:
+            row.update(reason="too_many_notes", detail=f"{n_notes} notes > {cfg.max_notes}")
+        elif gap > cfg.max_gap_beats:
+            row.update(
+                reason="absurd_timing", detail=f"silence of {gap:g} beats > {cfg.max_gap_beats:g}"
+            )
+        elif duration_s > cfg.max_duration_s:
+            row.update(reason="too_long", detail=f"{duration_s:g} s > {cfg.max_duration_s:g}")
+        else:
+            ok[j] = True
+    keep = np.repeat(ok, parsed.counts)
+    notes = {c: v[keep] for c, v in parsed.notes.items()}
+    for j, h in zip(np.flatnonzero(ok).tolist(), note_hashes(notes, parsed.counts[ok]),
+                    strict=True):
+        rows[midi_rows[j]]["note_hash"] = h
+    return rows, notes
 
 
 def _no_notes(col: str) -> np.ndarray:
@@ -288,11 +306,12 @@ def _set_known(known: frozenset[str]) -> None:
 
 
 def _inspect_chunk(task: tuple[str, list[str], list[bool], IngestConfig]) -> Results:
-    """Read each file once: sha256 of its bytes, then (unless only hashed or already cached)
-    parse and judge it. Runs in a worker."""
+    """Read each file once and sha256 its bytes, then parse and judge together the files not
+    only hashed nor already cached (:func:`inspect_many`). Runs in a worker."""
     root, rels, parse, cfg = task
     out = Results.empty(len(rels))
-    kept: dict[str, list[np.ndarray]] = {c: [] for c in NOTE_COLUMNS}
+    todo: list[int] = []
+    datas: list[bytes] = []
     for k, (rel, want) in enumerate(zip(rels, parse, strict=True)):
         path = os.path.join(root, rel)
         if not want:  # empty or too large: the hash is streamed, the bytes never held
@@ -304,14 +323,14 @@ def _inspect_chunk(task: tuple[str, list[str], list[bool], IngestConfig]) -> Res
         if sha in _KNOWN:
             out.state[k] = CACHED
             continue
-        r = inspect_bytes(data, cfg)
+        todo.append(k)
+        datas.append(data)
+    rows, out.notes = inspect_many(datas, cfg)
+    for k, r in zip(todo, rows, strict=True):
         out.state[k] = INSPECTED
         out.set(k, r)
-        if "notes" in r:
+        if "note_hash" in r:
             out.counts[k] = r["n_notes"]
-            for c in NOTE_COLUMNS:
-                kept[c].append(r["notes"][c])
-    out.notes = {c: np.concatenate(v) if v else _no_notes(c) for c, v in kept.items()}
     return out
 
 
@@ -406,7 +425,7 @@ def cache_key(cfg: IngestConfig) -> str:
     and timeouts and crashes are never cached), and so is ``max_file_bytes`` (the parent applies
     it before a file is parsed)."""
     code = hashlib.sha256()
-    for module in (__file__, midi.__file__):
+    for module in (__file__, parsing.__file__):
         code.update(Path(module).read_bytes())
     return artifacts.sha256_json({
         "format": CACHE_FORMAT,

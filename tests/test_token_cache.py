@@ -444,3 +444,45 @@ def test_a_file_failing_after_its_base_encoding_leaves_no_check_behind(tmp_path,
     assert out[1] == ("encode_error", "RuntimeError: no copy")
     assert batches == [3]
     assert all(unpack(out[k][0]).seqs[0].roundtrip_f1 == 1.0 for k in (0, 2, 3))
+
+
+@given(st.integers(1, 100_000), st.integers(1, 16))
+def test_chunk_size_stays_within_bounds(n_jobs, workers):
+    from pipeline.tokens.cache import MAX_CHUNK, MIN_CHUNK, chunk_size
+
+    size = chunk_size(n_jobs, workers)
+    assert MIN_CHUNK <= size <= MAX_CHUNK
+    if n_jobs <= MIN_CHUNK * workers * 8:  # a small run: as few chunks as MIN_CHUNK allows
+        assert size == MIN_CHUNK
+    if n_jobs >= MAX_CHUNK * workers * 8:
+        assert size == MAX_CHUNK
+
+
+def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
+    """Twenty files: two chunks (two cache segments, not one per file or two); the entries
+    and results are the same for one and two workers and equal each file encoded alone."""
+    from pipeline.core.artifacts import sha256_file
+    from pipeline.core.parallel import join_all
+    from pipeline.tokens.cache import MIN_CHUNK, encode_missing
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    jobs = []
+    for k in range(20):
+        path = tmp_path / f"{k:02d}.mid"
+        score_with(480, [(0, 480, 50 + k), (480, 240, 70), (240 * k, 120, 40 + k)]).dump_midi(path)
+        jobs.append((sha256_file(path), str(path), (0,)))
+    factory = (make_tokenizer, "REMI", {"use_programs": True})
+    runs = {}
+    for workers in (1, 2):
+        store = TokenCache(tmp_path / f"cache{workers}", "k")
+        closing = []
+        runs[workers] = encode_missing(jobs, factory, store, workers=workers, timeout_s=60,
+                                       show_progress=False, closing=closing)
+        join_all(closing)
+        assert len(store.segments()) == -(-len(jobs) // MIN_CHUNK)
+        assert store.load().keys() == {(sha, 0) for sha, _, _ in jobs}
+    tok = make_tokenizer(*factory[1:])
+    for sha, path, transposes in jobs:
+        alone = encode_file(tok, Path(path), sha, transposes)[0]
+        assert_same(runs[1][sha][0], alone)
+        assert_same(runs[2][sha][0], alone)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from pipeline.core.artifacts import (
     write_text,
 )
 from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
+from pipeline.core.parallel import join_all
 from pipeline.core.splits import split_hash as compute_split_hash
 from pipeline.tokens.cache import (
     Encoding,
@@ -199,9 +201,10 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     t_plan = time.perf_counter()
     failures: dict[str, tuple[str, str]] = {}
     worker_s: dict[str, float] = {}
+    closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
     results = encode_missing(jobs, (make_tokenizer, cfg.tokenizer, cfg.config), cache,
                              workers=runtime.n_workers(), timeout_s=cfg.timeout_s,
-                             show_progress=runtime.progress, seconds=worker_s)
+                             show_progress=runtime.progress, seconds=worker_s, closing=closing)
     for sha, res in results.items():
         if isinstance(res, dict):
             encodings.update({(sha, t): e for t, e in res.items()})
@@ -237,7 +240,7 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     write_parquet(tokens_dir / "augmented.parquet", augmented)
     info.write(tokens_dir / "info.json")
     write_json(report, metrics)
-
+    join_all(closing)
     t_write = time.perf_counter()
 
     pruned = 0

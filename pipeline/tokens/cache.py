@@ -34,6 +34,7 @@ import itertools
 import math
 import operator
 import shutil
+import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, replace
@@ -53,6 +54,7 @@ HEADER = 4  # FORMAT, n_seq, n_notes_input, flag bits
 SEQ_FIELDS = 9  # track, program, is_drum, n_notes, n_ids, n_bar, n_beat, rt_matched, rt_decoded
 OUT_OF_RANGE = 1  # flag bit: transposition would push a pitch out of the tokenizer's range
 FANOUT = 8  # segments of one size tier merged once this many exist
+MIN_CHUNK, MAX_CHUNK = 16, 64  # files per chunk of work sent to a worker (:func:`chunk_size`)
 SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
                             ("entry", pa.binary())])
 Key = tuple[str, int]  # (sha256, transpose)
@@ -923,21 +925,32 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     return out, {k: CLOCK[k] - before[k] for k in CLOCK}
 
 
+def chunk_size(n_jobs: int, workers: int) -> int:
+    """Files per chunk: about 8 chunks per worker, between ``MIN_CHUNK`` and ``MAX_CHUNK`` files.
+
+    Each chunk costs a cache segment (a Parquet write and an fsync), one batched round-trip
+    check and a round trip to the pool, so a small run (adding 1% of a corpus) uses few
+    chunks: chunks of a file or two wrote a segment each and forced a merge."""
+    return min(MAX_CHUNK, max(MIN_CHUNK, math.ceil(n_jobs / (workers * 8))))
+
+
 def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *, workers: int,
                    timeout_s: float, show_progress: bool | str = "auto",
-                   seconds: dict[str, float] | None = None) -> dict[str, Any]:
+                   seconds: dict[str, float] | None = None,
+                   closing: list[threading.Thread] | None = None) -> dict[str, Any]:
     """Encode ``jobs`` in isolated worker processes, in chunks; write entries to ``cache``.
 
     Returns sha256 -> {transpose: Encoding} or (flag, detail). A chunk lost to a crash or a
     timeout is retried one file at a time, so one bad file only costs its own row. Worker
-    seconds per phase are added to ``seconds`` when given.
+    seconds per phase are added to ``seconds`` when given; ``closing`` is passed on to
+    :func:`~pipeline.core.parallel.isolated_map` (the caller joins the pools).
     """
     from pipeline.core.parallel import ItemFailure, isolated_map
 
     if not jobs:
         return {}
     workers = max(1, min(workers, len(jobs)))
-    size = max(1, min(64, len(jobs) // (workers * 8)))
+    size = chunk_size(len(jobs), workers)
     chunks = [tuple(jobs[i : i + size]) for i in range(0, len(jobs), size)]
     initargs = (factory, str(cache.root) if cache else None, cache.key if cache else "")
     clock = seconds if seconds is not None else {}
@@ -946,7 +959,7 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
         results = isolated_map(_encode_chunk, chs, workers=workers,
                                timeout_s=timeout_s * max(len(c) for c in chs), desc="tokenize",
                                show_progress=show_progress, initializer=_init_worker,
-                               initargs=initargs)
+                               initargs=initargs, closing=closing)
         out = []
         for res in results:
             if isinstance(res, ItemFailure):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import os
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -39,7 +40,7 @@ from pydantic import Field
 
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig
-from pipeline.core.parallel import ItemFailure, isolated_map
+from pipeline.core.parallel import ItemFailure, isolated_map, join_all
 from pipeline.core.segments import SegmentStore
 from pipeline.music import parsing
 from pipeline.music.midi import list_midi_paths
@@ -193,8 +194,10 @@ class Results:
     """Per-file results as columns, in file order: a worker returns one per chunk (a few arrays
     and string lists cross the process boundary, not a dict per file), the parent joins them.
     ``parsed`` marks rows whose facts (``ints``: INT_FACTS, ``floats``: FLOAT_FACTS) are set;
-    ``counts`` is the number of notes kept (0 unless the file is ok) and ``notes`` the kept notes
-    of all rows, concatenated in row order."""
+    ``counts`` is the number of notes kept (0 unless the file is ok); ``chunks`` holds the kept
+    notes as (rows, notes of those rows concatenated) for consecutive runs of rows: one per
+    worker's chunk, kept apart when results are joined (the notes are copied once, when the
+    table is sorted for writing, not also here)."""
 
     sha256: list[str]
     state: np.ndarray
@@ -205,14 +208,14 @@ class Results:
     ints: np.ndarray
     floats: np.ndarray
     counts: np.ndarray
-    notes: dict[str, np.ndarray]
+    chunks: list[tuple[int, dict[str, np.ndarray]]]
 
     @classmethod
     def empty(cls, n: int) -> Results:
         return cls([""] * n, np.zeros(n, np.int8), [""] * n, [""] * n, [""] * n,
                    np.zeros(n, bool), np.zeros((n, len(INT_FACTS)), np.int64),
                    np.zeros((n, len(FLOAT_FACTS)), np.float64), np.zeros(n, np.int64),
-                   {c: _no_notes(c) for c in NOTE_COLUMNS})
+                   [(n, {c: _no_notes(c) for c in NOTE_COLUMNS})])
 
     def set(self, k: int, r: dict) -> None:
         """Row ``k`` from :func:`inspect_bytes`' dict (its notes are set by the caller)."""
@@ -237,13 +240,12 @@ class Results:
             np.concatenate([p.ints for p in parts]),
             np.concatenate([p.floats for p in parts]),
             np.concatenate([p.counts for p in parts]),
-            {c: np.concatenate([p.notes[c] for p in parts]) for c in NOTE_COLUMNS},
+            [chunk for p in parts for chunk in p.chunks],
         )
 
     def table(self) -> pa.Table:
-        """All rows as a CACHE_SCHEMA table; the note lists are built from the flat arrays and
-        their offsets (no copy of the notes, no Python object per note or per row)."""
-        offsets = np.concatenate([[0], np.cumsum(self.counts)])
+        """All rows as a CACHE_SCHEMA table; the note lists are built from each chunk's flat arrays
+        and offsets (no copy of the notes, no Python object per note or per row)."""
         cols = {
             "sha256": to_arrow(self.sha256, pa.string()),
             "reason": to_arrow(self.reason, pa.string()),
@@ -253,10 +255,13 @@ class Results:
             **{c: to_arrow(self.ints[:, j], pa.int64()) for j, c in enumerate(INT_FACTS)},
             **{c: to_arrow(self.floats[:, j], pa.float64()) for j, c in enumerate(FLOAT_FACTS)},
         }
+        starts = np.cumsum([0] + [rows for rows, _ in self.chunks])
+        offsets = [to_arrow(np.concatenate([[0], np.cumsum(self.counts[a:b])]), pa.int32())
+                   for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)]
         for c, f in zip(NOTE_COLUMNS, NOTES_SCHEMA.types[1:], strict=True):
-            cols[c] = pa.ListArray.from_arrays(
-                to_arrow(offsets, pa.int32()), to_arrow(self.notes[c], f.value_type), type=f
-            )
+            cols[c] = pa.chunked_array(
+                [pa.ListArray.from_arrays(off, to_arrow(notes[c], f.value_type), type=f)
+                 for off, (_, notes) in zip(offsets, self.chunks, strict=True)], type=f)
         return pa.Table.from_pydict(cols, schema=CACHE_SCHEMA)
 
 
@@ -325,7 +330,8 @@ def _inspect_chunk(task: tuple[str, list[str], list[bool], IngestConfig]) -> Res
             continue
         todo.append(k)
         datas.append(data)
-    rows, out.notes = inspect_many(datas, cfg)
+    rows, notes = inspect_many(datas, cfg)
+    out.chunks = [(len(rels), notes)]
     for k, r in zip(todo, rows, strict=True):
         out.state[k] = INSPECTED
         out.set(k, r)
@@ -360,7 +366,8 @@ def chunk_spans(sizes: list[int], workers: int) -> list[tuple[int, int]]:
 
 def inspect_all(root: str, rels: list[str], sizes: list[int], parse: list[bool],
                 cfg: IngestConfig, workers: int, show_progress,
-                known: frozenset[str] = frozenset()) -> Results:
+                known: frozenset[str] = frozenset(),
+                closing: list[threading.Thread] | None = None) -> Results:
     """:func:`_inspect_chunk` over every file, in order, isolating crashes and hangs.
 
     A chunk gets ``timeout_s`` in all (its files normally take milliseconds together, and it
@@ -372,7 +379,7 @@ def inspect_all(root: str, rels: list[str], sizes: list[int], parse: list[bool],
 
     spans = chunk_spans(sizes, workers)
     common = dict(workers=workers, timeout_s=cfg.timeout_s, initializer=_set_known,
-                  initargs=(known,))
+                  initargs=(known,), closing=closing)
     results = isolated_map(_inspect_chunk, [(root, rels[a:b], parse[a:b], cfg) for a, b in spans],
                            desc="ingest", show_progress=show_progress, **common)
     retry = [i for (a, b), r in zip(spans, results, strict=True) if isinstance(r, ItemFailure)
@@ -489,8 +496,9 @@ def run(
     cache = ResultCache(cache_dir, cfg) if cache_dir is not None else None
     known = frozenset(cache.keys) if cache is not None else frozenset()
     workers = runtime.n_workers()
+    closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
     res = inspect_all(root, rel_paths, sizes.tolist(), parse.tolist(), cfg, workers,
-                      runtime.progress, known)
+                      runtime.progress, known, closing)
     table = res.table()
     note_parts, new_parts = [table], [(table, res.state == INSPECTED)]  # new: to be cached
 
@@ -501,7 +509,7 @@ def run(
         lost = [i for i in hits if res.sha256[i] not in row_of]
         if lost:  # a segment vanished since it was listed: parse those files after all
             again = inspect_all(root, [rel_paths[i] for i in lost], sizes[lost].tolist(),
-                                [True] * len(lost), cfg, workers, False)
+                                [True] * len(lost), cfg, workers, False, closing=closing)
             for j, i in enumerate(lost):
                 _copy_row(res, i, again, j)
             note_parts.append(again.table())
@@ -528,6 +536,7 @@ def run(
         cache.add(pa.concat_tables([t if m.all() else t.filter(to_arrow(m, pa.bool_()))
                                     for t, m in new_parts]))
 
+    join_all(closing)
     by_status = Counter(rows["status"])
     by_reason = Counter(r for r in rows["reason"] if r)
     summary = IngestSummary(n, dict(sorted(by_status.items())), dict(sorted(by_reason.items())))

@@ -238,7 +238,7 @@ def test_silences_and_ends_of_concatenated_pieces():
     """max_gaps_beats and durations_beats measure each piece alone: a long note covers the short
     ones inside it, a piece's lead-in counts, the gap between two pieces does not, and a piece
     without notes has 0."""
-    from pipeline.music.parsing import durations_beats, max_gap_beats, max_gaps_beats
+    from pipeline.music.parsing import durations_beats, max_gaps_beats
 
     rng = np.random.default_rng(4)
     pieces = []
@@ -254,7 +254,7 @@ def test_silences_and_ends_of_concatenated_pieces():
         for on, du in zip(p["onset"], p["duration"], strict=True):
             want = want if covered is None else max(want, on - covered)
             covered = on + du if covered is None else max(covered, on + du)
-        assert gap == want == max_gap_beats(p)
+        assert gap == want == max_gaps_beats(p, [p["onset"].size])[0]
         assert end == max(p["onset"] + p["duration"], default=0.0)
     assert (gaps > 0).sum() > 10 and (np.array(counts) == 0).sum() > 1
 

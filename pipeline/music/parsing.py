@@ -36,14 +36,6 @@ class ParsedMidi:
     duration_s: float
     notes: dict[str, np.ndarray] = field(repr=False)
 
-    @property
-    def n_notes(self) -> int:
-        return int(self.notes["pitch"].size)
-
-    @property
-    def duration_beats(self) -> float:
-        return float(durations_beats(self.notes, [self.n_notes])[0])
-
 
 @dataclass
 class ParsedBatch:
@@ -163,14 +155,10 @@ def durations_beats(notes: dict[str, np.ndarray], counts: Sequence[int]) -> np.n
     return out
 
 
-def max_gap_beats(notes: dict[str, np.ndarray]) -> float:
-    """Longest stretch without any sounding note, including the lead-in before the first note."""
-    return float(max_gaps_beats(notes, [notes["onset"].size])[0])
-
-
 def max_gaps_beats(notes: dict[str, np.ndarray], counts: Sequence[int]) -> np.ndarray:
-    """:func:`max_gap_beats` of each piece, for pieces whose notes (sorted by onset) are
-    concatenated, ``counts`` notes each."""
+    """Each piece's longest stretch without any sounding note, including the lead-in before its
+    first note, for pieces whose notes (sorted by onset) are concatenated, ``counts`` notes
+    each."""
     counts = np.asarray(counts, np.int64)
     onset = notes["onset"]
     end = onset + notes["duration"]

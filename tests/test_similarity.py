@@ -140,3 +140,36 @@ def test_tunes_sharing_only_a_stock_figure_stay_apart(linked):
     ids = {clusters.loc[shas[f"stock{s}"], "cluster_id"] for s in range(6)}
     assert len(ids) == 6
     assert report["near_candidates"] > 0  # they were proposed (a shared run) and rejected
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_gram_hashes_chain_mix64_over_each_run(dtype):
+    """gram_hashes runs in place for speed; each value must still be the chain its docstring
+    names: h = mix64((h ^ token) + golden) over the run's k tokens, from h = 0."""
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(-(2**20) if dtype == np.int64 else 0, 2**20, 40).astype(dtype)
+    for k in (1, 3, 6):
+        want = []
+        for start in range(tokens.size - k + 1):
+            h = np.zeros(1, np.uint64)
+            for t in tokens[start:start + k]:
+                with np.errstate(over="ignore"):
+                    h = fp.mix64((h ^ np.asarray([t]).astype(np.uint64)) + fp._GOLDEN)
+            want.append(int(h[0]))
+        assert fp.gram_hashes(tokens, k).tolist() == want
+    assert fp.gram_hashes(tokens[:2], 6).size == 0
+
+
+def test_locate_is_the_same_from_its_gram_cache():
+    """locate keeps each string's anchor grams (similarity._grams and _sorted_grams); a warm
+    cache must give what a cold one gives, and the kept arrays cannot be written to."""
+    rng = np.random.default_rng(8)
+    texts = ["".join(chr(0x100 + int(c)) for c in rng.integers(0, 12, n)) for n in (5, 40, 90)]
+    pairs = [(a, b) for a in texts for b in texts if len(a) <= len(b)]
+    similarity._grams.cache_clear()
+    similarity._sorted_grams.cache_clear()
+    cold = [similarity.locate(a, b) for a, b in pairs]
+    assert [similarity.locate(a, b) for a, b in pairs] == cold
+    assert similarity._grams.cache_info().hits > 0
+    with pytest.raises(ValueError):
+        similarity._grams(texts[1], 6)[0] = 0

@@ -134,6 +134,11 @@ def read_notes(path: Path | str) -> NoteArrays:
 # integer hashing helpers
 
 
+_MIX_STEPS = ((np.uint64(30), np.uint64(0xBF58476D1CE4E5B9)),
+              (np.uint64(27), np.uint64(0x94D049BB133111EB)), (np.uint64(31), None))
+""":func:`mix64`'s steps: shift, xor, multiply (the last without)."""
+
+
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser: a bijective avalanche on uint64 (wrapping arithmetic)."""
     x = np.asarray(x, dtype=np.uint64)
@@ -317,9 +322,16 @@ def gram_hashes(tokens: np.ndarray, k: int) -> np.ndarray:
     h = np.zeros(max(n, 0), dtype=np.uint64)
     if n <= 0:
         return h
-    with np.errstate(over="ignore"):
-        for i in range(k):
-            h = mix64((h ^ tokens[i : i + n].astype(np.uint64)) + _GOLDEN)
+    t = tokens.astype(np.uint64)
+    spare = np.empty_like(h)
+    for i in range(k):  # h = mix64((h ^ token i) + _GOLDEN), in place: one pass's temporaries
+        h ^= t[i : i + n]
+        h += _GOLDEN
+        for shift, factor in _MIX_STEPS:
+            np.right_shift(h, shift, out=spare)
+            h ^= spare
+            if factor:
+                h *= factor
     return h
 
 

@@ -18,6 +18,7 @@ pieces and tell nothing about any one of them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -147,8 +148,27 @@ ANCHOR_K = 6
 """Tokens per anchor gram of :func:`locate`."""
 
 
+GRAM_CACHE = 4096
+"""Token strings whose anchor grams :func:`locate` keeps: dedupe measures candidate pairs in
+order of their first piece, so one piece meets many others in a row, and a string's hash is
+computed once (Python keeps it), so a hit costs a dictionary lookup."""
+
+
+@functools.lru_cache(maxsize=GRAM_CACHE)
 def _grams(text: str, k: int) -> np.ndarray:
-    return fp.gram_hashes(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32), k)
+    grams = fp.gram_hashes(np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32), k)
+    grams.flags.writeable = False
+    return grams
+
+
+@functools.lru_cache(maxsize=GRAM_CACHE)
+def _sorted_grams(text: str, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_grams` of ``text`` sorted, and where each came from (a stable argsort)."""
+    grams = _grams(text, k)
+    order = np.argsort(grams, kind="stable")
+    ordered = grams[order]
+    order.flags.writeable = ordered.flags.writeable = False
+    return order, ordered
 
 
 def locate(short: str, long_: str, k: int = ANCHOR_K, cutoff: float = 0.0
@@ -166,11 +186,10 @@ def locate(short: str, long_: str, k: int = ANCHOR_K, cutoff: float = 0.0
     if n == 0:
         return 0.0, 0, 1
     k = min(k, n)  # a piece shorter than a gram is its own gram
-    gs, gl = _grams(short, k), _grams(long_, k)
+    gs = _grams(short, k)
+    order, sorted_l = _sorted_grams(long_, k)
     offset = 0
-    if gs.size and gl.size:
-        order = np.argsort(gl, kind="stable")
-        sorted_l = gl[order]
+    if gs.size and sorted_l.size:
         at = np.searchsorted(sorted_l, gs)
         hit = at < sorted_l.size
         hit[hit] = sorted_l[at[hit]] == gs[hit]

@@ -117,20 +117,11 @@ class IngestSummary:
 
 
 # --------------------------------------------------------------------------- per-file work
-def inspect_bytes(data: bytes, cfg: IngestConfig) -> dict:
-    """Parse one file's bytes and apply the limits. Returns a plain dict: ``reason`` and
-    ``detail`` ('' when the file is ok), the parsed facts when it parsed, and ``note_hash`` and
-    ``notes`` when it is ok."""
-    (row,), notes = inspect_many([data], cfg)
-    if "note_hash" in row:
-        row["notes"] = notes
-    return row
-
-
 def inspect_many(datas: list[bytes],
                  cfg: IngestConfig) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """:func:`inspect_bytes` for several files at once: one dict per file (without ``notes``),
-    and the notes of the ok files concatenated in order (``n_notes`` each). The files are
+    """Parse several files' bytes and apply the limits: one plain dict per file, ``reason`` and
+    ``detail`` ('' when the file is ok), the parsed facts when it parsed and ``note_hash`` when
+    it is ok; and the notes of the ok files concatenated in order (``n_notes`` each). The files are
     parsed together (:func:`~pipeline.music.parsing.parse_many`: one sort of all their notes) and
     hashed together; a worker's chunk of small files costs about half as much this way as one
     file at a time."""
@@ -182,7 +173,7 @@ def _no_notes(col: str) -> np.ndarray:
 # What became of each file in a worker.
 HASHED = 0  # hashed only: empty or larger than max_file_bytes (judged by the parent)
 CACHED = 1  # its sha256 has a cached result: not parsed
-INSPECTED = 2  # parsed and judged by inspect_bytes
+INSPECTED = 2  # parsed and judged by inspect_many
 FAILED = 3  # its worker crashed, hung or raised: quarantined, never cached
 
 INT_FACTS = ("n_notes", "n_tracks", "tpq")
@@ -218,7 +209,7 @@ class Results:
                    [(n, {c: _no_notes(c) for c in NOTE_COLUMNS})])
 
     def set(self, k: int, r: dict) -> None:
-        """Row ``k`` from :func:`inspect_bytes`' dict (its notes are set by the caller)."""
+        """Row ``k`` from one of :func:`inspect_many`'s dicts (its notes are set by the caller)."""
         self.reason[k], self.detail[k] = r["reason"], r["detail"]
         self.note_hash[k] = r.get("note_hash", "")
         if "n_notes" in r:
@@ -426,7 +417,7 @@ CACHE_SCHEMA = pa.schema(
 
 
 def cache_key(cfg: IngestConfig) -> str:
-    """What a file's result depends on besides its bytes: the limits inspect_bytes applies, the
+    """What a file's result depends on besides its bytes: the limits inspect_many applies, the
     code that parses and judges (this module's and the MIDI module's own bytes) and the parser's
     and numpy's versions. ``timeout_s`` is left out (a result that finished does not depend on it,
     and timeouts and crashes are never cached), and so is ``max_file_bytes`` (the parent applies

@@ -7,9 +7,12 @@ judge it as the stage does (limits, longest silence, the note hash); the run che
 the same note hashes as the stage. The stage (``ingestion.run``, no result cache) adds the listing,
 worker processes, per-chunk timeouts, crash isolation, duplicate resolution and writing the
 manifest and notes tables, and judges each worker's chunk of files together (``inspect_many``); the
-ratios show what that costs and what it gains back. A last line times a re-run through a warm
-result cache. Each timing is the minimum (and median) of ``--repeat`` runs; the load average is
-printed beside them.
+ratios show what that costs and what it gains back. As in the pipeline, the stage is given the
+corpus stage's index of the files' sha256 (written before the timings: the corpus stage's work),
+so it sends the files to its workers in sha256 order and writes the notes table, sorted by sha256,
+while they work; the workers still read and hash every file they parse. A last line times a
+re-run through a warm result cache. Each timing is the minimum (and median) of ``--repeat`` runs;
+the load average is printed beside them.
 
     python benchmarks/bench_ingest.py --files 4000 [--workers 2] [--corpus tiny|pipeline]
 
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline.core.artifacts import read_table
 from pipeline.core.config import RuntimeConfig
 from pipeline.music.ingestion import IngestConfig, run
+from pipeline.stages.corpus import scan_tree, write_index
 from tests.midi_utils import make_midi, random_piece
 
 
@@ -125,12 +129,14 @@ def main() -> None:
               f"{os.cpu_count()} CPUs")
         paths = sorted(raw.rglob("*.mid"))
         cfg = IngestConfig()
+        index = Path(tmp) / "raw_index.parquet"  # the corpus stage's work, as in the pipeline
+        write_index(raw, scan_tree(raw)[0], index, None)
 
         def stage(w: int, cache: Path | None = None) -> None:
             out = Path(tmp) / f"out{w}"
             run(cfg, RuntimeConfig(workers=w, progress=False), raw_dir=raw, metadata=None,
                 manifest=out / "m.parquet", notes=out / "n.parquet", report=out / "r.json",
-                cache_dir=cache)
+                cache_dir=cache, index=index)
 
         def line(name: str, best: float, median: float, base: float | None = None) -> None:
             ratio = f"  ratio to baseline {base / best:5.2f}" if base else ""

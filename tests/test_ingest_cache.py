@@ -1,6 +1,7 @@
-"""Ingest's result cache and worker isolation: outputs are byte-identical with a cold, warm,
-partial, damaged or missing cache; only new files are parsed; timeouts and crashes are not kept;
-a crash inside a chunk costs only its file."""
+"""Ingest's result cache, worker isolation and streamed notes table: outputs are byte-identical
+with a cold, warm, partial, damaged or missing cache, with or without the corpus stage's index,
+and however the notes arrive; only new files are parsed; timeouts and crashes are not kept; a
+crash inside a chunk costs only its file."""
 
 from __future__ import annotations
 
@@ -10,21 +11,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import RuntimeConfig
 from pipeline.music import ingestion as ingest_mod
 from pipeline.music.ingestion import IngestConfig, ResultCache, cache_key, run
+from pipeline.stages.corpus import scan_tree, write_index
 from tests.midi_utils import make_midi, random_piece
 
 OUTPUTS = ("manifest.parquet", "notes.parquet", "ingest.json")
 
 
 def outputs(raw: Path, out: Path, cache: Path | None, workers: int = 1,
-            cfg: IngestConfig | None = None) -> dict[str, bytes]:
+            cfg: IngestConfig | None = None, index: Path | None = None) -> dict[str, bytes]:
     run(cfg or IngestConfig(), RuntimeConfig(workers=workers, progress=False), raw_dir=raw,
         metadata=None, manifest=out / "manifest.parquet", notes=out / "notes.parquet",
-        report=out / "ingest.json", cache_dir=cache)
+        report=out / "ingest.json", cache_dir=cache, index=index)
     return {n: (out / n).read_bytes() for n in OUTPUTS}
 
 
@@ -141,6 +145,51 @@ def test_segments_are_merged(corpus: Path, tmp_path: Path, monkeypatch):
         got = outputs(corpus, tmp_path / f"r{k}", cache)
         assert len(list((cache / cache_key(IngestConfig())).glob("seg-*.parquet"))) <= 2
     assert got == outputs(corpus, tmp_path / "plain", None)
+
+
+def index_of(raw: Path, path: Path) -> Path:
+    write_index(raw, scan_tree(raw)[0], path, None)
+    return path
+
+
+def test_notes_are_streamed_in_whole_row_groups(corpus: Path, tmp_path: Path, monkeypatch):
+    plain = outputs(corpus, tmp_path / "plain", None)
+    monkeypatch.setattr(ingest_mod, "ROW_GROUP_ROWS", 4)
+    cache = tmp_path / "cache"
+    small = outputs(corpus, tmp_path / "small", cache, workers=2)
+    meta = pq.ParquetFile(tmp_path / "small" / "notes.parquet").metadata
+    sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    assert sizes == [4] * (meta.num_rows // 4) + ([meta.num_rows % 4] if meta.num_rows % 4 else [])
+    assert pq.read_table(tmp_path / "small" / "notes.parquet").equals(
+        pq.read_table(tmp_path / "plain" / "notes.parquet"))
+    assert small["manifest.parquet"] == plain["manifest.parquet"]
+    # New files' notes fall between cached ones; chunks finish in any order.
+    rng = np.random.default_rng(4)
+    for i in range(9):
+        (corpus / f"late{i}.mid").write_bytes(make_midi(random_piece(rng, n=12 + i)))
+    grown = outputs(corpus, tmp_path / "grown", None, workers=1)
+    assert outputs(corpus, tmp_path / "warm", cache, workers=2) == grown
+    shas = pq.read_table(tmp_path / "warm" / "notes.parquet", columns=["sha256"])
+    assert shas["sha256"].to_pylist() == sorted(set(shas["sha256"].to_pylist()))
+
+
+def test_the_corpus_index_gives_the_same_outputs(corpus: Path, tmp_path: Path):
+    plain = outputs(corpus, tmp_path / "plain", None)
+    index = index_of(corpus, tmp_path / "raw_index.parquet")
+    assert outputs(corpus, tmp_path / "indexed", None, workers=2, index=index) == plain
+    # A file whose size no longer matches its entry is hashed again.
+    victim = corpus / "sub" / "p05.mid"
+    victim.write_bytes(victim.read_bytes() + b"more")
+    assert outputs(corpus, tmp_path / "grown", None, index=index) == \
+        outputs(corpus, tmp_path / "fresh", None)
+    # Changed in place (same size) after it was indexed: the workers' hash catches it.
+    index = index_of(corpus, tmp_path / "raw_index.parquet")
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"sub/p05\.mid.*changed after it was indexed"):
+        outputs(corpus, tmp_path / "stale", None, workers=2, index=index)
+    assert not (tmp_path / "stale" / "notes.parquet").exists()  # nothing half-written
 
 
 @pytest.mark.parametrize("values", [["a", "bü", None, "", "xyz"], [], [None], ["é", "e"]])

@@ -45,3 +45,27 @@ def test_no_items_start_no_pool():
     closing = []
     assert isolated_map(abs, [], workers=2, closing=closing) == []
     assert closing == []
+
+
+def slow_square(x: int) -> int:
+    import time
+
+    time.sleep(0.05 * x)
+    return x * x
+
+
+def test_on_result_sees_each_item_as_it_finishes():
+    seen = []
+    out = isolated_map(square_or_fail, list(range(6)), workers=2, show_progress=False,
+                       on_result=lambda i, r: seen.append((i, r)))
+    assert sorted(seen, key=lambda p: p[0]) == list(enumerate(out))
+    assert (3, ItemFailure("error", "ValueError: three")) in seen
+
+
+def test_an_error_in_on_result_stops_the_map():
+    def stop(i, r):
+        raise RuntimeError(f"stop at {i}")
+
+    with pytest.raises(RuntimeError, match="stop at"):
+        isolated_map(slow_square, [0, 20, 20, 20], workers=1, show_progress=False, on_result=stop)
+    assert multiprocessing.active_children() == []  # the pending items were not run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.core.segments import SegmentStore, list_column
 
@@ -31,6 +32,26 @@ def test_add_lookup_and_reopen(tmp_path):
     assert set(again.keys) == {"a", "b", "c"}
     assert values(again, {"a", "c", "zz"}) == {"a": 1, "c": 3}
     assert again.lookup(set()).schema == SCHEMA
+
+
+def test_appending_streams_one_segment_or_none(tmp_path):
+    streamed = SegmentStore(tmp_path / "streamed", SCHEMA, "key")
+    with streamed.appending() as put:
+        put(rows(("a", 1), ("b", 2)))
+        put(rows())
+        put(rows(("c", 3)))
+        assert streamed.segments == []  # not in place before the block ends
+    whole = SegmentStore(tmp_path / "whole", SCHEMA, "key")
+    whole.add(rows(("a", 1), ("b", 2), ("c", 3)))
+    assert [p.name for p in streamed.segments] == [p.name for p in whole.segments]
+    assert values(SegmentStore(tmp_path / "streamed", SCHEMA, "key"), {"a", "b", "c"}) == {
+        "a": 1, "b": 2, "c": 3}
+    with pytest.raises(RuntimeError), streamed.appending() as put:  # an error: nothing kept
+        put(rows(("d", 4)))
+        raise RuntimeError("killed")
+    assert sorted(p.name for p in (tmp_path / "streamed").iterdir()) == [
+        p.name for p in streamed.segments]
+    assert "d" not in streamed.keys
 
 
 def test_merge_keeps_one_row_per_key(tmp_path):

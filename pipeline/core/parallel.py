@@ -45,8 +45,13 @@ def isolated_map(
     initializer: Callable[..., Any] | None = None,
     initargs: tuple = (),
     closing: list[threading.Thread] | None = None,
+    on_result: Callable[[int, R | ItemFailure], None] | None = None,
 ) -> list[R | ItemFailure]:
     """Apply ``fn`` to every item in worker processes; results (or failures) in input order.
+
+    ``on_result(i, result)`` is called in the calling process as each item finishes (in the
+    order they finish), so the caller can consume results while the workers go on; an exception
+    it raises stops the map.
 
     Without ``closing`` the pool is closed and joined before returning. With it, once every
     result is in, the idle pool is joined in a thread appended to ``closing`` (join it with
@@ -74,10 +79,12 @@ def isolated_map(
                 results[i] = ItemFailure("crash", f"worker process died (exit code {e.exitcode})")
             except Exception as e:  # the item's own error, reported in its row
                 results[i] = ItemFailure("error", f"{type(e).__name__}: {e}")
+            if on_result is not None:
+                on_result(i, results[i])  # type: ignore[arg-type]
             bar.update(1)
         bar.close()
-    except BaseException:
-        pool.close()
+    except BaseException:  # interrupted, or on_result raised: pending items are not run
+        pool.stop()
         pool.join()
         raise
     pool.close()

@@ -15,8 +15,11 @@ stage (the leakage audit's per-piece inputs by note digest).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Callable, Sequence
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -78,25 +81,69 @@ class SegmentStore:
 
     def add(self, table: pa.Table) -> None:
         """Store new rows as one more segment; merge the segments when there are many."""
-        if table.num_rows:
-            path = self._write(table)
-            self.keys.update(dict.fromkeys(table[self.key].to_pylist(), path))
+        with self.appending() as put:
+            put(table)
+
+    @contextlib.contextmanager
+    def appending(self) -> Iterator[Callable[[pa.Table], None]]:
+        """Store rows as they come (``put(table)``, any number of times): one more segment,
+        streamed to a temporary file and renamed into place when the block ends without an
+        error (none without rows); then the segments are merged when there are many."""
+        writer: pq.ParquetWriter | None = None
+        tmp: str | None = None
+        name = hashlib.sha256()
+        keys: list[str] = []
+
+        def put(table: pa.Table) -> None:
+            nonlocal writer, tmp
+            if not table.num_rows:
+                return
+            if writer is None:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=".seg-", suffix=".tmp", dir=self.dir)
+                os.close(fd)
+                # zstd 1 without dictionaries: a third of the uncompressed size, fast to read.
+                writer = pq.ParquetWriter(tmp, self.schema, compression="zstd",
+                                          compression_level=1, use_dictionary=False)
+            new = table[self.key].to_pylist()
+            name.update((("\n" if keys else "") + "\n".join(new)).encode())
+            keys.extend(new)
+            writer.write_table(table.cast(self.schema))
+
+        try:
+            yield put
+            if writer is not None:
+                writer.close()
+                writer = None
+                path = self.dir / f"seg-{name.hexdigest()[:20]}.parquet"
+                os.replace(tmp, path)
+                tmp = None
+                if path not in self.segments:
+                    self.segments.append(path)
+                self.keys.update(dict.fromkeys(keys, path))
+        finally:
+            if writer is not None:
+                writer.close()
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
         if len(self.segments) > self.max_segments:
-            old = list(self.segments)
-            parts = [t for seg in old if (t := self._read(seg)) is not None]
-            merged = self._write(self._unique(pa.concat_tables(parts)))
-            for seg in old:
-                if seg != merged:
-                    seg.unlink(missing_ok=True)
-            self.segments = [merged]
-            t = self._read(merged, [self.key])
-            self.keys = dict.fromkeys(t.column(0).to_pylist(), merged) if t is not None else {}
+            self._merge()
+
+    def _merge(self) -> None:
+        old = list(self.segments)
+        parts = [t for seg in old if (t := self._read(seg)) is not None]
+        merged = self._write(self._unique(pa.concat_tables(parts)))
+        for seg in old:
+            if seg != merged:
+                seg.unlink(missing_ok=True)
+        self.segments = [merged]
+        t = self._read(merged, [self.key])
+        self.keys = dict.fromkeys(t.column(0).to_pylist(), merged) if t is not None else {}
 
     def _write(self, table: pa.Table) -> Path:
         name = hashlib.sha256("\n".join(table[self.key].to_pylist()).encode()).hexdigest()[:20]
         path = self.dir / f"seg-{name}.parquet"
         with artifacts.atomic_path(path) as tmp:
-            # zstd 1 without dictionaries: a third of the uncompressed size, fast to read back.
             pq.write_table(table, tmp, compression="zstd", compression_level=1,
                            use_dictionary=False)
         if path not in self.segments:

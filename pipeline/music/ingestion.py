@@ -9,12 +9,17 @@ Outputs of :func:`run` (the ingest stage's paths)
 - ``data/notes.parquet``: the note content of every ``ok`` file (see ``NOTES_SCHEMA``).
 - ``reports/ingest.json``: counts by status and reason.
 
-Each file is read once, in a worker process (pebble): the worker hashes its bytes and parses them,
-so a file that crashes or hangs the parser costs only its own row (``crash`` / ``timeout``).
-Files are sent in chunks and come back as columns (a few arrays per chunk); a chunk that dies is
-retried one file at a time so that only the guilty file is quarantined. The parent only lists and
-stats the files (``empty_file`` and ``too_large`` are judged from the size), resolves exact
-duplicates in path order and writes the tables. Output does not depend on the number of workers.
+Each file's sha256 comes from the corpus stage's index (``data/raw_index.parquet``, where it lists
+the path with the same size; otherwise the parent hashes the file). Each distinct content is parsed
+once, on its first file in path order, in a worker process (pebble), which reads the file, hashes
+it again (a file whose bytes no longer match the index stops the stage with a message) and parses
+it, so a file that crashes or hangs the parser costs only its own row (``crash`` / ``timeout``).
+Files are sent in chunks, in sha256 order, and come back as columns (a few arrays per chunk); a
+chunk that dies is retried one file at a time so that only the guilty file is quarantined. The
+notes table, sorted by sha256, is written while the workers work: a chunk's notes as soon as every
+chunk before it is in, in row groups of ROW_GROUP_ROWS pieces whatever the chunks were. The parent
+judges ``empty_file`` and ``too_large`` from the size, resolves exact duplicates in path order and
+writes the manifest. Output does not depend on the number of workers.
 
 With a cache folder (the stage's ``--cache-dir``), each finished result is also stored by the
 file's sha256 (:class:`ResultCache`) and a later run parses only files whose bytes it has not seen
@@ -24,11 +29,15 @@ with a cold, warm or missing cache.
 
 from __future__ import annotations
 
+import bisect
+import concurrent.futures
+import contextlib
 import csv
 import hashlib
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -36,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pydantic import Field
 
 from pipeline.core import artifacts
@@ -171,7 +181,7 @@ def _no_notes(col: str) -> np.ndarray:
 
 
 # What became of each file in a worker.
-HASHED = 0  # hashed only: empty or larger than max_file_bytes (judged by the parent)
+HASHED = 0  # not parsed: empty, larger than max_file_bytes, or a later copy of a file's bytes
 CACHED = 1  # its sha256 has a cached result: not parsed
 INSPECTED = 2  # parsed and judged by inspect_many
 FAILED = 3  # its worker crashed, hung or raised: quarantined, never cached
@@ -292,39 +302,20 @@ def from_arrow(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     ])
 
 
-_KNOWN: frozenset[str] = frozenset()  # in a worker: sha256 keys with a cached result
-
-
-def _set_known(known: frozenset[str]) -> None:
-    """Worker initializer (with the fork start method the set is inherited, not copied)."""
-    global _KNOWN
-    _KNOWN = known
-
-
-def _inspect_chunk(task: tuple[str, list[str], list[bool], IngestConfig]) -> Results:
-    """Read each file once and sha256 its bytes, then parse and judge together the files not
-    only hashed nor already cached (:func:`inspect_many`). Runs in a worker."""
-    root, rels, parse, cfg = task
+def _inspect_chunk(task: tuple[str, list[str], IngestConfig]) -> Results:
+    """Read each file, sha256 its bytes, then parse and judge the chunk's files together
+    (:func:`inspect_many`). Runs in a worker."""
+    root, rels, cfg = task
     out = Results.empty(len(rels))
-    todo: list[int] = []
     datas: list[bytes] = []
-    for k, (rel, want) in enumerate(zip(rels, parse, strict=True)):
-        path = os.path.join(root, rel)
-        if not want:  # empty or too large: the hash is streamed, the bytes never held
-            out.sha256[k] = artifacts.sha256_file(path)
-            continue
-        with open(path, "rb") as f:
-            data = f.read()
-        out.sha256[k] = sha = hashlib.sha256(data).hexdigest()
-        if sha in _KNOWN:
-            out.state[k] = CACHED
-            continue
-        todo.append(k)
-        datas.append(data)
+    for k, rel in enumerate(rels):
+        with open(os.path.join(root, rel), "rb") as f:
+            datas.append(f.read())
+        out.sha256[k] = hashlib.sha256(datas[-1]).hexdigest()
     rows, notes = inspect_many(datas, cfg)
     out.chunks = [(len(rels), notes)]
-    for k, r in zip(todo, rows, strict=True):
-        out.state[k] = INSPECTED
+    out.state[:] = INSPECTED
+    for k, r in enumerate(rows):
         out.set(k, r)
         if "note_hash" in r:
             out.counts[k] = r["n_notes"]
@@ -355,45 +346,70 @@ def chunk_spans(sizes: list[int], workers: int) -> list[tuple[int, int]]:
     return spans
 
 
-def inspect_all(root: str, rels: list[str], sizes: list[int], parse: list[bool],
-                cfg: IngestConfig, workers: int, show_progress,
-                known: frozenset[str] = frozenset(),
-                closing: list[threading.Thread] | None = None) -> Results:
-    """:func:`_inspect_chunk` over every file, in order, isolating crashes and hangs.
+def file_hashes(root: str, rels: list[str], sizes: np.ndarray, index: Path | None,
+                workers: int) -> list[str]:
+    """Each file's sha256: the one the corpus stage recorded in ``index`` (``raw_index.parquet``)
+    where it lists the path with the same size, else read and hashed here (in threads). The files
+    parsed are hashed again as they are read, and must match (see :func:`run`)."""
+    known: dict[str, tuple[str, int]] = {}
+    if index is not None and Path(index).exists():
+        t = artifacts.read_table(index, ["path", "sha256", "size_bytes"]).to_pydict()
+        known = dict(zip(t["path"], zip(t["sha256"], t["size_bytes"], strict=True), strict=True))
+    out = [""] * len(rels)
+    todo = []
+    for k, (rel, size) in enumerate(zip(rels, sizes.tolist(), strict=True)):
+        hit = known.get(rel)
+        if hit is not None and hit[1] == size:
+            out[k] = hit[0]
+        else:
+            todo.append(k)
+    if todo:
+        with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+            hashes = pool.map(lambda k: artifacts.sha256_file(os.path.join(root, rels[k])), todo)
+            for k, h in zip(todo, hashes, strict=True):
+                out[k] = h
+    return out
+
+
+def inspect_all(root: str, rels: list[str], sizes: list[int], cfg: IngestConfig, workers: int,
+                show_progress, on_chunk: Callable[[int, Results], None],
+                closing: list[threading.Thread] | None = None) -> None:
+    """:func:`_inspect_chunk` over every file, isolating crashes and hangs; each chunk's
+    :class:`Results` go to ``on_chunk(first file, results)`` as they come in, in any order.
 
     A chunk gets ``timeout_s`` in all (its files normally take milliseconds together, and it
     holds at most CHUNK_BYTES); a chunk that times out, crashes or raises is retried one file at
-    a time, each with ``timeout_s``, so only the guilty file is quarantined (``timeout``,
-    ``crash``, or ``corrupt`` with the error). ``parse`` false: hash only (the parent judges
-    empty and too large files)."""
+    a time after the others, each with ``timeout_s``, so only the guilty file is quarantined
+    (``timeout``, ``crash``, or ``corrupt`` with the error; its ``sha256`` left empty)."""
     import symusic  # noqa: F401  (imported once here: forked workers inherit it)
 
     spans = chunk_spans(sizes, workers)
-    common = dict(workers=workers, timeout_s=cfg.timeout_s, initializer=_set_known,
-                  initargs=(known,), closing=closing)
-    results = isolated_map(_inspect_chunk, [(root, rels[a:b], parse[a:b], cfg) for a, b in spans],
-                           desc="ingest", show_progress=show_progress, **common)
-    retry = [i for (a, b), r in zip(spans, results, strict=True) if isinstance(r, ItemFailure)
-             for i in range(a, b)]
-    singles = isolated_map(_inspect_chunk, [(root, [rels[i]], [parse[i]], cfg) for i in retry],
+    common = dict(workers=workers, timeout_s=cfg.timeout_s, closing=closing)
+    failed: list[int] = []
+
+    def done(c: int, r: Results | ItemFailure) -> None:
+        if isinstance(r, ItemFailure):
+            failed.append(c)
+        else:
+            on_chunk(spans[c][0], r)
+
+    isolated_map(_inspect_chunk, [(root, rels[a:b], cfg) for a, b in spans], desc="ingest",
+                 show_progress=show_progress, on_result=done, **common)
+    retry = [i for c in sorted(failed) for i in range(*spans[c])]
+    singles = isolated_map(_inspect_chunk, [(root, [rels[i]], cfg) for i in retry],
                            show_progress=False, **common)
     by_file = dict(zip(retry, singles, strict=True))
-    parts: list[Results] = []
-    for (a, b), r in zip(spans, results, strict=True):
-        if not isinstance(r, ItemFailure):
-            parts.append(r)
-            continue
-        for i in range(a, b):
+    for c in sorted(failed):
+        parts = []
+        for i in range(*spans[c]):
             one = by_file[i]
             if isinstance(one, ItemFailure):
-                one_r = Results.empty(1)
-                one_r.sha256[0] = artifacts.sha256_file(os.path.join(root, rels[i]))
-                one_r.state[0] = FAILED
                 kind = one.kind if one.kind in {"timeout", "crash"} else "corrupt"
-                one_r.reason[0], one_r.detail[0] = kind, one.message
-                one = one_r
+                one = Results.empty(1)
+                one.state[0] = FAILED
+                one.reason[0], one.detail[0] = kind, by_file[i].message
             parts.append(one)
-    return Results.concat(parts)
+        on_chunk(spans[c][0], Results.concat(parts))
 
 
 # --------------------------------------------------------------------------- result cache
@@ -470,12 +486,19 @@ def run(
     report: Path,
     files: list[str] | None = None,
     cache_dir: Path | None = None,
+    index: Path | None = None,
 ) -> IngestSummary:
     """Ingest every MIDI file under ``raw_dir``, or only ``files`` (POSIX paths relative to it,
     in the order given: the contamination check's file lists).
 
-    With ``cache_dir``, results are read from and added to a :class:`ResultCache` there, so only
-    new or changed files are parsed; the outputs are the same with or without it."""
+    Each distinct content is judged once, on its first file. With ``cache_dir``, results are
+    read from and added to a :class:`ResultCache` there, so only new contents are parsed; the
+    outputs are the same with or without it. With ``index`` (the corpus stage's
+    ``raw_index.parquet``) the files' sha256 come from it, so cached files are not read at all.
+
+    The files to parse are sent to the workers in sha256 order, and the notes table, which is
+    sorted by sha256, is written while they work: each chunk's notes as soon as every chunk
+    before it is in (:func:`notes_writer`), with the cached notes that fall between."""
     rel_paths = files if files is not None else list_midi_paths(raw_dir)
     meta, unresolved = read_metadata(metadata)
     extra_cols = sorted({k for r in meta.values() for k in r} - {"path", "group", "error"})
@@ -483,50 +506,78 @@ def run(
     n = len(rel_paths)
     sizes = np.array([os.stat(os.path.join(root, rel)).st_size for rel in rel_paths], np.int64)
     parse = (sizes > 0) & (sizes <= cfg.max_file_bytes)
+    workers = runtime.n_workers()
+
+    res = Results.empty(n)
+    res.sha256 = file_hashes(root, rel_paths, sizes, index, workers)
+    first: dict[str, int] = {}  # each content's first file, the one judged
+    for i, h in enumerate(res.sha256):
+        first.setdefault(h, i)
+    judged = [i for i in first.values() if parse[i]]
 
     cache = ResultCache(cache_dir, cfg) if cache_dir is not None else None
-    known = frozenset(cache.keys) if cache is not None else frozenset()
-    workers = runtime.n_workers()
-    closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
-    res = inspect_all(root, rel_paths, sizes.tolist(), parse.tolist(), cfg, workers,
-                      runtime.progress, known, closing)
-    table = res.table()
-    note_parts, new_parts = [table], [(table, res.state == INSPECTED)]  # new: to be cached
+    cached = pa.Table.from_batches([], CACHE_SCHEMA)
+    if cache is not None:
+        cached = cache.lookup({res.sha256[i] for i in judged} & cache.keys.keys())
+    row_of = {h: j for j, h in enumerate(cached["sha256"].to_pylist())}
+    hits = np.array([i for i in judged if res.sha256[i] in row_of], np.int64)
+    _fill(res, hits, _from_table(cached, [row_of[res.sha256[i]] for i in hits]), CACHED)
+    # The cached notes to write, in sha256 order: ok files only (quarantined ones have none).
+    has_notes = from_arrow(pc.list_value_length(cached["pitch"])) > 0
+    keep = sorted((h, j) for h, j in row_of.items() if has_notes[j])
+    cached_shas = [h for h, _ in keep]
+    cached_rows = np.array([j for _, j in keep], np.int64)
 
-    hits = np.flatnonzero(res.state == CACHED)
-    if cache is not None and hits.size:
-        cached = cache.lookup({res.sha256[i] for i in hits})
-        row_of = {h: j for j, h in enumerate(cached["sha256"].to_pylist())}
-        lost = [i for i in hits if res.sha256[i] not in row_of]
-        if lost:  # a segment vanished since it was listed: parse those files after all
-            again = inspect_all(root, [rel_paths[i] for i in lost], sizes[lost].tolist(),
-                                [True] * len(lost), cfg, workers, False, closing=closing)
-            for j, i in enumerate(lost):
-                _copy_row(res, i, again, j)
-            note_parts.append(again.table())
-            new_parts.append((note_parts[-1], again.state == INSPECTED))
-        cols = {c: cached[c].to_pylist() for c in ("reason", "detail", "note_hash", "parsed")}
-        ints = np.stack([from_arrow(cached[c]) for c in INT_FACTS], axis=1)
-        floats = np.stack([from_arrow(cached[c]) for c in FLOAT_FACTS], axis=1)
-        for i in hits:
-            j = row_of.get(res.sha256[i])
-            if j is None:
-                continue
-            res.reason[i], res.detail[i] = cols["reason"][j], cols["detail"][j]
-            res.note_hash[i], res.parsed[i] = cols["note_hash"][j], cols["parsed"][j]
-            res.ints[i], res.floats[i] = ints[j], floats[j]
-        note_parts.append(cached)
+    todo = sorted((i for i in judged if res.sha256[i] not in row_of), key=res.sha256.__getitem__)
+    chunks: dict[int, Results] = {}  # by first position in todo, until written
+    written = {"todo": 0, "cached": 0}  # how far the notes table has got in each
+    closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
+
+    def with_cached(table: pa.Table, below: str | None) -> pa.Table:
+        """``table`` (notes in sha256 order) with the cached notes not yet written whose sha256
+        is below ``below`` (all with None), in sha256 order."""
+        a = written["cached"]
+        b = len(cached_shas) if below is None else bisect.bisect_left(cached_shas, below, a)
+        written["cached"] = b
+        if b == a:
+            return table
+        keys = table["sha256"].to_pylist() + cached_shas[a:b]
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        more = cached.take(to_arrow(cached_rows[a:b], pa.int64())).select(NOTES_SCHEMA.names)
+        return pa.concat_tables([table, more]).take(to_arrow(np.array(order, np.int64),
+                                                             pa.int64()))
+
+    def on_chunk(start: int, r: Results) -> None:
+        for k, h in enumerate(r.sha256):
+            expected = res.sha256[todo[start + k]]
+            if h and h != expected:
+                rel = rel_paths[todo[start + k]]
+                raise artifacts.ArtifactError(
+                    f"{(Path(raw_dir) / rel).as_posix()}: its bytes (sha256 {h[:12]}) are not "
+                    f"those listed for it ({expected[:12]}): it changed after it was indexed or "
+                    "during this run; run the corpus stage again (`dvc repro`)")
+            r.sha256[k] = expected
+        chunks[start] = r
+        while written["todo"] in chunks:  # every chunk before this one is in: write them
+            r = chunks.pop(written["todo"])
+            end = written["todo"] + len(r.sha256)
+            put_notes(with_cached(_notes_table(r), res.sha256[todo[end]] if end < len(todo)
+                                  else None))
+            new = r.state == INSPECTED
+            put_cache(r.table() if new.all() else r.table().filter(to_arrow(new, pa.bool_())))
+            _fill(res, np.array(todo[written["todo"]:end]), r)
+            r.chunks = []
+            written["todo"] = end
+
+    with notes_writer(notes) as put_notes, \
+            (cache.appending() if cache is not None else _discard()) as put_cache:
+        inspect_all(root, [rel_paths[i] for i in todo], sizes[todo].tolist(), cfg, workers,
+                    runtime.progress, on_chunk, closing)
+        put_notes(with_cached(pa.Table.from_batches([], NOTES_SCHEMA), None))
 
     rows = _manifest_columns(rel_paths, sizes, res, cfg)
-    ok_sha = {h for h, s in zip(rows["sha256"], rows["status"], strict=True) if s == "ok"}
-    write_notes(pa.concat_tables([p.select(NOTES_SCHEMA.names) for p in note_parts]), ok_sha,
-                notes)
     _add_metadata(rows, rel_paths, meta, extra_cols)
     write_manifest(rows, extra_cols, manifest)
-    if cache is not None:  # after the notes are written: the filtered copy does not add up
-        cache.add(pa.concat_tables([t if m.all() else t.filter(to_arrow(m, pa.bool_()))
-                                    for t, m in new_parts]))
-
     join_all(closing)
     by_status = Counter(rows["status"])
     by_reason = Counter(r for r in rows["reason"] if r)
@@ -545,12 +596,78 @@ def run(
     return summary
 
 
-def _copy_row(dst: Results, i: int, src: Results, j: int) -> None:
-    """Row ``j`` of ``src`` into row ``i`` of ``dst`` (its notes travel separately)."""
-    dst.state[i] = src.state[j]
-    dst.reason[i], dst.detail[i], dst.note_hash[i] = src.reason[j], src.detail[j], \
-        src.note_hash[j]
-    dst.parsed[i], dst.ints[i], dst.floats[i] = src.parsed[j], src.ints[j], src.floats[j]
+@contextlib.contextmanager
+def _discard() -> Iterator[Callable[[pa.Table], None]]:
+    yield lambda table: None
+
+
+ROW_GROUP_ROWS = 2048
+"""Pieces per row group of the notes table (about 20 MB of notes for pieces of 400 notes)."""
+
+
+@contextlib.contextmanager
+def notes_writer(path: Path) -> Iterator[Callable[[pa.Table], None]]:
+    """Write the notes table as a stream: ``put(table)`` rows in their final order, any number
+    of times. Row groups hold exactly ROW_GROUP_ROWS rows (the last one fewer) however the rows
+    came, so the file's bytes depend only on its rows; it is renamed into place when the block
+    ends without an error."""
+    with artifacts.atomic_path(path) as tmp, \
+            pq.ParquetWriter(tmp, NOTES_SCHEMA, **artifacts.PARQUET_OPTIONS) as writer:
+        pending: list[pa.Table] = []
+        count = 0
+
+        def put(table: pa.Table) -> None:
+            nonlocal pending, count
+            pending.append(table)
+            count += table.num_rows
+            if count >= ROW_GROUP_ROWS:
+                rows = pa.concat_tables(pending)
+                cut = count - count % ROW_GROUP_ROWS
+                writer.write_table(rows.slice(0, cut), row_group_size=ROW_GROUP_ROWS)
+                pending, count = [rows.slice(cut)], count - cut
+
+        yield put
+        writer.write_table(pa.concat_tables([pa.Table.from_batches([], NOTES_SCHEMA), *pending]),
+                           row_group_size=ROW_GROUP_ROWS)
+
+
+def _notes_table(r: Results) -> pa.Table:
+    """The notes of the rows of ``r`` that have some (ok files), as NOTES_SCHEMA rows; the note
+    arrays are used as they are (the other rows hold none)."""
+    keep = np.flatnonzero(r.counts > 0)
+    offsets = to_arrow(np.concatenate([[0], np.cumsum(r.counts[keep])]), pa.int32())
+    cols = [to_arrow([r.sha256[k] for k in keep], pa.string())]
+    for c, f in zip(NOTE_COLUMNS, NOTES_SCHEMA.types[1:], strict=True):
+        values = np.concatenate([notes[c] for _, notes in r.chunks]) if len(r.chunks) > 1 \
+            else r.chunks[0][1][c]
+        cols.append(pa.ListArray.from_arrays(offsets, to_arrow(values, f.value_type), type=f))
+    return pa.Table.from_arrays(cols, schema=NOTES_SCHEMA)
+
+
+def _from_table(table: pa.Table, rows: list[int]) -> Results:
+    """Rows of a CACHE_SCHEMA table as :class:`Results` (without their notes)."""
+    out = Results.empty(len(rows))
+    if not rows:
+        return out
+    t = table.select([c for c in CACHE_SCHEMA.names if c not in NOTE_COLUMNS]).take(
+        to_arrow(np.array(rows, np.int64), pa.int64()))
+    out.reason, out.detail = t["reason"].to_pylist(), t["detail"].to_pylist()
+    out.note_hash = t["note_hash"].to_pylist()
+    out.parsed = np.array(t["parsed"].to_pylist(), bool)
+    out.ints = np.stack([from_arrow(t[c]) for c in INT_FACTS], axis=1)
+    out.floats = np.stack([from_arrow(t[c]) for c in FLOAT_FACTS], axis=1)
+    return out
+
+
+def _fill(dst: Results, rows: np.ndarray, src: Results, state: int | None = None) -> None:
+    """Rows ``rows`` of ``dst`` from the rows of ``src``, in order (not their sha256 nor notes)."""
+    if not len(rows):
+        return
+    dst.state[rows] = src.state if state is None else state
+    dst.parsed[rows], dst.ints[rows], dst.floats[rows] = src.parsed, src.ints, src.floats
+    for k, i in enumerate(rows.tolist()):
+        dst.reason[i], dst.detail[i], dst.note_hash[i] = \
+            src.reason[k], src.detail[k], src.note_hash[k]
 
 
 def _manifest_columns(rel_paths: list[str], sizes: np.ndarray, res: Results,
@@ -563,7 +680,7 @@ def _manifest_columns(rel_paths: list[str], sizes: np.ndarray, res: Results,
     dup = canon != np.arange(n)
     reason = np.array(res.reason, dtype=object)
     detail = np.array(res.detail, dtype=object)
-    for i in np.flatnonzero(res.state == HASHED):
+    for i in np.flatnonzero((sizes == 0) | (sizes > cfg.max_file_bytes)):
         reason[i], detail[i] = (("empty_file", "0 bytes") if sizes[i] == 0 else
                                 ("too_large", f"{sizes[i]} bytes > {cfg.max_file_bytes}"))
     reason, detail = reason[canon], detail[canon]
@@ -610,17 +727,3 @@ def write_manifest(cols: dict, extra_cols: list[str], path: Path) -> None:
         else:
             arrays.append(to_arrow(v, f.type))
     artifacts.write_parquet(path, pa.Table.from_arrays(arrays, schema=schema))
-
-
-def write_notes(table: pa.Table, ok: set[str], path: Path) -> None:
-    """The notes of the ``ok`` files, one row each, sorted by sha256. ``table`` may hold other
-    rows (empty lists, files that are not ok, several rows of one sha256: equal keys hold equal
-    notes); the rows kept are picked in numpy and Python, then taken in one pass."""
-    first: dict[str, int] = {}
-    has_notes = from_arrow(pc.list_value_length(table["pitch"])) > 0
-    for i, h in enumerate(table["sha256"].to_pylist()):
-        if has_notes[i] and h in ok:
-            first.setdefault(h, i)
-    pick = np.array([first[h] for h in sorted(first)], np.int64)
-    rows = table.take(to_arrow(pick, pa.int64())).combine_chunks()
-    artifacts.write_parquet(path, rows.cast(NOTES_SCHEMA))

@@ -19,6 +19,9 @@ from pipeline.music.ingestion import IngestConfig, run
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--raw", type=Path, default=Path("data/raw"))
     parser.add_argument("--metadata", type=Path, default=Path("data/raw_metadata.csv"))
+    parser.add_argument("--index", type=Path, default=Path("data/raw_index.parquet"),
+                        help="the corpus stage's sha256 of each file (files it does not list "
+                             "with their current size are hashed here)")
     parser.add_argument("--manifest", type=Path, default=Path("data/manifest.parquet"))
     parser.add_argument("--notes", type=Path, default=Path("data/notes.parquet"))
     parser.add_argument("--report", type=Path, default=Path("reports/ingest.json"))
@@ -40,6 +43,7 @@ def main(args: argparse.Namespace) -> int:
         notes=args.notes,
         report=args.report,
         cache_dir=None if args.no_cache else args.cache_dir,
+        index=args.index,
     )
     print(
         f"ingest: {s.n_files} files: "

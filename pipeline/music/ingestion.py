@@ -535,17 +535,26 @@ def run(
 
     def with_cached(table: pa.Table, below: str | None) -> pa.Table:
         """``table`` (notes in sha256 order) with the cached notes not yet written whose sha256
-        is below ``below`` (all with None), in sha256 order."""
+        is below ``below`` (all with None), in sha256 order: runs of the cached rows (taken
+        once) and of ``table``'s rows, as slices."""
         a = written["cached"]
         b = len(cached_shas) if below is None else bisect.bisect_left(cached_shas, below, a)
         written["cached"] = b
         if b == a:
             return table
-        keys = table["sha256"].to_pylist() + cached_shas[a:b]
-        order = sorted(range(len(keys)), key=keys.__getitem__)
         more = cached.take(to_arrow(cached_rows[a:b], pa.int64())).select(NOTES_SCHEMA.names)
-        return pa.concat_tables([table, more]).take(to_arrow(np.array(order, np.int64),
-                                                             pa.int64()))
+        if not table.num_rows:
+            return more
+        # where each of table's rows falls among the cached rows a..b
+        cuts = [bisect.bisect_left(cached_shas, h, a, b) - a for h in table["sha256"].to_pylist()]
+        parts, lo, k = [], 0, 0
+        while k < len(cuts):
+            j = k
+            while j < len(cuts) and cuts[j] == cuts[k]:
+                j += 1
+            parts += [more.slice(lo, cuts[k] - lo), table.slice(k, j - k)]
+            lo, k = cuts[k], j
+        return pa.concat_tables([*parts, more.slice(lo)])
 
     def on_chunk(start: int, r: Results) -> None:
         for k, h in enumerate(r.sha256):

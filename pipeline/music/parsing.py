@@ -88,7 +88,8 @@ def parse_many(datas: Sequence[bytes]) -> ParsedBatch:
     duration_s = np.zeros(n, np.float64)
     counts = np.zeros(n, np.int64)
     errors: list[str | None] = [None] * n
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in _PARTS}
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in ("tick", "ticks", "pitch", "velocity")}
+    per_track: list[tuple[int, int, int, int]] = []  # (track, program, is_drum, notes)
     for k, data in enumerate(datas):
         try:
             score = symusic.Score.from_midi(data)
@@ -110,13 +111,14 @@ def parse_many(datas: Sequence[bytes]) -> ParsedBatch:
             parts["ticks"].append(arr["duration"])
             parts["pitch"].append(arr["pitch"])
             parts["velocity"].append(arr["velocity"])
-            parts["track"].append(np.full(size, i, np.int16))
-            parts["program"].append(np.full(size, int(track.program), np.int16))
-            parts["is_drum"].append(np.full(size, bool(track.is_drum)))
+            per_track.append((i, int(track.program), int(track.is_drum), size))
     if not parts["tick"]:
         return ParsedBatch(tpq, n_tracks, duration_s, counts, errors,
                            {c: _empty(c) for c in NOTE_COLUMNS})
     cat = {c: np.concatenate(v) for c, v in parts.items()}
+    meta = np.array(per_track, np.int64)  # each track's values, repeated once per note
+    for j, c in enumerate(("track", "program", "is_drum")):
+        cat[c] = np.repeat(meta[:, j].astype(_empty(c).dtype), meta[:, 3])
     file = np.repeat(np.arange(n), counts)
     # Ties in (onset, pitch, duration) keep track order: the sort is stable and each file's
     # tracks are concatenated in order.
@@ -128,10 +130,6 @@ def parse_many(datas: Sequence[bytes]) -> ParsedBatch:
         **{c: cat[c][order].astype(_empty(c).dtype, copy=False) for c in NOTE_COLUMNS[2:]},
     }
     return ParsedBatch(tpq, n_tracks, duration_s, counts, errors, notes)
-
-
-_PARTS = ("tick", "ticks", *NOTE_COLUMNS[2:])
-"""What :func:`parse_many` gathers per track: onset and duration in ticks, then the columns."""
 
 
 def _empty(col: str) -> np.ndarray:

@@ -7,6 +7,7 @@ tests/test_split.py and tests/test_leakage.py.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -371,6 +372,38 @@ def test_lsh_candidates_equal_datasketch_minhashlsh():
                   if i != j})
     assert len(ref) > 20
     assert list(zip(a.tolist(), b.tolist(), strict=True)) == ref
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_notes_from_table_picks_and_sorts_rows_as_written_plainly(shuffled, chunks):
+    rng = np.random.default_rng(chunks + 2 * shuffled)
+    rows = []
+    for i in range(30):
+        k = int(rng.integers(0, 6))
+        rows.append({"sha256": f"{i * 7919 % 1000:04d}", "onset": rng.random(k),
+                     "duration": rng.random(k), "pitch": rng.integers(0, 128, k, np.int16),
+                     "velocity": np.full(k, 64, np.int16), "track": rng.integers(0, 3, k, np.int16),
+                     "program": np.zeros(k, np.int16), "is_drum": rng.random(k) < 0.3})
+    rows.sort(key=lambda r: r["sha256"])
+    if shuffled:
+        rows = [rows[i] for i in rng.permutation(len(rows))]
+    cut = np.linspace(0, len(rows), chunks + 1).astype(int)
+    table = pa.concat_tables([pa.Table.from_pandas(pd.DataFrame(rows[a:b]), schema=NOTES_SCHEMA,
+                                                   preserve_index=False)
+                              for a, b in itertools.pairwise(cut)])
+    table = pa.concat_tables([table, pa.table(  # a null list reads as an empty piece
+        {c: [None if c != "sha256" else "zzzz"] for c in NOTES_SCHEMA.names}, NOTES_SCHEMA)])
+    keep = {r["sha256"] for r in rows if rng.random() < 0.6} | {"zzzz", "absent"}
+    for wanted in (None, keep):
+        got = fp.notes_from_table(table, keep=None if wanted is None else sorted(wanted))
+        plain = sorted((r for r in rows if wanted is None or r["sha256"] in wanted),
+                       key=lambda r: r["sha256"])
+        assert got.sha256.tolist() == [r["sha256"] for r in plain] + ["zzzz"]
+        assert got.lengths.tolist() == [len(r["pitch"]) for r in plain] + [0]
+        for col in ("onset", "duration", "pitch", "is_drum", "track"):
+            parts = [np.asarray(r[col]) for r in plain]
+            assert np.array_equal(getattr(got, col), np.concatenate(parts)), col
 
 
 def test_shingles_invariant_to_transposition_and_time_scale():

@@ -26,6 +26,7 @@ datasketch's ``LeanMinHash`` and banded exactly as its ``MinHashLSH`` would.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,22 +100,37 @@ class NoteArrays:
         return out
 
 
-def notes_from_table(table: pa.Table) -> NoteArrays:
-    """A notes table (``sha256`` + list columns) -> :class:`NoteArrays`, pieces sorted by sha256.
+def notes_from_table(table: pa.Table, keep: pa.Array | Sequence[str] | None = None
+                     ) -> NoteArrays:
+    """A notes table (``sha256`` + list columns) -> :class:`NoteArrays`, pieces sorted by sha256;
+    with ``keep``, only the rows whose sha256 is in it. A null list is read as an empty piece.
 
-    A null list is read as an empty piece.
-    """
-    table = table.take(pc.sort_indices(table, sort_keys=[("sha256", "ascending")]))
-    lengths = pc.fill_null(pc.list_value_length(table["pitch"]), 0).to_numpy()
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    Rows are picked and ordered on the flat numpy columns, and a table already sorted and kept
+    whole (``data/notes.parquet`` is written sorted) is not copied at all: Arrow's ``filter`` and
+    ``take`` on list columns cost 2.5 s and 4.5 s for the 45 M notes of 100,000 pieces."""
+    shas = np.asarray(table["sha256"].to_pylist(), dtype=object)
+    rows = np.arange(shas.size)
+    if keep is not None:
+        keep = keep if isinstance(keep, pa.Array) else pa.array(list(keep), pa.string())
+        rows = rows[np.asarray(pc.is_in(table["sha256"], keep).to_numpy(zero_copy_only=False),
+                               bool)]
+    if rows.size > 1 and not (shas[rows][1:] >= shas[rows][:-1]).all():
+        rows = rows[np.argsort(shas[rows], kind="stable")]
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(table["pitch"]), 0)
+                         .to_numpy(zero_copy_only=False), np.int64)
+    starts = np.cumsum(lengths) - lengths
+    offsets = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths[rows], out=offsets[1:])
+    gather = None  # every note, in order, when the rows are the table's
+    if rows.size != shas.size or (rows != np.arange(rows.size)).any():
+        gather = np.repeat(starts[rows] - offsets[:-1], lengths[rows]) + np.arange(offsets[-1])
 
     def flat(name: str, dtype) -> np.ndarray:
-        col = pc.list_flatten(table[name].combine_chunks())
-        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=dtype)
+        values = np.asarray(pc.list_flatten(table[name]).to_numpy(zero_copy_only=False), dtype)
+        return values if gather is None else values[gather]
 
     return NoteArrays(
-        sha256=np.asarray(table["sha256"].to_pylist(), dtype=object),
+        sha256=shas[rows],
         offsets=offsets,
         onset=flat("onset", np.float64),
         duration=flat("duration", np.float64),

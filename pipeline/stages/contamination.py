@@ -257,8 +257,7 @@ def _ok_side(manifest: pd.DataFrame, notes_path: Path, cfg: dedupe.DedupeConfig,
     ok = manifest[manifest["status"] == "ok"].sort_values("sha256", kind="stable")
     ok = ok.drop_duplicates("sha256")
     table = artifacts.read_table(notes_path, columns=NOTE_COLUMNS)
-    table = table.filter(pc.is_in(table["sha256"], pa.array(ok["sha256"].tolist(), pa.string())))
-    notes = fp.notes_from_table(table)
+    notes = fp.notes_from_table(table, keep=ok["sha256"].tolist())
     if notes.n_pieces != len(ok):
         raise artifacts.ArtifactError(f"{notes_path.as_posix()}: {len(ok)} ok pieces but notes "
                                       f"for {notes.n_pieces}")
@@ -321,9 +320,7 @@ def held_out(manifest: Path, notes: Path, splits: Path, wanted: list[str],
             splits, f"names {int(lost.sum())} piece(s) that are not ok rows of "
                     f"{manifest.as_posix()}, e.g. {rows['sha256'][lost].iloc[0]}")
     table = artifacts.read_table(notes, columns=NOTE_COLUMNS)
-    table = table.filter(pc.is_in(table["sha256"], pa.array(rows["sha256"].tolist(),
-                                                            pa.string())))
-    arrays = fp.notes_from_table(table)
+    arrays = fp.notes_from_table(table, keep=rows["sha256"].tolist())
     if arrays.sha256.tolist() != rows["sha256"].tolist():
         raise artifacts.ArtifactError.for_path(notes, "lacks the notes of some held-out pieces")
     fps = dedupe.fingerprint(arrays, cfg, runtime.n_workers(), runtime.progress)

@@ -276,7 +276,6 @@ def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, d
     table = artifacts.read_table(notes, columns=cols)
     counts["notes_not_in_manifest"] = int(pc.sum(pc.invert(pc.is_in(table["sha256"], shas))).as_py()
                                           or 0)
-    table = table.filter(pc.is_in(table["sha256"], shas))
     missing = pc.filter(shas, pc.invert(pc.is_in(shas, table["sha256"])))
     counts["ok_without_notes"] = len(missing)
     if len(missing):
@@ -284,7 +283,7 @@ def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, d
                               pa.array([[]] * len(missing), type=table.schema.field(c).type))
                           for c in cols}, schema=table.schema)
         table = pa.concat_tables([table, empty])
-    return ok, fp.notes_from_table(table), counts
+    return ok, fp.notes_from_table(table, keep=shas.combine_chunks()), counts
 
 
 def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path, out_dir: Path,

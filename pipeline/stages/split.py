@@ -316,18 +316,16 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
 
 def _kept_notes(notes: Path, kept: np.ndarray) -> fp.NoteArrays:
     """Notes of the kept pieces, in sha256 order (a kept piece without notes is empty)."""
-    import pyarrow.compute as pc
 
     cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
     table = artifacts.read_table(notes, columns=cols)
-    table = table.filter(pc.is_in(table["sha256"], pa.array(kept.tolist(), pa.string())))
     missing = sorted(set(kept.tolist()) - set(table["sha256"].to_pylist()))
     if missing:
         empty = pa.table({c: (pa.array(missing, pa.string()) if c == "sha256" else
                               pa.array([[]] * len(missing), type=table.schema.field(c).type))
                           for c in cols}, schema=table.schema)
         table = pa.concat_tables([table, empty])
-    return fp.notes_from_table(table)
+    return fp.notes_from_table(table, keep=kept.tolist())
 
 
 # --------------------------------------------------------------------------- CLI

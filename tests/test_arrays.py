@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.arrays import lex_order, unique
+from pipeline.core.arrays import isin, lex_order, unique
 
 
 @settings(max_examples=80, deadline=None)
@@ -62,3 +63,14 @@ def test_lex_order_extremes_and_refusals():
         lex_order(np.array([1.0, 0.5]))
     with pytest.raises(ValueError, match="equal length"):
         lex_order(np.arange(3), np.arange(2))
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c", "dé", ""]), max_size=20),
+       st.lists(st.sampled_from(["a", "c", "dé", "x"]), max_size=6))
+@settings(max_examples=50, deadline=None)
+def test_isin_equals_pandas(values, allowed):
+    want = pd.Series(values, dtype=object).isin(allowed).to_numpy()
+    for v in (values, pd.Series(values, dtype="string[pyarrow]"), np.array(values, dtype=object)):
+        for a in (allowed, set(allowed), pd.Series(allowed, dtype="string[pyarrow]")):
+            got = isin(v, a)
+            assert got.dtype == bool and got.tolist() == want.tolist()

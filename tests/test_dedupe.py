@@ -395,12 +395,14 @@ def test_notes_from_table_picks_and_sorts_rows_as_written_plainly(shuffled, chun
     table = pa.concat_tables([table, pa.table(  # a null list reads as an empty piece
         {c: [None if c != "sha256" else "zzzz"] for c in NOTES_SCHEMA.names}, NOTES_SCHEMA)])
     keep = {r["sha256"] for r in rows if rng.random() < 0.6} | {"zzzz", "absent"}
-    for wanted in (None, keep):
+    block = set(sorted(r["sha256"] for r in rows)[5:12])  # one run of rows, unless shuffled
+    for wanted in (None, keep, block):
         got = fp.notes_from_table(table, keep=None if wanted is None else sorted(wanted))
         plain = sorted((r for r in rows if wanted is None or r["sha256"] in wanted),
                        key=lambda r: r["sha256"])
-        assert got.sha256.tolist() == [r["sha256"] for r in plain] + ["zzzz"]
-        assert got.lengths.tolist() == [len(r["pitch"]) for r in plain] + [0]
+        null = [] if wanted is block else ["zzzz"]
+        assert got.sha256.tolist() == [r["sha256"] for r in plain] + null
+        assert got.lengths.tolist() == [len(r["pitch"]) for r in plain] + [0] * len(null)
         for col in ("onset", "duration", "pitch", "is_drum", "track"):
             parts = [np.asarray(r[col]) for r in plain]
             assert np.array_equal(getattr(got, col), np.concatenate(parts)), col

@@ -41,6 +41,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel
 from scipy.sparse import csr_array
 
+from pipeline.core.arrays import isin
 from pipeline.core.splits import SPLIT_NAMES, unit_hashes
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody, similarity
@@ -686,8 +687,8 @@ def partner_in_train(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str) 
     for col, name in (("cluster_id", "cluster"), ("group", "metadata_group")):
         train_keys = set(pieces.loc[pieces[split_col] == "train", col]) - {""}
         is_test = pieces[split_col] == "test"
-        out[f"test_with_{name}_mate_in_train"] = int(pieces.loc[is_test, col]
-                                                     .isin(train_keys).sum())
+        out[f"test_with_{name}_mate_in_train"] = int(isin(pieces.loc[is_test, col],
+                                                          train_keys).sum())
     return out
 
 

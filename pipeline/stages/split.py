@@ -54,6 +54,7 @@ from scipy.sparse import coo_array
 from scipy.sparse.csgraph import connected_components
 
 from pipeline.core import artifacts
+from pipeline.core.arrays import isin
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_hash
 from pipeline.music import fingerprints as fp
@@ -165,7 +166,7 @@ def group_keys(files: pd.DataFrame, clusters: pd.DataFrame) -> pd.Series:
     ("" = no label). ``clusters``: dedupe's ``sha256``/``cluster_id`` for every ok piece.
     """
     shas = np.sort(clusters["sha256"].unique())
-    labelled = files[(files["group"] != "") & files["sha256"].isin(shas)]
+    labelled = files[(files["group"] != "").to_numpy() & isin(files["sha256"], shas)]
     labels = np.sort(labelled["group"].unique())
     n_s = shas.size
     node_of_sha = pd.Series(np.arange(n_s), index=shas)
@@ -266,11 +267,11 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
                  "moved_pieces": len(moved),
                  "moved": moved[:MAX_MOVED_LISTED], "compared_with_previous": prev is not None,
                  # ok pieces dedupe did not see (a stale data/dedupe): reported, never split
-                 "ok_missing_from_dedupe": int((~man.loc[man["status"] == "ok", "sha256"]
-                                                .isin(clusters["sha256"])).sum())}
+                 "ok_missing_from_dedupe": int((~isin(man.loc[man["status"] == "ok", "sha256"],
+                                                      clusters["sha256"])).sum())}
     if prev is not None:  # pieces that entered or left (e.g. a new, fuller copy was kept instead)
-        out["pieces_added"] = int((~table["sha256"].isin(prev["sha256"])).sum())
-        out["pieces_removed"] = int((~prev["sha256"].isin(table["sha256"])).sum())
+        out["pieces_added"] = int((~isin(table["sha256"], prev["sha256"])).sum())
+        out["pieces_removed"] = int((~isin(prev["sha256"], table["sha256"])).sum())
     for s in SPLIT_NAMES:
         mask = (table["split"] == s).to_numpy()
         out[f"{s}_pieces"] = int(counts.get(s, 0))

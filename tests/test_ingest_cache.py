@@ -154,6 +154,10 @@ def index_of(raw: Path, path: Path) -> Path:
 
 def test_notes_are_streamed_in_whole_row_groups(corpus: Path, tmp_path: Path, monkeypatch):
     plain = outputs(corpus, tmp_path / "plain", None)
+    n = pq.ParquetFile(tmp_path / "plain" / "notes.parquet").metadata.num_rows
+    monkeypatch.setattr(ingest_mod, "ROW_GROUP_ROWS", n)  # one whole group, no empty one after
+    outputs(corpus, tmp_path / "exact", None, workers=2)
+    assert pq.ParquetFile(tmp_path / "exact" / "notes.parquet").metadata.num_row_groups == 1
     monkeypatch.setattr(ingest_mod, "ROW_GROUP_ROWS", 4)
     cache = tmp_path / "cache"
     small = outputs(corpus, tmp_path / "small", cache, workers=2)
@@ -171,6 +175,16 @@ def test_notes_are_streamed_in_whole_row_groups(corpus: Path, tmp_path: Path, mo
     assert outputs(corpus, tmp_path / "warm", cache, workers=2) == grown
     shas = pq.read_table(tmp_path / "warm" / "notes.parquet", columns=["sha256"])
     assert shas["sha256"].to_pylist() == sorted(set(shas["sha256"].to_pylist()))
+
+
+def test_no_ok_file_gives_an_empty_notes_table(tmp_path: Path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "text.mid").write_text("not MIDI")
+    (raw / "empty.mid").write_bytes(b"")
+    outputs(raw, tmp_path / "out", tmp_path / "cache", workers=2)
+    table = pq.read_table(tmp_path / "out" / "notes.parquet")
+    assert table.num_rows == 0 and table.schema.names == ingest_mod.NOTES_SCHEMA.names
 
 
 def test_the_corpus_index_gives_the_same_outputs(corpus: Path, tmp_path: Path):

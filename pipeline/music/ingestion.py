@@ -599,7 +599,7 @@ def run(
             "by_status": {s: by_status.get(s, 0) for s in ("ok", "quarantined", "duplicate")},
             "by_reason": {r: by_reason.get(r, 0) for r in REASONS},
             "n_unresolved_sources": unresolved,
-            "n_notes_ok": int(rows["n_notes"][ok].sum()),
+            "n_notes_ok": int(rows["n_notes"].filled(0)[ok].sum()),  # none ok: 0, not masked
         },
     )
     return summary
@@ -623,21 +623,22 @@ def notes_writer(path: Path) -> Iterator[Callable[[pa.Table], None]]:
     with artifacts.atomic_path(path) as tmp, \
             pq.ParquetWriter(tmp, NOTES_SCHEMA, **artifacts.PARQUET_OPTIONS) as writer:
         pending: list[pa.Table] = []
-        count = 0
+        count = total = 0
 
         def put(table: pa.Table) -> None:
-            nonlocal pending, count
+            nonlocal pending, count, total
             pending.append(table)
             count += table.num_rows
             if count >= ROW_GROUP_ROWS:
                 rows = pa.concat_tables(pending)
                 cut = count - count % ROW_GROUP_ROWS
                 writer.write_table(rows.slice(0, cut), row_group_size=ROW_GROUP_ROWS)
-                pending, count = [rows.slice(cut)], count - cut
+                pending, count, total = [rows.slice(cut)], count - cut, total + cut
 
         yield put
-        writer.write_table(pa.concat_tables([pa.Table.from_batches([], NOTES_SCHEMA), *pending]),
-                           row_group_size=ROW_GROUP_ROWS)
+        if count or not total:  # the rest (a table without rows still gets its one empty group)
+            writer.write_table(pa.concat_tables([pa.Table.from_batches([], NOTES_SCHEMA),
+                                                 *pending]), row_group_size=ROW_GROUP_ROWS)
 
 
 def _notes_table(r: Results) -> pa.Table:

@@ -7,7 +7,7 @@ calls per 20,000 pieces: 6.4 of its 27.7 s there.
 
 :func:`isin` exists because pandas' ``Series.isin`` on Arrow-backed strings (what pandas reads
 from Parquet here) builds a pyarrow scalar for every value looked for: 0.48 s for 100,000 sha256
-against 0.02 s for Arrow's own hash set, and the split stage made four such calls per run.
+against 0.02 s for Arrow's own hash set, and the split stage made up to eight such calls per run.
 """
 
 from __future__ import annotations

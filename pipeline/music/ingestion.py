@@ -180,12 +180,6 @@ def _no_notes(col: str) -> np.ndarray:
     return np.zeros(0, NOTES_SCHEMA.field(col).type.value_type.to_pandas_dtype())
 
 
-# What became of each file in a worker.
-HASHED = 0  # not parsed: empty, larger than max_file_bytes, or a later copy of a file's bytes
-CACHED = 1  # its sha256 has a cached result: not parsed
-INSPECTED = 2  # parsed and judged by inspect_many
-FAILED = 3  # its worker crashed, hung or raised: quarantined, never cached
-
 INT_FACTS = ("n_notes", "n_tracks", "tpq")
 FLOAT_FACTS = ("duration_s", "duration_beats")
 
@@ -194,14 +188,14 @@ FLOAT_FACTS = ("duration_s", "duration_beats")
 class Results:
     """Per-file results as columns, in file order: a worker returns one per chunk (a few arrays
     and string lists cross the process boundary, not a dict per file), the parent joins them.
+    ``failed`` marks files whose worker crashed, hung or raised (quarantined, never cached);
     ``parsed`` marks rows whose facts (``ints``: INT_FACTS, ``floats``: FLOAT_FACTS) are set;
     ``counts`` is the number of notes kept (0 unless the file is ok); ``chunks`` holds the kept
     notes as (rows, notes of those rows concatenated) for consecutive runs of rows: one per
-    worker's chunk, kept apart when results are joined (the notes are copied once, when the
-    table is sorted for writing, not also here)."""
+    worker's chunk, written to the notes table as they are (:func:`_notes_table`)."""
 
     sha256: list[str]
-    state: np.ndarray
+    failed: np.ndarray
     reason: list[str]
     detail: list[str]
     note_hash: list[str]
@@ -213,7 +207,7 @@ class Results:
 
     @classmethod
     def empty(cls, n: int) -> Results:
-        return cls([""] * n, np.zeros(n, np.int8), [""] * n, [""] * n, [""] * n,
+        return cls([""] * n, np.zeros(n, bool), [""] * n, [""] * n, [""] * n,
                    np.zeros(n, bool), np.zeros((n, len(INT_FACTS)), np.int64),
                    np.zeros((n, len(FLOAT_FACTS)), np.float64), np.zeros(n, np.int64),
                    [(n, {c: _no_notes(c) for c in NOTE_COLUMNS})])
@@ -233,7 +227,7 @@ class Results:
             return cls.empty(0)
         return cls(
             [h for p in parts for h in p.sha256],
-            np.concatenate([p.state for p in parts]),
+            np.concatenate([p.failed for p in parts]),
             [v for p in parts for v in p.reason],
             [v for p in parts for v in p.detail],
             [v for p in parts for v in p.note_hash],
@@ -314,7 +308,6 @@ def _inspect_chunk(task: tuple[str, list[str], IngestConfig]) -> Results:
         out.sha256[k] = hashlib.sha256(datas[-1]).hexdigest()
     rows, notes = inspect_many(datas, cfg)
     out.chunks = [(len(rels), notes)]
-    out.state[:] = INSPECTED
     for k, r in enumerate(rows):
         out.set(k, r)
         if "note_hash" in r:
@@ -406,7 +399,7 @@ def inspect_all(root: str, rels: list[str], sizes: list[int], cfg: IngestConfig,
             if isinstance(one, ItemFailure):
                 kind = one.kind if one.kind in {"timeout", "crash"} else "corrupt"
                 one = Results.empty(1)
-                one.state[0] = FAILED
+                one.failed[0] = True
                 one.reason[0], one.detail[0] = kind, by_file[i].message
             parts.append(one)
         on_chunk(spans[c][0], Results.concat(parts))
@@ -510,9 +503,8 @@ def run(
 
     res = Results.empty(n)
     res.sha256 = file_hashes(root, rel_paths, sizes, index, workers)
-    first: dict[str, int] = {}  # each content's first file, the one judged
-    for i, h in enumerate(res.sha256):
-        first.setdefault(h, i)
+    first: dict[str, int] = {}  # each content's first file (in the given order), the one judged
+    canon = np.array([first.setdefault(h, i) for i, h in enumerate(res.sha256)], np.int64)
     judged = [i for i in first.values() if parse[i]]
 
     cache = ResultCache(cache_dir, cfg) if cache_dir is not None else None
@@ -521,7 +513,7 @@ def run(
         cached = cache.lookup({res.sha256[i] for i in judged} & cache.keys.keys())
     row_of = {h: j for j, h in enumerate(cached["sha256"].to_pylist())}
     hits = np.array([i for i in judged if res.sha256[i] in row_of], np.int64)
-    _fill(res, hits, _from_table(cached, [row_of[res.sha256[i]] for i in hits]), CACHED)
+    _fill(res, hits, _from_table(cached, [row_of[res.sha256[i]] for i in hits]))
     # The cached notes to write, in sha256 order: ok files only (quarantined ones have none).
     has_notes = from_arrow(pc.list_value_length(cached["pitch"])) > 0
     keep = sorted((h, j) for h, j in row_of.items() if has_notes[j])
@@ -572,8 +564,8 @@ def run(
             end = written["todo"] + len(r.sha256)
             put_notes(with_cached(_notes_table(r), res.sha256[todo[end]] if end < len(todo)
                                   else None))
-            new = r.state == INSPECTED
-            put_cache(r.table() if new.all() else r.table().filter(to_arrow(new, pa.bool_())))
+            put_cache(r.table().filter(to_arrow(~r.failed, pa.bool_())) if r.failed.any()
+                      else r.table())
             _fill(res, np.array(todo[written["todo"]:end]), r)
             r.chunks = []
             written["todo"] = end
@@ -584,7 +576,7 @@ def run(
                     runtime.progress, on_chunk, closing)
         put_notes(with_cached(pa.Table.from_batches([], NOTES_SCHEMA), None))
 
-    rows = _manifest_columns(rel_paths, sizes, res, cfg)
+    rows = _manifest_columns(rel_paths, sizes, res, canon, cfg)
     _add_metadata(rows, rel_paths, meta, extra_cols)
     write_manifest(rows, extra_cols, manifest)
     join_all(closing)
@@ -669,24 +661,21 @@ def _from_table(table: pa.Table, rows: list[int]) -> Results:
     return out
 
 
-def _fill(dst: Results, rows: np.ndarray, src: Results, state: int | None = None) -> None:
+def _fill(dst: Results, rows: np.ndarray, src: Results) -> None:
     """Rows ``rows`` of ``dst`` from the rows of ``src``, in order (not their sha256 nor notes)."""
     if not len(rows):
         return
-    dst.state[rows] = src.state if state is None else state
     dst.parsed[rows], dst.ints[rows], dst.floats[rows] = src.parsed, src.ints, src.floats
     for k, i in enumerate(rows.tolist()):
         dst.reason[i], dst.detail[i], dst.note_hash[i] = \
             src.reason[k], src.detail[k], src.note_hash[k]
 
 
-def _manifest_columns(rel_paths: list[str], sizes: np.ndarray, res: Results,
+def _manifest_columns(rel_paths: list[str], sizes: np.ndarray, res: Results, canon: np.ndarray,
                       cfg: IngestConfig) -> dict:
     """The manifest's computed columns. Exact duplicates (same sha256) take every verdict and fact
-    of the first such path in the given order, their canonical file."""
+    of the first such path in the given order, their canonical file (``canon``: its row)."""
     n = len(rel_paths)
-    first: dict[str, int] = {}
-    canon = np.array([first.setdefault(h, i) for i, h in enumerate(res.sha256)], np.int64)
     dup = canon != np.arange(n)
     reason = np.array(res.reason, dtype=object)
     detail = np.array(res.detail, dtype=object)

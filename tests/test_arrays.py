@@ -74,3 +74,19 @@ def test_isin_equals_pandas(values, allowed):
         for a in (allowed, set(allowed), pd.Series(allowed, dtype="string[pyarrow]")):
             got = isin(v, a)
             assert got.dtype == bool and got.tolist() == want.tolist()
+
+
+def test_list_array_rows_and_chunks():
+    import pyarrow as pa
+
+    from pipeline.core.arrays import list_array
+
+    type_ = pa.list_(pa.int32())
+    parts = [np.arange(n, dtype=np.int32) + n for n in (3, 0, 5, 2, 7)]
+    want = [p.tolist() for p in parts]
+    whole = list_array(parts, type_)
+    assert isinstance(whole, pa.Array) and whole.type == type_ and whole.to_pylist() == want
+    chunked = list_array(parts, type_, limit=6)  # 3+0 | 5 | 2 | 7 (one row above the limit)
+    assert [len(c) for c in chunked.chunks] == [2, 1, 1, 1]
+    assert chunked.to_pylist() == want
+    assert list_array([], type_).to_pylist() == []

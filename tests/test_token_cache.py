@@ -12,12 +12,17 @@ from hypothesis import strategies as st
 from symusic import Note, Score, Track
 
 from pipeline.tokens.cache import (
+    FORMAT,
+    HEADER,
+    SEGMENT_SCHEMA,
     Encoding,
+    Entries,
     SeqEncoding,
     SourceError,
     TokenCache,
     config_key,
     encode_file,
+    entry_ok,
     f1_from_counts,
     match_counts,
     multiset_matches,
@@ -460,7 +465,8 @@ def test_chunk_size_stays_within_bounds(n_jobs, workers):
 
 def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
     """Twenty files: two chunks (two cache segments, not one per file or two); the entries
-    and results are the same for one and two workers and equal each file encoded alone."""
+    are the same for one and two workers, with or without a store (then returned packed, else
+    left in the store), and equal each file encoded alone."""
     from pipeline.core.artifacts import sha256_file
     from pipeline.core.parallel import join_all
     from pipeline.tokens.cache import MIN_CHUNK, encode_missing
@@ -476,13 +482,132 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
     for workers in (1, 2):
         store = TokenCache(tmp_path / f"cache{workers}", "k")
         closing = []
-        runs[workers] = encode_missing(jobs, factory, store, workers=workers, timeout_s=60,
-                                       show_progress=False, closing=closing)
+        got = encode_missing(jobs, factory, store, workers=workers, timeout_s=60,
+                             show_progress=False, closing=closing)
         join_all(closing)
+        assert got == {sha: {0: None} for sha, _, _ in jobs}
         assert len(store.segments()) == -(-len(jobs) // MIN_CHUNK)
-        assert store.load().keys() == {(sha, 0) for sha, _, _ in jobs}
+        runs[workers] = {sha: enc for (sha, _), enc in store.load().items()}
+    got = encode_missing(jobs, factory, None, workers=2, timeout_s=60, show_progress=False)
+    runs[0] = {sha: unpack(r[0]) for sha, r in got.items()}
     tok = make_tokenizer(*factory[1:])
     for sha, path, transposes in jobs:
         alone = encode_file(tok, Path(path), sha, transposes)[0]
-        assert_same(runs[1][sha][0], alone)
-        assert_same(runs[2][sha][0], alone)
+        for run in runs.values():
+            assert_same(run[sha], alone)
+
+
+@pytest.mark.parametrize("arr", [
+    np.zeros(0, np.int32), np.array([FORMAT, 0, 1], np.int32), np.array([1, 0, 0, 0], np.int32),
+    np.array([FORMAT, -1, 0, 0], np.int32), np.array([FORMAT, 5, 0, 0], np.int32),
+    np.array([FORMAT, 0, 0, 0], np.int64), np.array([FORMAT, 0, 3, 0], np.int32),
+], ids=["empty", "short", "magic", "negative", "too-many", "dtype", "empty-ok"])
+def test_entry_ok_agrees_with_unpack(arr):
+    def unpacks(a: np.ndarray) -> bool:
+        try:
+            unpack(a)
+        except ValueError:
+            return False
+        return True
+
+    assert entry_ok(arr) == unpacks(arr)
+    good = pack(Encoding(n_notes_input=9, seqs=(seq(0, 10), seq(1, 0), seq(2, 33, 1))))
+    assert entry_ok(good) and unpacks(good)
+    for bad in (good[:-1], np.append(good, 0).astype(np.int32)):
+        assert not entry_ok(bad) and not unpacks(bad)
+    negative = good.copy()
+    negative[HEADER + 4], negative[HEADER + 5] = -1, negative[HEADER + 5] + 1  # same total
+    assert not entry_ok(negative) and not unpacks(negative)
+
+
+def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch):
+    """Two overlapping segments in row groups of 4: every entry reads back, each needed row
+    group is read once, and a key held twice is read from the first segment."""
+    import pyarrow.parquet as pq
+
+    import pipeline.tokens.cache as cache_mod
+
+    monkeypatch.setattr(cache_mod, "SEGMENT_ROWS", 4)
+    cache = TokenCache(tmp_path, "k")
+    encs = {(f"{i:064x}", t): Encoding(n_notes_input=i, seqs=(seq(-1, 3 + i, i),))
+            for i in range(10) for t in (-2, 0)}
+    items = [(s, t, e) for (s, t), e in sorted(encs.items())]
+    first, second = cache.put_many(items[:14]), cache.put_many(items[10:])
+    assert pq.read_metadata(first).num_row_groups == 4
+    where = cache.locate()
+    assert set(where) == set(encs)
+    assert {where[(s, t)][0] for s, t, _ in items[10:14]} == {min(first, second)}
+    assert cache.locate(set(encs), check=False, segments=[second]).keys() == \
+        {(s, t) for s, t, _ in items[10:]}
+    reads = []
+    original = pq.ParquetFile.read_row_group
+
+    def counting(self, i, *args, **kwargs):
+        reads.append(i)
+        return original(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    entries = Entries()
+    entries.where = where
+    for key in sorted(encs):  # one at a time: a held row group serves the next key
+        assert_same(entries.get([key])[key], encs[key])
+    assert len(reads) == len({(seg, row // 4) for seg, row in where.values()})
+    entries.close()
+    monkeypatch.setattr(cache_mod, "HELD_BYTES", 1)  # one row group at a time
+    entries = Entries()
+    entries.where = where
+    for key in sorted(encs, reverse=True):
+        assert_same(entries.get([key])[key], encs[key])
+        assert len(entries._held) == 1
+
+
+def test_entries_refuse_a_store_changed_during_the_run(tmp_path):
+    cache = TokenCache(tmp_path, "k")
+    enc = Encoding(n_notes_input=2, seqs=(seq(-1, 5),))
+    seg = cache.put_many([("ab" * 32, 0, enc)])
+    entries = Entries()
+    entries.where = cache.locate()
+    entries.packed[("cd" * 32, 0)] = pack(enc)
+    assert ("cd" * 32, 0) in entries and ("ef" * 32, 0) not in entries
+    assert_same(entries.get([("cd" * 32, 0)])[("cd" * 32, 0)], enc)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"sha256": ["ab" * 32], "transpose": [0], "entry": [b"garbage!"]},
+                            schema=SEGMENT_SCHEMA), seg)
+    with pytest.raises(ValueError, match="changed during the run"):
+        entries.get([("ab" * 32, 0)])
+
+
+def test_compaction_opens_a_segment_once_the_merge_reaches_its_keys(tmp_path, monkeypatch):
+    """Eight segments over separate key ranges (a full run's chunks) and one across them merge
+    into one sorted segment with every entry once, holding at most two segments open."""
+    import pyarrow.parquet as pq
+
+    cache = TokenCache(tmp_path, "k")
+    keys = [f"{i:064x}" for i in range(40)]
+    encs = {(k, 0): Encoding(n_notes_input=i, seqs=(seq(-1, 3 + i % 5),))
+            for i, k in enumerate(keys)}
+    encs[(keys[33], 2)] = Encoding(n_notes_input=1, seqs=())
+    for lo in range(0, 40, 5):
+        cache.put_many([(k, 0, encs[(k, 0)]) for k in keys[lo : lo + 5]])
+    cache.put_many([(keys[7], 0, encs[(keys[7], 0)]), (keys[33], 2, encs[(keys[33], 2)])])
+    open_now = most = 0
+    original = TokenCache._rows
+
+    def counting(self, seg, rank):
+        nonlocal open_now, most
+        open_now += 1
+        most = max(most, open_now)
+        yield from original(self, seg, rank)
+        open_now -= 1
+
+    monkeypatch.setattr(TokenCache, "_rows", counting)
+    assert cache.compact(fanout=8) == 9 and most == 2
+    [seg] = cache.segments()
+    table = pq.read_table(seg)
+    stored = list(zip(table["sha256"].to_pylist(), table["transpose"].to_pylist(), strict=True))
+    assert stored == sorted(encs)
+    loaded = cache.load()
+    for key, enc in encs.items():
+        assert_same(loaded[key], enc)

@@ -147,6 +147,44 @@ def test_incremental_and_interrupted_runs_encode_only_missing(reference, corpus_
     assert output_bytes(root) == output_bytes(fresh)
 
 
+def test_batches_and_row_groups_leave_the_tables_unchanged(reference, tmp_path, monkeypatch):
+    """Trained and assembled three pieces at a time, the outputs are the reference's bytes;
+    written in row groups of four rows, the tables hold the same rows."""
+    import pyarrow.parquet as pq
+
+    import pipeline.stages.tokenize as stage
+
+    root = tmp_path / "batches"
+    shutil.copytree(reference, root)
+    monkeypatch.setattr(stage, "BATCH", 3)
+    assert run_stage(root).encoded == 0
+    assert output_bytes(root) == output_bytes(reference)
+    monkeypatch.setattr(stage, "ROW_GROUP_ROWS", 4)
+    run_stage(root)
+    for name in ("tokens", "augmented"):
+        meta = pq.read_metadata(root / f"data/tokens/{name}.parquet")
+        sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        assert len(sizes) > 1 and set(sizes[:-1]) == {4} and 0 < sizes[-1] <= 4
+        assert pq.read_table(root / f"data/tokens/{name}.parquet").equals(
+            pq.read_table(reference / f"data/tokens/{name}.parquet"))
+
+
+def test_a_corrupt_cache_entry_is_encoded_again(reference, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "corrupt"
+    shutil.copytree(reference, root)
+    [key] = [p.name for p in (root / "data/token_cache").iterdir()]
+    seg = TokenCache(root / "data/token_cache", key).segments()[0]
+    table = pq.read_table(seg)
+    entries = table.column("entry").to_pylist()
+    entries[0] = entries[0][:-4]  # one int32 short: not an entry
+    pq.write_table(table.set_column(2, "entry", pa.array(entries, pa.binary())), seg)
+    assert run_stage(root).encoded == 1
+    assert output_bytes(root) == output_bytes(reference)
+
+
 def test_ids_equal_plain_miditok_encode(reference, corpus_files):
     """The stage's cached base ids + model equal miditok's own ``encode`` with the saved file."""
     tok = miditok.REMI(params=reference / "data/tokenizer.json")

@@ -78,3 +78,24 @@ def lex_order(*keys: np.ndarray) -> np.ndarray:
             packed <<= np.uint64(width)
             packed |= a.astype(np.uint64) - np.uint64(lo % 2**64)
     return np.argsort(packed, kind="stable")
+
+
+def list_array(parts: list[np.ndarray], type_: object,
+               limit: int = int(np.iinfo(np.int32).max)) -> object:
+    """An Arrow list column (``type_``: ``pa.list_(...)``) with one row per array of ``parts``,
+    from one concatenation and its offsets: converting a list of arrays row by row cost seconds
+    per 100,000 rows. Chunked so that no chunk holds more than ``limit`` values (the type's
+    32-bit offsets) unless one row alone does."""
+    import pyarrow as pa
+
+    lengths = np.fromiter((len(p) for p in parts), np.int64, len(parts))
+    chunks, start = [], 0
+    while start < len(parts) or not chunks:
+        ends = np.cumsum(lengths[start:])
+        stop = min(len(parts), start + max(1, int(np.searchsorted(ends, limit, side="right"))))
+        offsets = np.concatenate([[0], ends[: stop - start]])
+        values = np.concatenate(parts[start:stop]) if stop > start else np.zeros(0, np.int64)
+        chunks.append(pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                               pa.array(values, type_.value_type), type=type_))
+        start = stop
+    return chunks[0] if len(chunks) == 1 else pa.chunked_array(chunks, type_)

@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +198,53 @@ def to_table(df: Any, schema: pa.Schema | None = None) -> pa.Table:
     else:
         table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     return table.replace_schema_metadata(None)
+
+
+ROW_GROUP_ROWS = 2048
+"""Rows per row group of a Parquet output written as a stream (:func:`table_writer`)."""
+
+
+@contextlib.contextmanager
+def table_writer(path: Path | str, schema: pa.Schema, rows_per_group: int = ROW_GROUP_ROWS
+                 ) -> Iterator[Callable[[pa.Table], None]]:
+    """Write a Parquet output as a stream: ``put(table)`` rows in their final order, any number
+    of times, with :data:`PARQUET_OPTIONS`. Row groups hold exactly ``rows_per_group`` rows (the
+    last one fewer) however the rows came, so the file's bytes depend only on its rows (a table
+    of at most ``rows_per_group`` rows gives the bytes of :func:`write_parquet`); it is renamed
+    into place when the block ends without an error.
+
+    Each row group is encoded in a thread while the caller makes the next one (pyarrow encodes
+    a file on one thread, without the GIL); at most one group waits, so memory stays about two
+    groups."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, **PARQUET_OPTIONS) as writer, \
+            ThreadPoolExecutor(1, thread_name_prefix="table_writer") as pool:
+        pending: list[pa.Table] = []
+        count = total = 0
+        last: Future | None = None
+
+        def write(rows: pa.Table) -> None:
+            nonlocal last
+            if last is not None:
+                last.result()  # in order, and an error of the last group surfaces here
+            last = pool.submit(writer.write_table, rows, row_group_size=rows_per_group)
+
+        def put(table: pa.Table) -> None:
+            nonlocal pending, count, total
+            pending.append(table)
+            count += table.num_rows
+            if count >= rows_per_group:
+                rows = pa.concat_tables(pending)
+                cut = count - count % rows_per_group
+                write(rows.slice(0, cut))
+                pending, count, total = [rows.slice(cut)], count - cut, total + cut
+
+        yield put
+        if count or not total:  # the rest (a table without rows still gets its one empty group)
+            write(pa.concat_tables([pa.Table.from_batches([], schema), *pending]))
+        if last is not None:
+            last.result()
 
 
 def write_parquet(path: Path | str, df: Any, schema: pa.Schema | None = None) -> None:

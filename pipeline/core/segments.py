@@ -31,6 +31,9 @@ from pipeline.core import artifacts
 
 SEGMENT_OPTIONS = dict(compression="zstd", compression_level=1, use_dictionary=False)
 """zstd 1 without dictionaries: a third of the uncompressed size, fast to read back."""
+SEGMENT_ROWS = 1024
+"""Rows per row group at most: pyarrow reads row groups in parallel, and a segment written as one
+group (671 MB of dedupe's per-piece features at 100,000 pieces) was read on one thread."""
 
 
 class SegmentStore:
@@ -109,7 +112,7 @@ class SegmentStore:
             new = table[self.key].to_pylist()
             name.update((("\n" if keys else "") + "\n".join(new)).encode())
             keys.extend(new)
-            writer.write_table(table.cast(self.schema))
+            writer.write_table(table.cast(self.schema), row_group_size=SEGMENT_ROWS)
 
         try:
             yield put
@@ -145,7 +148,7 @@ class SegmentStore:
         name = hashlib.sha256("\n".join(table[self.key].to_pylist()).encode()).hexdigest()[:20]
         path = self.dir / f"seg-{name}.parquet"
         with artifacts.atomic_path(path) as tmp:
-            pq.write_table(table, tmp, **SEGMENT_OPTIONS)
+            pq.write_table(table, tmp, row_group_size=SEGMENT_ROWS, **SEGMENT_OPTIONS)
         if path not in self.segments:
             self.segments.append(path)
         return path

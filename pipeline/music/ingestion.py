@@ -45,7 +45,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from pipeline.core import artifacts
@@ -602,35 +601,14 @@ def _discard() -> Iterator[Callable[[pa.Table], None]]:
     yield lambda table: None
 
 
-ROW_GROUP_ROWS = 2048
+ROW_GROUP_ROWS = artifacts.ROW_GROUP_ROWS
 """Pieces per row group of the notes table (about 20 MB of notes for pieces of 400 notes)."""
 
 
-@contextlib.contextmanager
-def notes_writer(path: Path) -> Iterator[Callable[[pa.Table], None]]:
-    """Write the notes table as a stream: ``put(table)`` rows in their final order, any number
-    of times. Row groups hold exactly ROW_GROUP_ROWS rows (the last one fewer) however the rows
-    came, so the file's bytes depend only on its rows; it is renamed into place when the block
-    ends without an error."""
-    with artifacts.atomic_path(path) as tmp, \
-            pq.ParquetWriter(tmp, NOTES_SCHEMA, **artifacts.PARQUET_OPTIONS) as writer:
-        pending: list[pa.Table] = []
-        count = total = 0
-
-        def put(table: pa.Table) -> None:
-            nonlocal pending, count, total
-            pending.append(table)
-            count += table.num_rows
-            if count >= ROW_GROUP_ROWS:
-                rows = pa.concat_tables(pending)
-                cut = count - count % ROW_GROUP_ROWS
-                writer.write_table(rows.slice(0, cut), row_group_size=ROW_GROUP_ROWS)
-                pending, count, total = [rows.slice(cut)], count - cut, total + cut
-
-        yield put
-        if count or not total:  # the rest (a table without rows still gets its one empty group)
-            writer.write_table(pa.concat_tables([pa.Table.from_batches([], NOTES_SCHEMA),
-                                                 *pending]), row_group_size=ROW_GROUP_ROWS)
+def notes_writer(path: Path) -> contextlib.AbstractContextManager[Callable[[pa.Table], None]]:
+    """Write the notes table as a stream (:func:`pipeline.core.artifacts.table_writer`):
+    ``put(table)`` rows in their final order; row groups of exactly ROW_GROUP_ROWS rows."""
+    return artifacts.table_writer(path, NOTES_SCHEMA, ROW_GROUP_ROWS)
 
 
 def _notes_table(r: Results) -> pa.Table:

@@ -8,7 +8,8 @@ Inputs: ``data/raw/`` (MIDI), ``data/manifest.parquet`` (``path``, ``sha256``, `
   library version strings are left out so the file is a pure function of config and data;
 - ``data/tokens/tokens.parquet``: one row per sequence of every piece in the splits
   (``sha256``, ``split``, ``track``, ``program``, ``is_drum``, ``ids``, ``n_tokens``, ``n_notes``,
-  ``n_notes_input``, ``roundtrip_f1``, ``flags``), sorted by (``sha256``, ``track``);
+  ``n_notes_input``, ``roundtrip_f1``, ``flags``), sorted by (``sha256``, ``track``), in row
+  groups of ``ROW_GROUP_ROWS`` rows;
 - ``data/tokens/augmented.parquet``: transposed train pieces (``sha256``, ``transpose``,
   ``track``, ``ids``, ``n_tokens``);
 - ``data/tokens/info.json``: vocabulary size, special ids, ``tokenizer_hash``, ``split_hash``;
@@ -18,7 +19,10 @@ Inputs: ``data/raw/`` (MIDI), ``data/manifest.parquet`` (``path``, ``sha256``, `
   seconds of encoding and of the round-trip check, cache hits).
 
 Invariants: the trained vocabulary sees train pieces only; outputs are byte-identical for any
-worker count, file order and cache state; every piece gets a row, failures are flagged.
+worker count, file order, cache state and ``BATCH``; every piece gets a row, failures are
+flagged. With the cache, memory does not grow with the corpus's tokens: encodings are read from
+the store ``BATCH`` pieces at a time (:class:`pipeline.tokens.cache.Entries`) and the tables are
+written as they are assembled.
 """
 
 from __future__ import annotations
@@ -38,13 +42,15 @@ import pandas as pd
 import pyarrow as pa
 from pydantic import Field, field_validator, model_validator
 
+from pipeline.core.arrays import list_array
 from pipeline.core.artifacts import (
+    ROW_GROUP_ROWS,
     read_json,
     read_parquet,
     sha256_bytes,
     sha256_json,
+    table_writer,
     write_json,
-    write_parquet,
     write_sidecar,
     write_text,
 )
@@ -53,6 +59,7 @@ from pipeline.core.parallel import join_all
 from pipeline.core.splits import split_hash as compute_split_hash
 from pipeline.tokens.cache import (
     Encoding,
+    Entries,
     SeqEncoding,
     TokenCache,
     apply_model,
@@ -175,10 +182,15 @@ def split_hash(pieces: pd.DataFrame, split_report: Path | None) -> tuple[str, bo
     return ours, None
 
 
+BATCH = 2048
+"""Pieces assembled at once: the stage holds one batch's encodings, whatever the corpus size."""
+
+
 def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest: Path,
         splits: Path, split_report: Path | None, tokenizer_out: Path, tokens_dir: Path,
         cache_dir: Path | None, report: Path, prune_cache: bool = False) -> TokenizeSummary:
-    """Tokenise every piece of ``splits``; ``cache_dir=None`` encodes everything afresh."""
+    """Tokenise every piece of ``splits``; ``cache_dir=None`` encodes everything afresh (and
+    holds every encoding in memory until the tables are written)."""
     t0 = time.perf_counter()
     base = make_tokenizer_checked(cfg)
     key = config_key(cfg.tokenizer, base.config.to_dict(serialize=True))
@@ -188,14 +200,17 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     wanted: dict[str, tuple[int, ...]] = {}
     for sha, split, path in zip(pieces["sha256"], pieces["split"], pieces["path"], strict=True):
         if path is not None:
-            wanted[sha] = (0, *sorted(cfg.transpose)) if split == "train" else (0,)
+            wanted[sha] = tuple(sorted((0, *cfg.transpose))) if split == "train" else (0,)
     keys = {(sha, t) for sha, ts in wanted.items() for t in ts}
-    encodings: dict[tuple[str, int], Encoding] = cache.load(keys) if cache else {}
+    entries = Entries()
+    before = _segment_ids(cache)
+    if cache is not None:
+        entries.where = cache.locate(keys)
     jobs = []
     for sha, path in zip(pieces["sha256"], pieces["path"], strict=True):
         if path is None:
             continue
-        todo = tuple(t for t in wanted[sha] if (sha, t) not in encodings)
+        todo = tuple(t for t in wanted[sha] if (sha, t) not in entries)
         if todo:
             jobs.append((sha, path, todo))
     t_plan = time.perf_counter()
@@ -205,19 +220,28 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     results = encode_missing(jobs, (make_tokenizer, cfg.tokenizer, cfg.config), cache,
                              workers=runtime.n_workers(), timeout_s=cfg.timeout_s,
                              show_progress=runtime.progress, seconds=worker_s, closing=closing)
+    fresh: set[tuple[str, int]] = set()
     for sha, res in results.items():
         if isinstance(res, dict):
-            encodings.update({(sha, t): e for t, e in res.items()})
+            fresh.update((sha, t) for t in res)
+            entries.packed.update({(sha, t): a for t, a in res.items() if a is not None})
         else:
             failures[sha] = res
+    if cache is not None and fresh:  # written by the workers: read from the segments they added
+        after = _segment_ids(cache)
+        added = [seg for seg, ino in after.items() if before.get(seg) != ino]
+        entries.where.update(cache.locate(fresh, check=False, segments=added))
+        if lost := fresh - entries.where.keys():
+            raise ValueError(f"{cache.dir}: {len(lost)} entries written in this run are missing "
+                             "(was the cache changed meanwhile?); run the stage again")
     t_encode = time.perf_counter()
-    compacted = cache.compact() if cache is not None else 0
-    t_compact = time.perf_counter()
 
     base_vocab = len(base.vocab)
-    tokenizer, trained_on = train_model(cfg, base, pieces, encodings)
-    final = apply_model(tokenizer, encodings)
-    tokens, augmented, stats = build_tables(tokenizer, pieces, encodings, final, failures)
+    tokenizer, trained_on = train_model(cfg, base, pieces, entries)
+    t_train = time.perf_counter()
+    stats = write_tables(tokenizer, pieces, wanted, entries, failures,
+                         tokens_dir / "tokens.parquet", tokens_dir / "augmented.parquet")
+    entries.close()
     t_assemble = time.perf_counter()
 
     tok_dict = {k: v for k, v in tokenizer.to_dict().items() if not k.endswith("_version")}
@@ -236,12 +260,12 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
                "model_trained_on_hash": sha256_json(train_shas),
                "split_hash_matches_split_report": s_agrees}
     write_text(tokenizer_out, tok_text)
-    write_parquet(tokens_dir / "tokens.parquet", tokens)
-    write_parquet(tokens_dir / "augmented.parquet", augmented)
     info.write(tokens_dir / "info.json")
     write_json(report, metrics)
     join_all(closing)
     t_write = time.perf_counter()
+    compacted = cache.compact() if cache is not None else 0
+    t_compact = time.perf_counter()
 
     pruned = 0
     if prune_cache and cache is not None:
@@ -249,17 +273,24 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     encoded = len(jobs)
     write_sidecar(report.with_name(report.stem + ".env.json"), {
         "seconds": {"plan": t_plan - t0, "encode": t_encode - t_plan,
-                    "cache_compact": t_compact - t_encode, "assemble": t_assemble - t_compact,
-                    "write": t_write - t_assemble, "total": time.perf_counter() - t0},
+                    "train": t_train - t_encode, "assemble": t_assemble - t_train,
+                    "write": t_write - t_assemble, "cache_compact": t_compact - t_write,
+                    "total": time.perf_counter() - t0},
         # summed over worker processes: encoding (all of it), of which the round-trip check
         # and writing cache segments
         "worker_seconds": {k: worker_s.get(k, 0.0) for k in ("encode", "check", "cache_write")},
         "workers": runtime.n_workers(), "files_encoded": encoded,
         "files_reused": len(wanted) - encoded, "cache_key": key,
         "cache_segments_merged": compacted, "cache_pruned": pruned})
-    return TokenizeSummary(pieces=len(pieces), rows=len(tokens), vocab_size=len(tokenizer),
-                           encoded=encoded, reused=len(wanted) - encoded,
-                           flagged=stats["flagged_pieces"], pruned=pruned)
+    return TokenizeSummary(pieces=len(pieces), rows=stats["sequences"],
+                           vocab_size=len(tokenizer), encoded=encoded,
+                           reused=len(wanted) - encoded, flagged=stats["flagged_pieces"],
+                           pruned=pruned)
+
+
+def _segment_ids(cache: TokenCache | None) -> dict[Path, int]:
+    """Each segment's inode: a segment rewritten under the same name (atomically) gets another."""
+    return {seg: seg.stat().st_ino for seg in cache.segments()} if cache is not None else {}
 
 
 def make_tokenizer_checked(cfg: TokenizeConfig) -> Any:
@@ -279,32 +310,36 @@ class TrainingCorpus:
     """What ``tokenizer.train`` receives: train pieces only, sorted; records every sha256 read.
 
     Mirrors ``miditok.TokTrainingIterator`` (empty bar/beat chunks dropped) but reads the cached
-    base encodings instead of re-encoding files.
+    base encodings instead of re-encoding files, ``BATCH`` pieces at a time.
     """
 
-    def __init__(self, tokenizer: Any, byte_table: list[str],
-                 items: list[tuple[str, tuple[SeqEncoding, ...]]]) -> None:
-        self.tokenizer, self.byte_table, self.items = tokenizer, byte_table, items
+    def __init__(self, tokenizer: Any, byte_table: list[str], entries: Entries,
+                 shas: list[str]) -> None:
+        self.tokenizer, self.byte_table, self.entries, self.shas = \
+            tokenizer, byte_table, entries, shas
         self.seen: list[str] = []
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.shas)
 
     def __iter__(self):
-        for sha, seqs in self.items:
-            self.seen.append(sha)
-            yield [w for s in seqs for w in words(self.tokenizer, self.byte_table, s) if w]
+        for lo in range(0, len(self.shas), BATCH):
+            part = self.shas[lo : lo + BATCH]
+            encodings = self.entries.get([(s, 0) for s in part])
+            for sha in part:
+                self.seen.append(sha)
+                yield [w for s in encodings[(sha, 0)].seqs
+                       for w in words(self.tokenizer, self.byte_table, s) if w]
 
 
 def train_model(cfg: TokenizeConfig, tokenizer: Any, pieces: pd.DataFrame,
-                encodings: dict[tuple[str, int], Encoding]) -> tuple[Any, list[str]]:
+                entries: Entries) -> tuple[Any, list[str]]:
     """Train ``tokenizer`` (in place) with ``cfg.model`` on the train split's base encodings."""
     if cfg.model == "none":
         return tokenizer, []
     train = sorted(s for s, p in zip(pieces["sha256"], pieces["split"], strict=True)
-                   if p == "train" and (s, 0) in encodings)
-    corpus = TrainingCorpus(tokenizer, base_byte_table(tokenizer),
-                            [(s, encodings[(s, 0)].seqs) for s in train])
+                   if p == "train" and (s, 0) in entries)
+    corpus = TrainingCorpus(tokenizer, base_byte_table(tokenizer), entries, train)
     tokenizer.train(vocab_size=cfg.vocab_size, model=cfg.model, iterator=corpus)
     return tokenizer, sorted(set(corpus.seen))
 
@@ -325,20 +360,52 @@ def _lossy_f1(tokenizer: Any, seq: SeqEncoding, recovered: np.ndarray, one_strea
     return min(seq.roundtrip_f1, f1_from_counts(matched, n_ref, n_dec))
 
 
-def build_tables(tokenizer: Any, pieces: pd.DataFrame,
-                 encodings: dict[tuple[str, int], Encoding],
-                 final: dict[tuple[str, int], list[np.ndarray]],
-                 failures: dict[str, tuple[str, str]],
-                 ) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
-    """tokens and augmented tables (sorted by key) and the report's statistics."""
+def write_tables(tokenizer: Any, pieces: pd.DataFrame, wanted: dict[str, tuple[int, ...]],
+                 entries: Entries, failures: dict[str, tuple[str, str]], tokens_path: Path,
+                 augmented_path: Path) -> dict[str, Any]:
+    """Write the tokens and augmented tables (sorted by key), ``BATCH`` pieces at a time, and
+    return the report's statistics. ``pieces`` is sorted by sha256."""
     table = expansion_table(tokenizer) if tokenizer.is_trained else None
+    summary: list[pa.Table] = []  # the tokens rows without their ids, for the statistics
+    examples: list[dict[str, Any]] = []
+    counts = Counter()
+    with table_writer(tokens_path, TOKENS_SCHEMA, ROW_GROUP_ROWS) as put_tokens, \
+            table_writer(augmented_path, AUGMENTED_SCHEMA, ROW_GROUP_ROWS) as put_augmented:
+        shas, splits = pieces["sha256"].tolist(), pieces["split"].tolist()
+        for lo in range(0, len(shas), BATCH):
+            part = shas[lo : lo + BATCH]
+            keys = [(sha, t) for sha in part for t in wanted.get(sha, ()) if (sha, t) in entries]
+            encodings = entries.get(keys)
+            final = apply_model(tokenizer, encodings)
+            tokens, augmented = batch_tables(tokenizer, table, part, splits[lo : lo + BATCH],
+                                             encodings, final, failures, examples)
+            put_tokens(tokens)
+            put_augmented(augmented)
+            summary.append(tokens.drop_columns(["ids"]))
+            for (_, t), enc in encodings.items():
+                if t == 0:
+                    counts["base_tokens"] += sum(len(s.ids) for s in enc.seqs)
+                else:
+                    counts["augmented_sequences"] += len(enc.seqs)
+                    counts["augment_out_of_range"] += int(enc.out_of_range)
+    return _stats(pa.concat_tables(summary), counts, examples)
+
+
+def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
+                 shas: list[str], splits: list[str], encodings: dict[tuple[str, int], Encoding],
+                 final: dict[tuple[str, int], list[np.ndarray]],
+                 failures: dict[str, tuple[str, str]], examples: list[dict[str, Any]],
+                 ) -> tuple[pa.Table, pa.Table]:
+    """The tokens and augmented rows of the pieces ``shas`` (sorted) in ``splits``; a piece that
+    could not be encoded is added to ``examples``."""
     one_stream = bool(tokenizer.one_token_stream)
-    rows, examples = [], []
-    for sha, split in zip(pieces["sha256"], pieces["split"], strict=True):
+    rows, ids_of = [], []
+    for sha, split in zip(shas, splits, strict=True):
         enc = encodings.get((sha, 0))
         if enc is None:
             flag, detail = failures.get(sha, ("missing_source", "no ok manifest row"))
-            rows.append((sha, split, -1, -1, False, [], 0, 0, 0, None, [flag]))
+            rows.append((sha, split, -1, -1, False, 0, 0, 0, None, [flag]))
+            ids_of.append(np.zeros(0, np.int32))
             examples.append({"sha256": sha, "flags": [flag], "detail": detail})
             continue
         piece_flags = []
@@ -347,8 +414,9 @@ def build_tables(tokenizer: Any, pieces: pd.DataFrame,
         if sum(s.n_notes for s in enc.seqs) == 0:
             piece_flags.append("no_notes")
         if not enc.seqs:
-            rows.append((sha, split, -1, -1, False, [], 0, 0, enc.n_notes_input, None,
+            rows.append((sha, split, -1, -1, False, 0, 0, enc.n_notes_input, None,
                          sorted(piece_flags)))
+            ids_of.append(np.zeros(0, np.int32))
         for s, ids in zip(enc.seqs, final[(sha, 0)], strict=True):
             flags, f1 = list(piece_flags), s.roundtrip_f1
             if table is not None and not np.array_equal(expand(ids, table), s.ids):
@@ -356,22 +424,31 @@ def build_tables(tokenizer: Any, pieces: pd.DataFrame,
                 f1 = _lossy_f1(tokenizer, s, expand(ids, table), one_stream)
             if f1 < 1.0:
                 flags.append("roundtrip_lossy")
-            rows.append((sha, split, s.track, s.program, s.is_drum, ids, len(ids), s.n_notes,
+            rows.append((sha, split, s.track, s.program, s.is_drum, len(ids), s.n_notes,
                          enc.n_notes_input, f1, sorted(flags)))
-    cols = list(zip(*rows, strict=True)) if rows else [[]] * len(TOKENS_SCHEMA)
-    tokens = pa.table(dict(zip(TOKENS_SCHEMA.names, map(list, cols), strict=True)),
-                      schema=TOKENS_SCHEMA)
-    aug_rows = [(sha, t, s.track, ids, len(ids))
-                for (sha, t), enc in sorted(encodings.items()) if t != 0
-                for s, ids in zip(enc.seqs, final[(sha, t)], strict=True)]
-    acols = list(zip(*aug_rows, strict=True)) if aug_rows else [[]] * len(AUGMENTED_SCHEMA)
-    augmented = pa.table(dict(zip(AUGMENTED_SCHEMA.names, map(list, acols), strict=True)),
-                         schema=AUGMENTED_SCHEMA)
-    return tokens, augmented, _stats(tokens, encodings, examples)
+            ids_of.append(ids)
+    tokens = _table(TOKENS_SCHEMA, rows, ids_of)
+    aug_rows, aug_ids = [], []
+    for (sha, t), enc in sorted(encodings.items()):
+        if t != 0:
+            for s, ids in zip(enc.seqs, final[(sha, t)], strict=True):
+                aug_rows.append((sha, t, s.track, len(ids)))
+                aug_ids.append(ids)
+    return tokens, _table(AUGMENTED_SCHEMA, aug_rows, aug_ids)
 
 
-def _stats(tokens: pa.Table, encodings: dict[tuple[str, int], Encoding],
-           examples: list[dict[str, Any]]) -> dict[str, Any]:
+def _table(schema: pa.Schema, rows: list[tuple], ids: list[np.ndarray]) -> pa.Table:
+    """A table of ``schema`` from rows of its columns but ``ids``, and each row's ids (one flat
+    array and offsets, not a conversion per row)."""
+    names = [n for n in schema.names if n != "ids"]
+    cols = list(zip(*rows, strict=True)) if rows else [[]] * len(names)
+    arrays = {n: pa.array(list(c), schema.field(n).type)
+              for n, c in zip(names, cols, strict=True)}
+    arrays["ids"] = list_array(ids, schema.field("ids").type)
+    return pa.table({n: arrays[n] for n in schema.names}, schema=schema)
+
+
+def _stats(tokens: pa.Table, counts: Counter, examples: list[dict[str, Any]]) -> dict[str, Any]:
     df = tokens.select(["sha256", "split", "n_tokens", "roundtrip_f1", "flags"]).to_pandas()
     f1 = df["roundtrip_f1"].dropna()
     flag_counts = Counter(f for fl in df["flags"] for f in set(fl))
@@ -379,22 +456,21 @@ def _stats(tokens: pa.Table, encodings: dict[tuple[str, int], Encoding],
     for sha, fl in zip(flagged["sha256"], flagged["flags"], strict=True):
         if len(examples) < 20 and not any(e["sha256"] == sha for e in examples):
             examples.append({"sha256": sha, "flags": list(fl), "detail": ""})
-    base_tokens = sum(len(s.ids) for (_, t), e in encodings.items() if t == 0 for s in e.seqs)
     return {
         "pieces": int(df["sha256"].nunique()),
         "pieces_by_split": {k: int(v) for k, v in df.groupby("split")["sha256"].nunique().items()},
         "sequences": len(df),
         "tokens_by_split": {k: int(v) for k, v in df.groupby("split")["n_tokens"].sum().items()},
-        "base_tokens": int(base_tokens),
-        "compression": float(base_tokens / max(1, int(df["n_tokens"].sum()))),
+        "base_tokens": int(counts["base_tokens"]),
+        "compression": float(counts["base_tokens"] / max(1, int(df["n_tokens"].sum()))),
         "roundtrip_f1_mean": float(f1.mean()) if len(f1) else None,
         "roundtrip_f1_min": float(f1.min()) if len(f1) else None,
         "roundtrip_below_1": int((f1 < 1.0).sum()),
         "flags": dict(sorted(flag_counts.items())),
         "flagged_pieces": int(flagged["sha256"].nunique()),
         "flagged_examples": sorted(examples, key=lambda e: e["sha256"])[:20],
-        "augmented_sequences": sum(len(e.seqs) for (_, t), e in encodings.items() if t != 0),
-        "augment_out_of_range": sum(e.out_of_range for (_, t), e in encodings.items() if t != 0),
+        "augmented_sequences": int(counts["augmented_sequences"]),
+        "augment_out_of_range": int(counts["augment_out_of_range"]),
     }
 
 

@@ -12,12 +12,14 @@ Layout: ``<root>/<config_key>/seg-<hash>.parquet``: append-only *segments*, Parq
 (``sha256``, ``transpose``, ``entry``), ``entry`` being one entry packed as little-endian int32
 (see :func:`pack`; it starts with a magic/format number and its length is checked on load).
 Each worker writes one segment per chunk of files it encoded, atomically, so a killed run keeps
-every finished chunk. A run reads the whole store once (one file per segment, not one per
-piece: a file per entry cost an fsync of about 4 ms each and an inode per piece, which neither
-the file system nor DVC handle well at a million pieces), then merges small segments
-(:meth:`TokenCache.compact`: segments of similar size are merged once ``FANOUT`` of them exist,
-so a store holds a few dozen segments and each entry is rewritten about log_FANOUT(n) times).
-Nothing here can hold a pickle.
+every finished chunk (one file per segment, not one per piece: a file per entry cost an fsync of
+about 4 ms each and an inode per piece, which neither the file system nor DVC handle well at a
+million pieces). Segments are sorted by key and written in row groups of ``SEGMENT_ROWS``
+entries. A run checks every stored entry it wants once (:meth:`TokenCache.locate`), then reads
+them in key order as it trains and assembles (:class:`Entries`), never holding the whole store;
+it then merges small segments (:meth:`TokenCache.compact`: segments of similar size are merged
+once ``FANOUT`` of them exist, so a store holds a few dozen segments and each entry is rewritten
+about log_FANOUT(n) times). Nothing here can hold a pickle.
 
 Invariants:
 - an entry is a pure function of (file bytes, base config, transposition, library versions);
@@ -30,13 +32,20 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import heapq
 import itertools
 import math
 import operator
+import os
 import shutil
 import threading
 import time
+import uuid
 from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from math import lcm
 from pathlib import Path
@@ -47,6 +56,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.artifacts import atomic_path, sha256_bytes, sha256_json
+from pipeline.core.segments import SEGMENT_OPTIONS
 
 FORMAT = 0x53540001  # magic "ST" + entry format version 1
 STORE = 2  # storage layout version (1: one file per entry), part of the config key
@@ -55,6 +65,12 @@ SEQ_FIELDS = 9  # track, program, is_drum, n_notes, n_ids, n_bar, n_beat, rt_mat
 OUT_OF_RANGE = 1  # flag bit: transposition would push a pitch out of the tokenizer's range
 FANOUT = 8  # segments of one size tier merged once this many exist
 MIN_CHUNK, MAX_CHUNK = 16, 64  # files per chunk of work sent to a worker (:func:`chunk_size`)
+SEGMENT_ROWS = 256
+"""Entries per row group of a segment (about 3 MB of long pieces): segments are read, merged and
+fetched from a row group at a time (a segment written as one row group of 100,000 long pieces
+was 1.1 GB to hold and 4-6 s to read)."""
+HELD_BYTES = 256 << 20
+"""Most bytes of row groups :class:`Entries` holds at once (least recently used let go first)."""
 SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
                             ("entry", pa.binary())])
 Key = tuple[str, int]  # (sha256, transpose)
@@ -137,6 +153,19 @@ def unpack(arr: np.ndarray) -> Encoding:
     return Encoding(n_notes_input=int(arr[2]), seqs=seqs, out_of_range=bool(arr[3] & OUT_OF_RANGE))
 
 
+def entry_ok(arr: np.ndarray) -> bool:
+    """Whether :func:`unpack` accepts ``arr`` (the same checks, without building the
+    encoding)."""
+    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER or arr[0] != FORMAT:
+        return False
+    n_seq = int(arr[1])
+    if n_seq < 0 or HEADER + n_seq * SEQ_FIELDS > len(arr):
+        return False
+    lengths = arr[HEADER : HEADER + n_seq * SEQ_FIELDS].reshape(n_seq, SEQ_FIELDS)[:, 4:7]
+    return bool((lengths >= 0).all()) and \
+        HEADER + n_seq * SEQ_FIELDS + int(lengths.sum(dtype=np.int64)) == len(arr)
+
+
 def config_key(tokenizer_name: str, config: dict[str, Any]) -> str:
     """Cache key of a base tokenizer: class, serialised TokenizerConfig, library versions.
 
@@ -183,23 +212,45 @@ class TokenCache:
                 found.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
         return found
 
-    def load(self, wanted: set[Key] | None = None) -> dict[Key, Encoding]:
-        """Every readable entry (only those in ``wanted`` when given); unreadable ones are
-        left out, so they are recomputed."""
-        out: dict[Key, Encoding] = {}
-        for seg in self.segments():
-            t = self._read(seg)
-            if t is None:
+    def locate(self, wanted: set[Key] | None = None, *, check: bool = True,
+               segments: list[Path] | None = None) -> dict[Key, tuple[Path, int]]:
+        """Where each stored entry of ``wanted`` (all when None) lies: (segment, row), the first
+        segment in name order holding it. With ``check`` each entry is read and checked
+        (:func:`entry_ok`; one that fails is left out, so it is recomputed), a row group at a
+        time; without, only the keys are read (for ``segments`` this run's workers wrote)."""
+        found: dict[Key, tuple[Path, int]] = {}
+        columns = ["sha256", "transpose", "entry"] if check else ["sha256", "transpose"]
+        want = pa.schema([SEGMENT_SCHEMA.field(c) for c in columns])
+        for seg in self.segments() if segments is None else sorted(segments):
+            try:
+                pf = pq.ParquetFile(seg)
+                if not pf.schema_arrow.equals(SEGMENT_SCHEMA):
+                    continue
+                row = 0
+                for g in range(pf.num_row_groups):
+                    t = pf.read_row_group(g, columns=columns)
+                    if not t.schema.equals(want):
+                        break
+                    keys = zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True)
+                    arrays = _entry_arrays(t.column(2)) if check else [None] * t.num_rows
+                    for i, (key, arr) in enumerate(zip(keys, arrays, strict=True)):
+                        if (wanted is None or key in wanted) and key not in found and \
+                                (arr is None or entry_ok(arr)):
+                            found[key] = (seg, row + i)
+                    row += t.num_rows
+            except (pa.ArrowException, OSError):
                 continue
-            keys = zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True)
-            for key, arr in zip(keys, _entry_arrays(t.column(2)), strict=True):
-                if key in out or (wanted is not None and key not in wanted):
-                    continue
-                try:
-                    out[key] = unpack(arr)
-                except ValueError:
-                    continue
-        return out
+        return found
+
+    def load(self, wanted: set[Key] | None = None) -> dict[Key, Encoding]:
+        """Every readable entry (only those in ``wanted`` when given), all in memory; unreadable
+        ones are left out, so they are recomputed. A run reads through :class:`Entries`."""
+        entries = Entries()
+        entries.where = self.locate(wanted)
+        try:
+            return entries.get(sorted(entries.where))
+        finally:
+            entries.close()
 
     def get(self, sha: str, transpose: int) -> Encoding | None:
         """One entry, or None when missing or unreadable (reads the whole store: use
@@ -218,19 +269,82 @@ class TokenCache:
         self.put_many([(sha, transpose, enc)])
 
     def _write(self, rows: list[tuple[str, int, bytes]]) -> Path:
-        rows = sorted(rows)
-        # Named by content: the same entries always give the same name and bytes.
-        name = sha256_json([[s, t, sha256_bytes(b)] for s, t, b in rows])[:24]
-        path = self.dir / f"seg-{name}.parquet"
-        table = pa.table({"sha256": [r[0] for r in rows], "transpose": [r[1] for r in rows],
-                          "entry": [r[2] for r in rows]}, schema=SEGMENT_SCHEMA)
-        with atomic_path(path) as tmp:
-            pq.write_table(table, tmp, compression="zstd", compression_level=1)
-        return path
+        with self._writing() as out:
+            for row in sorted(rows):
+                out.put(*row)
+        return out.path
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[_SegmentWriter]:
+        """A new segment from entries put in key order, written a row group at a time and named
+        by its content when the block ends (the same entries always give the same name and
+        bytes); ``.path`` is then set, or stays None when nothing was put."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        staging = self.dir / f".seg-{uuid.uuid4().hex}.parquet"  # not a segment until renamed
+        with atomic_path(staging) as tmp, \
+                pq.ParquetWriter(tmp, SEGMENT_SCHEMA, **SEGMENT_OPTIONS) as writer:
+            out = _SegmentWriter(writer)
+            yield out
+            out.flush()
+        if out.count:
+            out.path = self.dir / f"seg-{out.name.hexdigest()[:24]}.parquet"
+            os.replace(staging, out.path)
+        else:
+            staging.unlink()
+
+    def _rows(self, seg: Path, rank: int) -> Iterator[tuple[str, int, int, bytes]]:
+        """(sha256, transpose, ``rank``, entry) of each row of ``seg`` in stored order, a row
+        group at a time; an unreadable segment, or its unreadable rest, yields nothing more."""
+        try:
+            with pq.ParquetFile(seg) as pf:
+                if not pf.schema_arrow.equals(SEGMENT_SCHEMA):
+                    return
+                for g in range(pf.num_row_groups):
+                    t = pf.read_row_group(g)
+                    yield from ((sha, tr, rank, b) for sha, tr, b in
+                                zip(*(t.column(i).to_pylist() for i in range(3)), strict=True))
+        except (pa.ArrowException, OSError):
+            return
+
+    def _first_key(self, seg: Path) -> str:
+        """The sha256 of a segment's first row ("" when it has none or cannot be read)."""
+        try:
+            with pq.ParquetFile(seg) as pf:
+                if pf.num_row_groups and pf.schema_arrow.equals(SEGMENT_SCHEMA):
+                    keys = pf.read_row_group(0, columns=["sha256"]).column(0)
+                    return keys[0].as_py() if len(keys) else ""
+        except (pa.ArrowException, OSError):
+            pass
+        return ""
+
+    def _merged(self, group: list[Path]) -> Iterator[tuple[str, int, int, bytes]]:
+        """The rows of the sorted segments ``group`` in (sha256, transpose, rank in ``group``)
+        order. A segment is opened only once the merge reaches its first key, so segments that
+        cover separate key ranges (a full run's chunks) are read one or two at a time, not all
+        at once: merging a full run's 1,525 segments at once held 2.4 GB."""
+        waiting = sorted((self._first_key(seg), k) for k, seg in enumerate(group))
+        waiting.reverse()  # pop() takes the smallest first key
+        heap: list[tuple[tuple[str, int, int], int, bytes, Iterator]] = []
+        serial = itertools.count()  # orders equal rows of one segment; never compares iterators
+
+        def push(rows: Iterator) -> None:
+            if (row := next(rows, None)) is not None:
+                heapq.heappush(heap, (row[:3], next(serial), row[3], rows))
+
+        while heap or waiting:
+            if waiting and (not heap or waiting[-1][0] <= heap[0][0][0]):
+                k = waiting.pop()[1]
+                push(self._rows(group[k], k))
+                continue
+            key, _, entry, rows = heapq.heappop(heap)
+            yield (*key, entry)
+            push(rows)
 
     def compact(self, fanout: int = FANOUT) -> int:
         """Merge segments of similar size (tier = floor(log_fanout(rows))) once ``fanout`` of a
-        tier exist; drop unreadable segments and duplicate keys. Returns segments removed."""
+        tier exist; drop unreadable segments and duplicate keys (the segment first in name order
+        wins). Segments are sorted by key, so a merge streams them: it holds a row group of each.
+        Returns segments removed."""
         segs: dict[Path, int] = {}
         removed = 0
         for seg in self.segments():
@@ -247,22 +361,19 @@ class TokenCache:
             if not full:
                 return removed
             group = sorted(tiers[full[0]])
-            rows: dict[Key, bytes] = {}
-            for seg in group:
-                t = self._read(seg)
-                if t is None:
-                    continue
-                for sha, tr, b in zip(*(t.column(i).to_pylist() for i in range(3)),
-                                      strict=True):
-                    rows.setdefault((sha, tr), b)
-            merged = self._write([(s, t, b) for (s, t), b in rows.items()]) if rows else None
+            with self._writing() as out:
+                last = None
+                for sha, tr, _, b in self._merged(group):
+                    if (sha, tr) != last:
+                        out.put(sha, tr, b)
+                        last = (sha, tr)
             for seg in group:
                 del segs[seg]
-                if seg != merged:
+                if seg != out.path:
                     seg.unlink(missing_ok=True)
                     removed += 1
-            if merged is not None:
-                segs[merged] = len(rows)
+            if out.path is not None:
+                segs[out.path] = out.count
 
     def prune(self, keep: set[Key]) -> int:
         """Delete every entry not in ``keep`` (other config keys included); return how many."""
@@ -279,21 +390,107 @@ class TokenCache:
                 folder.unlink()
                 removed += 1
         for seg in self.segments():  # rewrite only the segments holding something to drop
-            t = self._read(seg)
+            t = self._read(seg, ["sha256", "transpose"])
             if t is None:
                 seg.unlink()
                 continue
-            rows = list(zip(*(t.column(i).to_pylist() for i in range(3)), strict=True))
-            kept = [r for r in rows if (r[0], r[1]) in keep]
-            if len(kept) == len(rows):
+            dropped = sum(key not in keep for key in zip(t.column(0).to_pylist(),
+                                                         t.column(1).to_pylist(), strict=True))
+            if not dropped:
                 continue
-            removed += len(rows) - len(kept)
-            written = self._write(kept) if kept else None
-            if written != seg:
+            removed += dropped
+            with self._writing() as out:  # streamed, in the segment's (sorted) order
+                for sha, tr, _, b in self._rows(seg, 0):
+                    if (sha, tr) in keep:
+                        out.put(sha, tr, b)
+            if out.path != seg:
                 seg.unlink()
         if self.dir.is_dir() and not any(self.dir.iterdir()):
             self.dir.rmdir()
         return removed
+
+
+class _SegmentWriter:
+    """Rows of one segment being written (:meth:`TokenCache._writing`)."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self.rows: list[tuple[str, int, bytes]] = []
+        self.name = hashlib.sha256()
+        self.count = 0
+        self.path: Path | None = None
+
+    def put(self, sha: str, transpose: int, entry: bytes) -> None:
+        self.name.update(f"{sha}\t{transpose}\t{sha256_bytes(entry)}\n".encode())
+        self.rows.append((sha, transpose, entry))
+        self.count += 1
+        if len(self.rows) == SEGMENT_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            cols = list(zip(*self.rows, strict=True))
+            self.writer.write_table(pa.table(dict(zip(SEGMENT_SCHEMA.names, cols, strict=True)),
+                                             schema=SEGMENT_SCHEMA))
+            self.rows = []
+
+
+class Entries:
+    """A run's base encodings, read when needed: entries of the store (by :meth:`TokenCache.locate`)
+    and entries held in memory (a run without a store). :meth:`get` reads the store a row group
+    at a time and holds at most ``HELD_BYTES`` of them, least recently used let go first:
+    segments are sorted by key, so reading every entry in key order reads each row group about
+    once, whatever the corpus size."""
+
+    def __init__(self) -> None:
+        self.where: dict[Key, tuple[Path, int]] = {}
+        self.packed: dict[Key, np.ndarray] = {}
+        self._starts: dict[Path, np.ndarray] = {}  # first row of each row group, per segment
+        self._held: OrderedDict[tuple[Path, int], tuple[list[np.ndarray], int]] = OrderedDict()
+        self._held_bytes = 0
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self.where or key in self.packed
+
+    def get(self, keys: list[Key]) -> dict[Key, Encoding]:
+        """The encodings of ``keys`` (each must be held: ``key in self``). A stored entry that no
+        longer reads as one raises ValueError (the store changed during the run)."""
+        out: dict[Key, Encoding] = {}
+        for key in keys:
+            if key in self.packed:
+                out[key] = unpack(self.packed[key])
+                continue
+            seg, row = self.where[key]
+            try:
+                out[key] = unpack(self._row(seg, row))
+            except (ValueError, IndexError, pa.ArrowException, OSError) as e:
+                raise ValueError(f"token cache segment {seg.name} changed during the run "
+                                 f"({type(e).__name__}); run the stage again") from None
+        return out
+
+    def _row(self, seg: Path, row: int) -> np.ndarray:
+        if seg not in self._starts:
+            meta = pq.read_metadata(seg)
+            self._starts[seg] = np.cumsum([0] + [meta.row_group(g).num_rows
+                                                 for g in range(meta.num_row_groups)])
+        starts = self._starts[seg]
+        g = int(np.searchsorted(starts, row, side="right")) - 1
+        if (seg, g) in self._held:
+            self._held.move_to_end((seg, g))
+        else:
+            with pq.ParquetFile(seg) as pf:
+                column = pf.read_row_group(g, columns=["entry"]).column(0)
+            self._held[(seg, g)] = _entry_arrays(column), column.nbytes
+            self._held_bytes += column.nbytes
+            while self._held_bytes > HELD_BYTES and len(self._held) > 1:
+                _, (_, n) = self._held.popitem(last=False)
+                self._held_bytes -= n
+        return self._held[(seg, g)][0][row - int(starts[g])]
+
+    def close(self) -> None:
+        """Let go of held row groups."""
+        self._held.clear()
+        self._held_bytes = 0
 
 
 def _entry_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
@@ -885,8 +1082,9 @@ def _init_worker(factory: tuple, cache_root: str | None, key: str) -> None:
 
 def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     """Encode each job, settle the chunk's round-trip checks together and write the chunk's
-    entries as one cache segment; return packed arrays per job or (flag, detail), and the
-    seconds this chunk spent per phase."""
+    entries as one cache segment; return per job {transposition: packed array} (None in place
+    of the array when the cache holds it: the parent reads it from there) or (flag, detail),
+    and the seconds this chunk spent per phase."""
     before = dict(CLOCK)
     t0 = time.perf_counter()
     tokenizer = _WORKER["tokenizer"]
@@ -921,6 +1119,7 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     if _WORKER["cache"] is not None:
         _WORKER["cache"].put_many([(sha, t, arr) for (sha, _, _), r in zip(jobs, out, strict=True)
                                    if isinstance(r, dict) for t, arr in r.items()])
+        out = [dict.fromkeys(r) if isinstance(r, dict) else r for r in out]
         CLOCK["cache_write"] += time.perf_counter() - t1
     return out, {k: CLOCK[k] - before[k] for k in CLOCK}
 
@@ -940,8 +1139,9 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
                    closing: list[threading.Thread] | None = None) -> dict[str, Any]:
     """Encode ``jobs`` in isolated worker processes, in chunks; write entries to ``cache``.
 
-    Returns sha256 -> {transpose: Encoding} or (flag, detail). A chunk lost to a crash or a
-    timeout is retried one file at a time, so one bad file only costs its own row. Worker
+    Returns sha256 -> {transpose: packed entry (:func:`pack`), or None when written to
+    ``cache``} or (flag, detail). A chunk lost to a crash or a timeout is retried one file at
+    a time, so one bad file only costs its own row. Worker
     seconds per phase are added to ``seconds`` when given; ``closing`` is passed on to
     :func:`~pipeline.core.parallel.isolated_map` (the caller joins the pools).
     """
@@ -981,5 +1181,4 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
         for chunk, res in zip(retry, run_chunks(retry), strict=True):
             raw[chunk[0][0]] = (("worker_" + res.kind, res.message)
                                 if isinstance(res, ItemFailure) else res[0])
-    return {sha: ({t: unpack(a) for t, a in r.items()} if isinstance(r, dict) else r)
-            for sha, r in raw.items()}
+    return raw

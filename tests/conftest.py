@@ -46,3 +46,20 @@ def copy_tree():
         return dst
 
     return _copy
+
+
+@pytest.fixture
+def row_group_reads(monkeypatch) -> list[int]:
+    """The row groups read through ``pyarrow.parquet.ParquetFile.read_row_group`` while a test
+    runs (clear the list before the part being counted)."""
+    import pyarrow.parquet as pq
+
+    reads: list[int] = []
+    original = pq.ParquetFile.read_row_group
+
+    def counting(self, i, *args, **kwargs):
+        reads.append(i)
+        return original(self, i, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    return reads

@@ -65,3 +65,27 @@ def test_a_failed_write_leaves_nothing(tmp_path):
             table_writer(tmp_path / "b.parquet", SCHEMA, 5) as put:
         put(wrong)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bytes_do_not_follow_the_chunks_where_a_dictionary_falls_back(tmp_path):
+    """Over a megabyte of distinct floats per row group: the dictionary falls back to plain
+    encoding part way through the column, at a point that followed the chunks the rows came
+    in until each group was written as one chunk."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(50, 150, 3000)
+    values = pa.array(rng.random(int(lengths.sum())))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    table = pa.table({"k": np.arange(3000), "x": pa.ListArray.from_arrays(offsets, values)})
+    written = []
+    for step in (3000, 64, 7):
+        path = tmp_path / f"{step}.parquet"
+        with table_writer(path, table.schema, 2048) as put:
+            for lo in range(0, table.num_rows, step):
+                put(table.slice(lo, step))
+        written.append(path.read_bytes())
+        whole = tmp_path / f"whole{step}.parquet"
+        write_parquet(whole, pa.concat_tables([table.slice(lo, step)
+                                               for lo in range(0, table.num_rows, step)]))
+        written.append(whole.read_bytes())
+    assert written[0] == written[2] == written[4]
+    assert written[1] == written[3] == written[5]

@@ -80,13 +80,23 @@ def test_outputs_same_across_cache_states(corpus: Path, tmp_path: Path, monkeypa
     assert outputs(corpus, tmp_path / "damaged", cache, workers=2) == grown
     real_lookup = ResultCache.lookup
 
-    def vanishing(self, shas):
+    def vanishing(self, shas, columns=None):
         for p in self.dir.glob("seg-*.parquet"):
             p.unlink()
-        return real_lookup(self, shas)
+        return real_lookup(self, shas, columns)
 
     monkeypatch.setattr(ResultCache, "lookup", vanishing)
     assert outputs(corpus, tmp_path / "vanished", cache) == grown
+    assert outputs(corpus, tmp_path / "refilled", cache) == grown
+
+    def vanished_after(self, shas, columns=None):  # the notes are read later: gone by then
+        found = real_lookup(self, shas, columns)
+        for p in self.dir.glob("seg-*.parquet"):
+            p.unlink()
+        return found
+
+    monkeypatch.setattr(ResultCache, "lookup", vanished_after)
+    assert outputs(corpus, tmp_path / "vanished_after", cache) == grown
 
 
 def test_only_new_files_are_parsed(corpus: Path, tmp_path: Path, monkeypatch):

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.core.segments import SegmentStore, list_column
+from pipeline.core.segments import SegmentStore, StoreChanged, list_column
 
 SCHEMA = pa.schema([("key", pa.string()), ("value", pa.int64())])
 
@@ -90,6 +90,39 @@ def test_fill_measures_each_new_key_once_and_keeps_the_order(tmp_path):
     assert new == ["c", "a"] and calls == [(["c", "a"], [0, 2])]
     table, new = SegmentStore(tmp_path, SCHEMA, "key").fill(["a", "c"], measure)
     assert table["value"].to_pylist() == [10, 30] and new == [] and len(calls) == 1
+
+
+def test_take_reads_rows_in_any_order_a_row_group_at_a_time(tmp_path, monkeypatch,
+                                                             row_group_reads):
+    """Rows come back in the order asked, across segments, from row groups of 3 rows; asked
+    in stored order each row group is read once; with room for one row group, still right."""
+    import pipeline.core.segments as segments
+
+    monkeypatch.setattr(segments, "SEGMENT_ROWS", 3)
+    store = SegmentStore(tmp_path, SCHEMA, "key")
+    store.add(rows(*((f"k{i:02d}", i) for i in range(0, 20, 2))))
+    store.add(rows(*((f"k{i:02d}", i) for i in range(1, 20, 2))))
+    assert pq.read_metadata(store.segments[0]).num_row_groups == 4
+    reads = row_group_reads
+    reads.clear()
+    ordered = sorted(store.keys)
+    t = store.take(ordered, ["value"])
+    assert t.schema.names == ["value"] and t["value"].to_pylist() == list(range(20))
+    assert len(reads) == 8  # 4 row groups per segment, each once
+    shuffled = ["k07", "k00", "k19", "k04", "k06", "k05"]
+    assert store.take(shuffled, ["key", "value"])["key"].to_pylist() == shuffled
+    monkeypatch.setattr(segments, "HELD_BYTES", 1)
+    fresh = SegmentStore(tmp_path, SCHEMA, "key")
+    assert fresh.take(ordered[::-1], ["value"])["value"].to_pylist() == list(range(19, -1, -1))
+    assert len(fresh._groups._held) == 1
+    assert fresh.take([], ["value"]).num_rows == 0
+    found = fresh.lookup({"k03", "k10"}, ["value"])
+    assert found.schema.names == ["key", "value"]
+    assert sorted(zip(*found.to_pydict().values(), strict=True)) == [("k03", 3), ("k10", 10)]
+    for seg in fresh.segments:
+        seg.write_bytes(b"PAR1 gone")
+    with pytest.raises(StoreChanged, match="changed during the run"):  # k00's group is held
+        fresh.take(["k01"], ["value"])
 
 
 def test_list_column_gives_offsets_and_values():

@@ -520,7 +520,8 @@ def test_entry_ok_agrees_with_unpack(arr):
     assert not entry_ok(negative) and not unpacks(negative)
 
 
-def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch):
+def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch,
+                                                       row_group_reads):
     """Two overlapping segments in row groups of 4: every entry reads back, each needed row
     group is read once, and a key held twice is read from the first segment."""
     import pyarrow.parquet as pq
@@ -539,26 +540,22 @@ def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch):
     assert {where[(s, t)][0] for s, t, _ in items[10:14]} == {min(first, second)}
     assert cache.locate(set(encs), check=False, segments=[second]).keys() == \
         {(s, t) for s, t, _ in items[10:]}
-    reads = []
-    original = pq.ParquetFile.read_row_group
-
-    def counting(self, i, *args, **kwargs):
-        reads.append(i)
-        return original(self, i, *args, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
+    reads = row_group_reads
+    reads.clear()
     entries = Entries()
     entries.where = where
     for key in sorted(encs):  # one at a time: a held row group serves the next key
         assert_same(entries.get([key])[key], encs[key])
     assert len(reads) == len({(seg, row // 4) for seg, row in where.values()})
     entries.close()
-    monkeypatch.setattr(cache_mod, "HELD_BYTES", 1)  # one row group at a time
+    import pipeline.core.segments as segments_mod
+
+    monkeypatch.setattr(segments_mod, "HELD_BYTES", 1)  # one row group at a time
     entries = Entries()
     entries.where = where
     for key in sorted(encs, reverse=True):
         assert_same(entries.get([key])[key], encs[key])
-        assert len(entries._held) == 1
+        assert len(entries._groups._held) == 1
 
 
 def test_entries_refuse_a_store_changed_during_the_run(tmp_path):
@@ -575,7 +572,9 @@ def test_entries_refuse_a_store_changed_during_the_run(tmp_path):
 
     pq.write_table(pa.table({"sha256": ["ab" * 32], "transpose": [0], "entry": [b"garbage!"]},
                             schema=SEGMENT_SCHEMA), seg)
-    with pytest.raises(ValueError, match="changed during the run"):
+    from pipeline.core.segments import StoreChanged
+
+    with pytest.raises(StoreChanged, match="changed during the run"):
         entries.get([("ab" * 32, 0)])
 
 

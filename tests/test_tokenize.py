@@ -185,6 +185,29 @@ def test_a_corrupt_cache_entry_is_encoded_again(reference, tmp_path):
     assert output_bytes(root) == output_bytes(reference)
 
 
+def test_a_cache_deleted_during_the_run_costs_one_more_pass(reference, corpus_files, tmp_path,
+                                                          monkeypatch):
+    """The store is deleted after the stage has found every entry in it: reading one fails, the
+    stage runs once more and encodes every file; the outputs are the reference's."""
+    root = tmp_path / "deleted"
+    shutil.copytree(reference, root)
+    real_locate = TokenCache.locate
+    found = []
+
+    def deleted_after(self, *args, **kwargs):
+        where = real_locate(self, *args, **kwargs)
+        if not found:
+            shutil.rmtree(self.dir)
+        found.append(len(where))
+        return where
+
+    monkeypatch.setattr(TokenCache, "locate", deleted_after)
+    summary = run_stage(root)
+    assert found[0] > 0 and found[1] == 0
+    assert (summary.encoded, summary.reused) == (len(corpus_files), 0)
+    assert output_bytes(root) == output_bytes(reference)
+
+
 def test_ids_equal_plain_miditok_encode(reference, corpus_files):
     """The stage's cached base ids + model equal miditok's own ``encode`` with the saved file."""
     tok = miditok.REMI(params=reference / "data/tokenizer.json")

@@ -228,7 +228,11 @@ def table_writer(path: Path | str, schema: pa.Schema, rows_per_group: int = ROW_
             nonlocal last
             if last is not None:
                 last.result()  # in order, and an error of the last group surfaces here
-            last = pool.submit(writer.write_table, rows, row_group_size=rows_per_group)
+            # One chunk per column: Parquet's encoder works through a column chunk by chunk, and
+            # where a dictionary outgrows its page and falls back to plain encoding depends on
+            # those chunks, so without this the bytes followed how the rows came.
+            last = pool.submit(writer.write_table, rows.combine_chunks(),
+                               row_group_size=rows_per_group)
 
         def put(table: pa.Table) -> None:
             nonlocal pending, count, total
@@ -248,8 +252,9 @@ def table_writer(path: Path | str, schema: pa.Schema, rows_per_group: int = ROW_
 
 
 def write_parquet(path: Path | str, df: Any, schema: pa.Schema | None = None) -> None:
-    """Write a DataFrame/Table atomically as one deterministic Parquet file."""
-    table = to_table(df, schema)
+    """Write a DataFrame/Table atomically as one deterministic Parquet file (its bytes depend on
+    its rows, not on how its columns are chunked: see :func:`table_writer`)."""
+    table = to_table(df, schema).combine_chunks()
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp, **PARQUET_OPTIONS)
 

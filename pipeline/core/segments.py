@@ -10,17 +10,24 @@ store is never read under other conditions.
 
 Used by the ingest stage (per-file results by sha256), the dedupe stage (near-duplicate verdicts
 by the note digests of a pair of pieces; per-piece fingerprints by note digest) and the split
-stage (the leakage audit's per-piece inputs by note digest).
+stage (the leakage audit's per-piece inputs by note digest). :meth:`SegmentStore.lookup` reads
+the rows of some keys at once (some columns if asked); :meth:`SegmentStore.take` reads rows a
+row group at a time as they are needed (:class:`RowGroups`), for a stage that streams a large
+store (ingest's cached notes); a segment gone meanwhile raises :class:`StoreChanged`, and such a
+stage runs once more (:func:`rerun_if_store_changed`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +43,26 @@ SEGMENT_ROWS = 1024
 group (671 MB of dedupe's per-piece features at 100,000 pieces) was read on one thread."""
 
 
+class StoreChanged(Exception):
+    """A store's segment no longer reads as it did when the run listed it (deleted, or replaced,
+    meanwhile). Stages that read a store as they go run once more when they meet it: the store
+    then lists what is there."""
+
+
+def rerun_if_store_changed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a stage's ``run``: run it once more when it meets :class:`StoreChanged` (its
+    outputs are written atomically, so the first attempt leaves none)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StoreChanged:
+            return fn(*args, **kwargs)
+
+    return run
+
+
 class SegmentStore:
     """Rows of ``schema`` keyed by its string column ``key``, in Parquet segments under
     ``folder``. Rows stored under one key must be equal (they are results of the same pure
@@ -48,22 +75,57 @@ class SegmentStore:
         self.key = key
         self.max_segments = max_segments
         self.segments = sorted(self.dir.glob("seg-*.parquet")) if self.dir.is_dir() else []
-        self.keys: dict[str, Path] = {}
+        self.keys: dict[str, Path] = {}  # the segment holding each key ...
+        self.rows: dict[str, int] = {}  # ... and its row there
         for seg in self.segments:
             if (t := self._read(seg, [key])) is not None:
-                self.keys.update(dict.fromkeys(t.column(0).to_pylist(), seg))
+                self._index(seg, t.column(0).to_pylist())
+        self._groups = RowGroups()
 
-    def lookup(self, keys: set[str]) -> pa.Table:
-        """The stored rows of ``keys`` (a key whose segment vanished is missing; one stored
-        twice may come twice, with equal values)."""
+    def _index(self, seg: Path, keys: list[str]) -> None:
+        self.keys.update(dict.fromkeys(keys, seg))
+        self.rows.update(zip(keys, range(len(keys)), strict=False))
+
+    def lookup(self, keys: set[str], columns: list[str] | None = None) -> pa.Table:
+        """The stored rows of ``keys``, all columns or ``columns`` (the key among them); a key
+        whose segment vanished is missing, one stored twice may come twice, with equal
+        values."""
         want = pa.array(sorted(keys), pa.string())
+        names = self.schema.names if columns is None else \
+            [self.key, *(c for c in columns if c != self.key)]
         parts = []
         for seg in sorted({self.keys[k] for k in keys if k in self.keys}):
-            if (t := self._read(seg)) is None:
+            if (t := self._read(seg, None if columns is None else names)) is None:
                 continue
             keep = pc.is_in(t[self.key], want)
             parts.append(t if pc.all(keep).as_py() else t.filter(keep))  # all: no copy
-        return pa.concat_tables([pa.Table.from_batches([], self.schema), *parts])
+        empty = pa.Table.from_batches([], pa.schema([self.schema.field(c) for c in names]))
+        return pa.concat_tables([empty, *parts])
+
+    def take(self, keys: Sequence[str], columns: list[str]) -> pa.Table:
+        """``columns`` of the stored rows of ``keys`` (each stored), in that order, read a row
+        group at a time (:class:`RowGroups`): taking a store's rows in the order it holds them
+        reads each row group once and holds a few, not the store. Raises
+        :class:`StoreChanged` when a segment no longer reads as it did."""
+        parts: list[pa.Table] = []
+        run: tuple[pa.Table, list[int]] | None = None
+        for k in keys:
+            seg = self.keys[k]
+            try:
+                group, row = self._groups.row(seg, self.rows[k], columns)
+            except (pa.ArrowException, OSError, IndexError) as e:
+                raise StoreChanged(f"{seg}: changed during the run ({type(e).__name__})") \
+                    from None
+            if run is not None and run[0] is group:
+                run[1].append(row)
+                continue
+            if run is not None:
+                parts.append(_rows_of(*run))
+            run = (group, [row])
+        if run is not None:
+            parts.append(_rows_of(*run))
+        empty = pa.Table.from_batches([], pa.schema([self.schema.field(c) for c in columns]))
+        return pa.concat_tables([empty, *parts])
 
     def fill(self, keys: Sequence[str], measure: Callable[[list[str], np.ndarray], pa.Table]
              ) -> tuple[pa.Table, list[str]]:
@@ -124,7 +186,7 @@ class SegmentStore:
                 tmp = None
                 if path not in self.segments:
                     self.segments.append(path)
-                self.keys.update(dict.fromkeys(keys, path))
+                self._index(path, keys)
         finally:
             if writer is not None:
                 writer.close()
@@ -141,8 +203,9 @@ class SegmentStore:
             if seg != merged:
                 seg.unlink(missing_ok=True)
         self.segments = [merged]
-        t = self._read(merged, [self.key])
-        self.keys = dict.fromkeys(t.column(0).to_pylist(), merged) if t is not None else {}
+        self.keys, self.rows = {}, {}
+        if (t := self._read(merged, [self.key])) is not None:
+            self._index(merged, t.column(0).to_pylist())
 
     def _write(self, table: pa.Table) -> Path:
         name = hashlib.sha256("\n".join(table[self.key].to_pylist()).encode()).hexdigest()[:20]
@@ -171,6 +234,75 @@ class SegmentStore:
         keep = np.ones(len(keys), bool)
         keep[1:] = [a != b for a, b in zip(keys[1:], keys[:-1], strict=True)]
         return table if keep.all() else table.filter(pa.array(keep, pa.bool_()))
+
+
+def _rows_of(group: pa.Table, rows: list[int]) -> pa.Table:
+    """Rows ``rows`` of a row group: a slice when they are consecutive (no copy)."""
+    if rows == list(range(rows[0], rows[0] + len(rows))):
+        return group.slice(rows[0], len(rows))
+    return group.take(pa.array(rows, pa.int64()))
+
+
+HELD_BYTES = 256 << 20
+"""Most bytes of row groups a :class:`RowGroups` holds at once."""
+
+
+OPEN_FILES = 32
+"""Most files a :class:`RowGroups` keeps open (a file's footer is parsed once while it is)."""
+
+
+class RowGroups:
+    """Row groups of Parquet files read on demand and held, least recently used let go first
+    once they pass ``HELD_BYTES``: reading rows in the order a file holds them reads each row
+    group once, and memory stays a few row groups whatever the file's size. Files stay open
+    (``OPEN_FILES`` at most): a segment appended in small chunks has thousands of row groups,
+    and parsing its footer for each of them cost 30 s at 100,000 pieces."""
+
+    def __init__(self) -> None:
+        self._files: OrderedDict[Path, tuple[pq.ParquetFile, np.ndarray]] = OrderedDict()
+        self._held: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+
+    def _file(self, path: Path) -> tuple[pq.ParquetFile, np.ndarray]:
+        """The open file and the first row of each of its row groups."""
+        if path in self._files:
+            self._files.move_to_end(path)
+        else:
+            f = pq.ParquetFile(path)
+            meta = f.metadata
+            self._files[path] = f, np.cumsum([0] + [meta.row_group(g).num_rows
+                                                    for g in range(meta.num_row_groups)])
+            if len(self._files) > OPEN_FILES:
+                self._files.popitem(last=False)[1][0].close()
+        return self._files[path]
+
+    def row(self, path: Path, row: int, columns: list[str],
+            convert: Callable[[pa.Table], Any] | None = None) -> tuple[Any, int]:
+        """The row group of ``path`` holding ``row`` (``columns`` of it, passed through
+        ``convert`` when given, once per read) and the row's position in it."""
+        f, starts = self._file(path)
+        g = int(np.searchsorted(starts, row, side="right")) - 1
+        if not 0 <= g < len(starts) - 1:
+            raise IndexError(f"row {row} is not in {path.name}")
+        key = (path, g, tuple(columns))
+        if key in self._held:
+            self._held.move_to_end(key)
+        else:
+            table = f.read_row_group(g, columns=columns)
+            self._held[key] = (convert(table) if convert else table), table.nbytes
+            self._bytes += table.nbytes
+            while self._bytes > HELD_BYTES and len(self._held) > 1:
+                _, (_, n) = self._held.popitem(last=False)
+                self._bytes -= n
+        return self._held[key][0], row - int(starts[g])
+
+    def clear(self) -> None:
+        """Let go of held row groups and close the files."""
+        self._held.clear()
+        self._bytes = 0
+        for f, _ in self._files.values():
+            f.close()
+        self._files.clear()
 
 
 def list_column(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -50,7 +50,7 @@ from pydantic import Field
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig
 from pipeline.core.parallel import ItemFailure, isolated_map, join_all
-from pipeline.core.segments import SegmentStore
+from pipeline.core.segments import SegmentStore, rerun_if_store_changed
 from pipeline.music import parsing
 from pipeline.music.midi import list_midi_paths
 from pipeline.music.parsing import (
@@ -467,6 +467,7 @@ def default_group(rel_path: str) -> str:
     return rel_path
 
 
+@rerun_if_store_changed
 def run(
     cfg: IngestConfig,
     runtime: RuntimeConfig,
@@ -487,6 +488,9 @@ def run(
     read from and added to a :class:`ResultCache` there, so only new contents are parsed; the
     outputs are the same with or without it. With ``index`` (the corpus stage's
     ``raw_index.parquet``) the files' sha256 come from it, so cached files are not read at all.
+    Only the cached facts are read up front; cached notes are read as the table is written
+    (:meth:`~pipeline.core.segments.SegmentStore.take`), and a cache changed meanwhile makes the
+    stage run once more.
 
     The files to parse are sent to the workers in sha256 order, and the notes table, which is
     sorted by sha256, is written while they work: each chunk's notes as soon as every chunk
@@ -507,45 +511,47 @@ def run(
     judged = [i for i in first.values() if parse[i]]
 
     cache = ResultCache(cache_dir, cfg) if cache_dir is not None else None
-    cached = pa.Table.from_batches([], CACHE_SCHEMA)
-    if cache is not None:
-        cached = cache.lookup({res.sha256[i] for i in judged} & cache.keys.keys())
+    facts = [c for c in CACHE_SCHEMA.names if c not in NOTE_COLUMNS]
+    cached = pa.Table.from_batches([], pa.schema([CACHE_SCHEMA.field(c) for c in facts]))
+    if cache is not None:  # the facts only: the notes are read as the table is written
+        cached = cache.lookup({res.sha256[i] for i in judged} & cache.keys.keys(), facts)
     row_of = {h: j for j, h in enumerate(cached["sha256"].to_pylist())}
     hits = np.array([i for i in judged if res.sha256[i] in row_of], np.int64)
     _fill(res, hits, _from_table(cached, [row_of[res.sha256[i]] for i in hits]))
-    # The cached notes to write, in sha256 order: ok files only (quarantined ones have none).
-    has_notes = from_arrow(pc.list_value_length(cached["pitch"])) > 0
-    keep = sorted((h, j) for h, j in row_of.items() if has_notes[j])
-    cached_shas = [h for h, _ in keep]
-    cached_rows = np.array([j for _, j in keep], np.int64)
+    # The cached notes to write, in sha256 order: ok files only (only they have notes).
+    ok_rows = set(np.flatnonzero(pc.equal(cached["reason"], "").to_numpy(zero_copy_only=False))
+                  .tolist())
+    cached_shas = sorted(h for h, j in row_of.items() if j in ok_rows)
 
     todo = sorted((i for i in judged if res.sha256[i] not in row_of), key=res.sha256.__getitem__)
     chunks: dict[int, Results] = {}  # by first position in todo, until written
     written = {"todo": 0, "cached": 0}  # how far the notes table has got in each
     closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
 
-    def with_cached(table: pa.Table, below: str | None) -> pa.Table:
+    def put_cached(lo: int, hi: int) -> None:
+        """The cached notes of ``cached_shas[lo:hi]``, a row group's worth at a time."""
+        for at in range(lo, hi, ROW_GROUP_ROWS):
+            put_notes(cache.take(cached_shas[at : min(hi, at + ROW_GROUP_ROWS)],
+                                 NOTES_SCHEMA.names))
+
+    def put_with_cached(table: pa.Table, below: str | None) -> None:
         """``table`` (notes in sha256 order) with the cached notes not yet written whose sha256
-        is below ``below`` (all with None), in sha256 order: runs of the cached rows (taken
-        once) and of ``table``'s rows, as slices."""
+        is below ``below`` (all with None), in sha256 order: runs of the cached rows (read from
+        the cache a row group at a time) and of ``table``'s rows, as slices."""
         a = written["cached"]
         b = len(cached_shas) if below is None else bisect.bisect_left(cached_shas, below, a)
         written["cached"] = b
-        if b == a:
-            return table
-        more = cached.take(to_arrow(cached_rows[a:b], pa.int64())).select(NOTES_SCHEMA.names)
-        if not table.num_rows:
-            return more
         # where each of table's rows falls among the cached rows a..b
-        cuts = [bisect.bisect_left(cached_shas, h, a, b) - a for h in table["sha256"].to_pylist()]
-        parts, lo, k = [], 0, 0
+        cuts = [bisect.bisect_left(cached_shas, h, a, b) for h in table["sha256"].to_pylist()]
+        lo, k = a, 0
         while k < len(cuts):
             j = k
             while j < len(cuts) and cuts[j] == cuts[k]:
                 j += 1
-            parts += [more.slice(lo, cuts[k] - lo), table.slice(k, j - k)]
+            put_cached(lo, cuts[k])
+            put_notes(table.slice(k, j - k))
             lo, k = cuts[k], j
-        return pa.concat_tables([*parts, more.slice(lo)])
+        put_cached(lo, b)
 
     def on_chunk(start: int, r: Results) -> None:
         for k, h in enumerate(r.sha256):
@@ -561,8 +567,7 @@ def run(
         while written["todo"] in chunks:  # every chunk before this one is in: write them
             r = chunks.pop(written["todo"])
             end = written["todo"] + len(r.sha256)
-            put_notes(with_cached(_notes_table(r), res.sha256[todo[end]] if end < len(todo)
-                                  else None))
+            put_with_cached(_notes_table(r), res.sha256[todo[end]] if end < len(todo) else None)
             put_cache(r.table().filter(to_arrow(~r.failed, pa.bool_())) if r.failed.any()
                       else r.table())
             _fill(res, np.array(todo[written["todo"]:end]), r)
@@ -573,7 +578,7 @@ def run(
             (cache.appending() if cache is not None else _discard()) as put_cache:
         inspect_all(root, [rel_paths[i] for i in todo], sizes[todo].tolist(), cfg, workers,
                     runtime.progress, on_chunk, closing)
-        put_notes(with_cached(pa.Table.from_batches([], NOTES_SCHEMA), None))
+        put_with_cached(pa.Table.from_batches([], NOTES_SCHEMA), None)
 
     rows = _manifest_columns(rel_paths, sizes, res, canon, cfg)
     _add_metadata(rows, rel_paths, meta, extra_cols)

@@ -56,6 +56,7 @@ from pipeline.core.artifacts import (
 )
 from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
 from pipeline.core.parallel import join_all
+from pipeline.core.segments import StoreChanged, rerun_if_store_changed
 from pipeline.core.splits import split_hash as compute_split_hash
 from pipeline.tokens.cache import (
     Encoding,
@@ -186,11 +187,13 @@ BATCH = 2048
 """Pieces assembled at once: the stage holds one batch's encodings, whatever the corpus size."""
 
 
+@rerun_if_store_changed
 def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest: Path,
         splits: Path, split_report: Path | None, tokenizer_out: Path, tokens_dir: Path,
         cache_dir: Path | None, report: Path, prune_cache: bool = False) -> TokenizeSummary:
     """Tokenise every piece of ``splits``; ``cache_dir=None`` encodes everything afresh (and
-    holds every encoding in memory until the tables are written)."""
+    holds every encoding in memory until the tables are written). A cache changed under the
+    run (entries gone or unreadable) makes it run once more, encoding what is missing."""
     t0 = time.perf_counter()
     base = make_tokenizer_checked(cfg)
     key = config_key(cfg.tokenizer, base.config.to_dict(serialize=True))
@@ -232,8 +235,8 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
         added = [seg for seg, ino in after.items() if before.get(seg) != ino]
         entries.where.update(cache.locate(fresh, check=False, segments=added))
         if lost := fresh - entries.where.keys():
-            raise ValueError(f"{cache.dir}: {len(lost)} entries written in this run are missing "
-                             "(was the cache changed meanwhile?); run the stage again")
+            raise StoreChanged(f"{cache.dir}: {len(lost)} entries written in this run are "
+                               "missing")
     t_encode = time.perf_counter()
 
     base_vocab = len(base.vocab)

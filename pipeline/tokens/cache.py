@@ -44,7 +44,6 @@ import threading
 import time
 import uuid
 from bisect import bisect_left
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from math import lcm
@@ -56,7 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.artifacts import atomic_path, sha256_bytes, sha256_json
-from pipeline.core.segments import SEGMENT_OPTIONS
+from pipeline.core.segments import SEGMENT_OPTIONS, RowGroups, StoreChanged
 
 FORMAT = 0x53540001  # magic "ST" + entry format version 1
 STORE = 2  # storage layout version (1: one file per entry), part of the config key
@@ -69,8 +68,6 @@ SEGMENT_ROWS = 256
 """Entries per row group of a segment (about 3 MB of long pieces): segments are read, merged and
 fetched from a row group at a time (a segment written as one row group of 100,000 long pieces
 was 1.1 GB to hold and 4-6 s to read)."""
-HELD_BYTES = 256 << 20
-"""Most bytes of row groups :class:`Entries` holds at once (least recently used let go first)."""
 SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
                             ("entry", pa.binary())])
 Key = tuple[str, int]  # (sha256, transpose)
@@ -438,23 +435,21 @@ class _SegmentWriter:
 class Entries:
     """A run's base encodings, read when needed: entries of the store (by :meth:`TokenCache.locate`)
     and entries held in memory (a run without a store). :meth:`get` reads the store a row group
-    at a time and holds at most ``HELD_BYTES`` of them, least recently used let go first:
-    segments are sorted by key, so reading every entry in key order reads each row group about
-    once, whatever the corpus size."""
+    at a time (:class:`~pipeline.core.segments.RowGroups`, which holds a few): segments are
+    sorted by key, so reading every entry in key order reads each row group about once,
+    whatever the corpus size."""
 
     def __init__(self) -> None:
         self.where: dict[Key, tuple[Path, int]] = {}
         self.packed: dict[Key, np.ndarray] = {}
-        self._starts: dict[Path, np.ndarray] = {}  # first row of each row group, per segment
-        self._held: OrderedDict[tuple[Path, int], tuple[list[np.ndarray], int]] = OrderedDict()
-        self._held_bytes = 0
+        self._groups = RowGroups()
 
     def __contains__(self, key: Key) -> bool:
         return key in self.where or key in self.packed
 
     def get(self, keys: list[Key]) -> dict[Key, Encoding]:
         """The encodings of ``keys`` (each must be held: ``key in self``). A stored entry that no
-        longer reads as one raises ValueError (the store changed during the run)."""
+        longer reads as one raises :class:`~pipeline.core.segments.StoreChanged`."""
         out: dict[Key, Encoding] = {}
         for key in keys:
             if key in self.packed:
@@ -462,35 +457,17 @@ class Entries:
                 continue
             seg, row = self.where[key]
             try:
-                out[key] = unpack(self._row(seg, row))
+                arrays, i = self._groups.row(seg, row, ["entry"],
+                                             lambda t: _entry_arrays(t.column(0)))
+                out[key] = unpack(arrays[i])
             except (ValueError, IndexError, pa.ArrowException, OSError) as e:
-                raise ValueError(f"token cache segment {seg.name} changed during the run "
-                                 f"({type(e).__name__}); run the stage again") from None
+                raise StoreChanged(f"token cache segment {seg.name} changed during the run "
+                                   f"({type(e).__name__})") from None
         return out
-
-    def _row(self, seg: Path, row: int) -> np.ndarray:
-        if seg not in self._starts:
-            meta = pq.read_metadata(seg)
-            self._starts[seg] = np.cumsum([0] + [meta.row_group(g).num_rows
-                                                 for g in range(meta.num_row_groups)])
-        starts = self._starts[seg]
-        g = int(np.searchsorted(starts, row, side="right")) - 1
-        if (seg, g) in self._held:
-            self._held.move_to_end((seg, g))
-        else:
-            with pq.ParquetFile(seg) as pf:
-                column = pf.read_row_group(g, columns=["entry"]).column(0)
-            self._held[(seg, g)] = _entry_arrays(column), column.nbytes
-            self._held_bytes += column.nbytes
-            while self._held_bytes > HELD_BYTES and len(self._held) > 1:
-                _, (_, n) = self._held.popitem(last=False)
-                self._held_bytes -= n
-        return self._held[(seg, g)][0][row - int(starts[g])]
 
     def close(self) -> None:
         """Let go of held row groups."""
-        self._held.clear()
-        self._held_bytes = 0
+        self._groups.clear()
 
 
 def _entry_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.music import fingerprints as fp
 from pipeline.music import similarity
@@ -173,3 +175,50 @@ def test_locate_is_the_same_from_its_gram_cache():
     assert similarity._grams.cache_info().hits > 0
     with pytest.raises(ValueError):
         similarity._grams(texts[1], 6)[0] = 0
+
+
+def pairs_by_sets(packed: np.ndarray, max_df: int, min_share: float) -> list[tuple[int, int]]:
+    """pairs_sharing's rule, written out with sets."""
+    holders: dict[int, set[int]] = {}
+    for v in packed.tolist():
+        holders.setdefault(v & ((1 << similarity.KEY_BITS) - 1), set()).add(
+            v >> similarity.KEY_BITS)
+    size: dict[int, int] = {}
+    shared: dict[tuple[int, int], int] = {}
+    for pieces in holders.values():
+        if len(pieces) > max_df:
+            continue
+        for p in pieces:
+            size[p] = size.get(p, 0) + 1
+        for a in pieces:
+            for b in pieces:
+                if a < b:
+                    shared[(a, b)] = shared.get((a, b), 0) + 1
+    return sorted(pair for pair, n in shared.items()
+                  if n >= min_share * min(size[pair[0]], size[pair[1]]))
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 25)), max_size=150),
+       st.integers(1, 6), st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]))
+@settings(max_examples=200, deadline=None)
+def test_pairs_sharing_equals_the_rule_by_sets(held, max_df, min_share):
+    from pipeline.core.arrays import unique
+
+    packed = unique(np.array([(p << similarity.KEY_BITS) | k for p, k in held], np.uint64))
+    a, b = similarity.pairs_sharing(packed, max_df, min_share)
+    assert a.dtype == b.dtype == np.int64
+    assert list(zip(a.tolist(), b.tolist(), strict=True)) == pairs_by_sets(packed, max_df,
+                                                                            min_share)
+
+
+def test_pairs_sharing_judges_in_blocks(monkeypatch):
+    rng = np.random.default_rng(3)
+    held = {(int(p) << similarity.KEY_BITS) | int(k)
+            for p, k in zip(rng.integers(0, 40, 900), rng.integers(0, 120, 900), strict=True)}
+    packed = np.array(sorted(held), np.uint64)
+    whole = similarity.pairs_sharing(packed, 8, 0.2)
+    monkeypatch.setattr(similarity, "PAIR_BLOCK", 7)
+    blocks = similarity.pairs_sharing(packed, 8, 0.2)
+    assert whole[0].size > 7 and all(np.array_equal(x, y) for x, y in zip(whole, blocks,
+                                                                           strict=True))
+    assert list(zip(*(x.tolist() for x in whole), strict=True)) == pairs_by_sets(packed, 8, 0.2)

@@ -208,6 +208,16 @@ def test_a_cache_deleted_during_the_run_costs_one_more_pass(reference, corpus_fi
     assert output_bytes(root) == output_bytes(reference)
 
 
+def test_no_pieces_give_empty_tables(corpus_files, tmp_path):
+    splits = write_corpus(tmp_path, dict(list(corpus_files.items())[:1]))
+    write_parquet(tmp_path / "data/splits.parquet", splits.iloc[:0])
+    summary = run_stage(tmp_path, TokenizeConfig(model="none"))
+    assert (summary.pieces, summary.rows) == (0, 0)
+    for name in ("tokens", "augmented"):
+        assert pd.read_parquet(tmp_path / f"data/tokens/{name}.parquet").empty
+    assert read_json(tmp_path / "reports/tokenize.json")["sequences"] == 0
+
+
 def test_ids_equal_plain_miditok_encode(reference, corpus_files):
     """The stage's cached base ids + model equal miditok's own ``encode`` with the saved file."""
     tok = miditok.REMI(params=reference / "data/tokenizer.json")

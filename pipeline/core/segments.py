@@ -196,6 +196,7 @@ class SegmentStore:
             self._merge()
 
     def _merge(self) -> None:
+        self._groups.clear()  # row groups of segments about to go
         old = list(self.segments)
         parts = [t for seg in old if (t := self._read(seg)) is not None]
         merged = self._write(self._unique(pa.concat_tables(parts)))

@@ -369,7 +369,8 @@ def write_tables(tokenizer: Any, pieces: pd.DataFrame, wanted: dict[str, tuple[i
     """Write the tokens and augmented tables (sorted by key), ``BATCH`` pieces at a time, and
     return the report's statistics. ``pieces`` is sorted by sha256."""
     table = expansion_table(tokenizer) if tokenizer.is_trained else None
-    summary: list[pa.Table] = []  # the tokens rows without their ids, for the statistics
+    summary = [TOKENS_SCHEMA.empty_table().drop_columns(["ids"])]  # rows without their ids,
+    # for the statistics
     examples: list[dict[str, Any]] = []
     counts = Counter()
     with table_writer(tokens_path, TOKENS_SCHEMA, ROW_GROUP_ROWS) as put_tokens, \

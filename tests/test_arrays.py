@@ -90,3 +90,31 @@ def test_list_array_rows_and_chunks():
     assert [len(c) for c in chunked.chunks] == [2, 1, 1, 1]
     assert chunked.to_pylist() == want
     assert list_array([], type_).to_pylist() == []
+
+
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=60), st.booleans(),
+       st.integers(0, 3))
+@settings(max_examples=200, deadline=None)
+def test_unique_inverse_equals_numpy(values, unsigned, repeat):
+    from pipeline.core.arrays import unique_inverse
+
+    a = np.array(values * (repeat + 1), np.int64)
+    if unsigned:
+        a = a.view(np.uint64)
+    want = np.unique(a, return_inverse=True)
+    got = unique_inverse(a)
+    assert got[0].dtype == a.dtype and got[1].dtype == want[1].dtype
+    for x, y in zip(got, want, strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_unique_inverse_on_many_hashes():
+    from pipeline.core.arrays import unique_inverse
+
+    rng = np.random.default_rng(5)
+    distinct = rng.integers(0, 2**63, 50_000, dtype=np.uint64) << np.uint64(1)
+    a = distinct[rng.integers(0, distinct.size, 200_000)]
+    for x, y in zip(unique_inverse(a), np.unique(a, return_inverse=True), strict=True):
+        np.testing.assert_array_equal(x, y)
+    text = np.array(["b", "a", "b"])  # other dtypes: numpy's own
+    assert unique_inverse(text)[1].tolist() == [1, 0, 1]

@@ -8,6 +8,10 @@ calls per 20,000 pieces: 6.4 of its 27.7 s there.
 :func:`isin` exists because pandas' ``Series.isin`` on Arrow-backed strings (what pandas reads
 from Parquet here) builds a pyarrow scalar for every value looked for: 0.48 s for 100,000 sha256
 against 0.02 s for Arrow's own hash set, and the split stage made up to eight such calls per run.
+
+:func:`unique_inverse` exists because ``np.unique(..., return_inverse=True)`` sorts indirectly
+(``argsort``), about twice the time of a plain sort and a binary search on 64-bit hashes: the
+split stage numbers the shingles of every piece this way (8.1 of a 25 s re-run at 100k pieces).
 """
 
 from __future__ import annotations
@@ -78,6 +82,32 @@ def lex_order(*keys: np.ndarray) -> np.ndarray:
             packed <<= np.uint64(width)
             packed |= a.astype(np.uint64) - np.uint64(lo % 2**64)
     return np.argsort(packed, kind="stable")
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for a 1-D array of 64-bit integers, without
+    its indirect sort (on 30 million uint64 hashes here: 7.2 s, against 3.4 s this way): the
+    distinct values from a plain sort, and each value's rank by a binary search among them.
+    The searches are made in nearly sorted order (each value's top bits packed with its
+    position and sorted plainly), which keeps them in cache; the order only changes the speed,
+    never a rank. Other arrays go to ``np.unique``."""
+    a = np.asarray(values)
+    if a.ndim != 1 or a.dtype not in (np.dtype(np.uint64), np.dtype(np.int64)) or a.size < 2:
+        return np.unique(a, return_inverse=True)
+    s = np.sort(a)
+    keep = np.empty(s.size, bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    uniq = s[keep]
+    del s, keep
+    low = np.uint64((1 << int(a.size - 1).bit_length()) - 1)
+    order = (a.view(np.uint64) & ~low) | np.arange(a.size, dtype=np.uint64)
+    order.sort()
+    at = (order & low).astype(np.intp)
+    del order
+    inverse = np.empty(a.size, np.intp)
+    inverse[at] = np.searchsorted(uniq, a[at])
+    return uniq, inverse
 
 
 def list_array(parts: list[np.ndarray], type_: object,

@@ -41,7 +41,7 @@ from rapidfuzz import process
 from rapidfuzz.distance import Indel
 from scipy.sparse import csr_array
 
-from pipeline.core.arrays import isin
+from pipeline.core.arrays import isin, unique_inverse
 from pipeline.core.splits import SPLIT_NAMES, unit_hashes
 from pipeline.music import fingerprints as fp
 from pipeline.music import melody, similarity
@@ -85,7 +85,7 @@ class ShingleMatrix:
     def from_sets(cls, sha256: np.ndarray, offsets: np.ndarray, values: np.ndarray
                   ) -> ShingleMatrix:
         """From each piece's shingle set (:func:`pipeline.music.fingerprints.shingles`)."""
-        _, column = np.unique(values, return_inverse=True)
+        _, column = unique_inverse(values)
         n_cols = int(column.max()) + 1 if column.size else 0
         offsets = np.asarray(offsets, dtype=np.int64)
         m = csr_array((np.ones(column.size, dtype=np.float32), column.astype(np.int64), offsets),

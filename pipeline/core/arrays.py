@@ -94,12 +94,7 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(values)
     if a.ndim != 1 or a.dtype not in (np.dtype(np.uint64), np.dtype(np.int64)) or a.size < 2:
         return np.unique(a, return_inverse=True)
-    s = np.sort(a)
-    keep = np.empty(s.size, bool)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    uniq = s[keep]
-    del s, keep
+    uniq = unique(a)
     low = np.uint64((1 << int(a.size - 1).bit_length()) - 1)
     order = (a.view(np.uint64) & ~low) | np.arange(a.size, dtype=np.uint64)
     order.sort()

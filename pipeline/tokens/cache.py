@@ -191,22 +191,22 @@ class TokenCache:
             return []
         return sorted(p for p in self.dir.glob("seg-*.parquet") if p.is_file())
 
-    def _read(self, path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    def _keys(self, path: Path) -> list[Key] | None:
+        """The (sha256, transpose) of a segment's rows, or None when it cannot be read."""
+        columns = ["sha256", "transpose"]
         try:
             table = pq.read_table(path, columns=columns)
         except (pa.ArrowException, OSError):
             return None
-        want = SEGMENT_SCHEMA if columns is None else pa.schema(
-            [SEGMENT_SCHEMA.field(c) for c in columns])
-        return table if table.schema.equals(want) else None
+        if not table.schema.equals(pa.schema([SEGMENT_SCHEMA.field(c) for c in columns])):
+            return None
+        return list(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
 
     def present(self) -> set[Key]:
         """(sha256, transpose) of every entry present (no entry is decoded)."""
         found: set[Key] = set()
         for seg in self.segments():
-            t = self._read(seg, ["sha256", "transpose"])
-            if t is not None:
-                found.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
+            found.update(self._keys(seg) or ())
         return found
 
     def locate(self, wanted: set[Key] | None = None, *, check: bool = True,
@@ -387,12 +387,11 @@ class TokenCache:
                 folder.unlink()
                 removed += 1
         for seg in self.segments():  # rewrite only the segments holding something to drop
-            t = self._read(seg, ["sha256", "transpose"])
-            if t is None:
+            keys = self._keys(seg)
+            if keys is None:
                 seg.unlink()
                 continue
-            dropped = sum(key not in keep for key in zip(t.column(0).to_pylist(),
-                                                         t.column(1).to_pylist(), strict=True))
+            dropped = sum(key not in keep for key in keys)
             if not dropped:
                 continue
             removed += dropped

@@ -379,6 +379,44 @@ def test_roundtrip_batch_equals_miditok_decode_per_check(remi):
     assert [g[0] == 3 for g in got] == [True, False, True, False]
 
 
+def test_settle_writes_each_checks_counts_into_its_own_entry(remi):
+    """Settled together, each encoding gets the (matched, decoded) counts of miditok's decode
+    of its own sequence: odd checks hold another score, with more notes than theirs, so their
+    two counts differ and a swap or a shift between entries shows."""
+    from dataclasses import replace
+
+    from pipeline.tokens.cache import RoundTrip, encode_score, roundtrip_counts, settle
+
+    pre = [remi.preprocess_score(score_with(480, [(240 * j, 240, 60 + j + k)
+                                                  for j in range(2 + k)]))
+           for k in range(4)]
+    checks: list[RoundTrip] = []
+    encodings = [encode_score(remi, p, p.note_num(), check=True, checks=checks, file=k)
+                 for k, p in enumerate(pre)]
+    checks = [replace(c, reference=pre[c.file + 1]) if c.file % 2 == 0 else c for c in checks]
+    settled = settle(remi, checks[::-1], encodings)
+    for c, enc in zip(checks, settled, strict=True):
+        want = roundtrip_counts(remi, c.ids, c.reference, c.index, c.one_stream, c.program)
+        assert (enc.seqs[0].rt_matched, enc.seqs[0].rt_decoded) == want
+    assert [enc.seqs[0].rt_matched < enc.seqs[0].rt_decoded for enc in settled] == [
+        True, False, True, False]
+
+
+def test_settle_writes_each_tracks_counts_into_its_own_sequence():
+    """Per-track sequences: each track's counts land in its own sequence of the entry."""
+    import miditok
+
+    from pipeline.tokens.cache import encode_score
+
+    tok = miditok.REMI(miditok.TokenizerConfig(use_programs=False))
+    score = score_with(480, [(0, 480, 60), (480, 480, 62)])
+    other = score_with(480, [(0, 240, 70), (240, 240, 71), (480, 240, 72)], program=33)
+    score.tracks.append(other.tracks[0])
+    pre = tok.preprocess_score(score)
+    enc = encode_score(tok, pre, pre.note_num(), check=True)
+    assert [(s.n_notes, s.rt_matched, s.rt_decoded) for s in enc.seqs] == [(2, 2, 2), (3, 3, 3)]
+
+
 @pytest.mark.parametrize("batch_fails", [False, True], ids=["batched", "batch-fails"])
 def test_chunk_settles_checks_like_one_file_at_a_time(tmp_path, monkeypatch, batch_fails):
     """A chunk's entries (checks settled together) equal each file encoded alone; a bad file

@@ -45,7 +45,7 @@ import time
 import uuid
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import lcm
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ was 1.1 GB to hold and 4-6 s to read)."""
 SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
                             ("entry", pa.binary())])
 Key = tuple[str, int]  # (sha256, transpose)
+_TIME = operator.attrgetter("time")
 
 
 @dataclass(frozen=True)
@@ -567,12 +568,24 @@ def note_keys(score: Any, grid: int, program: int | None = None) -> np.ndarray:
 
 def notes_keys_batch(scores: list[Any], grid: int, program: int | None = None
                      ) -> list[np.ndarray]:
-    """:func:`note_keys` of each score (``grid`` a multiple of every score's division), built
-    with a few array operations for all scores together."""
-    counts, progs, factors, cols = [], [], [], {"time": [], "pitch": [], "duration": []}
-    for score in scores:
+    """:func:`note_keys` of each score (``grid`` a multiple of every score's division):
+    :func:`note_columns`, rows split per score."""
+    owner, cols = note_columns(scores, grid, program)
+    if not scores:
+        return []
+    return np.split(cols.T, np.cumsum(np.bincount(owner, minlength=len(scores)))[:-1])
+
+
+def note_columns(scores: list[Any], grid: int, program: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The notes of all ``scores`` as ``(owner, columns)``: ``owner`` the score of each note
+    (nondecreasing) and ``columns`` a (4, notes) array of program, onset, pitch and duration,
+    times on ``grid`` ticks per quarter (a multiple of every score's division); drums are
+    program -1 and ``program`` overrides every track's program. Built with a few array
+    operations for all scores together."""
+    owners, progs, factors, cols = [], [], [], {"time": [], "pitch": [], "duration": []}
+    for k, score in enumerate(scores):
         factor = grid // int(score.ticks_per_quarter)
-        n_score = 0
         for track in score.tracks:
             notes = track.notes.numpy()
             n = len(notes["time"])
@@ -582,18 +595,21 @@ def notes_keys_batch(scores: list[Any], grid: int, program: int | None = None
                 values.append(notes[name])
             prog = program if program is not None else (-1 if track.is_drum
                                                         else int(track.program))
-            progs.append((prog, n))
-            factors.append((factor, n))
-            n_score += n
-        counts.append(n_score)
+            owners.append(k)
+            progs.append(prog)
+            factors.append(factor)
     if not progs:
-        return [np.zeros((0, 4), np.int64) for _ in scores]
-    prog = np.repeat(*map(np.asarray, zip(*progs, strict=True)))
-    factor = np.repeat(*map(np.asarray, zip(*factors, strict=True)))
-    time, pitch, duration = (np.concatenate(cols[k]).astype(np.int64)
-                             for k in ("time", "pitch", "duration"))
-    rows = np.stack([prog, time * factor, pitch, duration * factor], axis=1).astype(np.int64)
-    return np.split(rows, np.cumsum(counts)[:-1])
+        return np.zeros(0, np.int64), np.zeros((4, 0), np.int64)
+    counts = np.fromiter((len(t) for t in cols["time"]), np.int64, count=len(progs))
+    factor = np.repeat(np.asarray(factors, np.int64), counts)
+    out = np.empty((4, int(counts.sum())), np.int64)
+    out[0] = np.repeat(np.asarray(progs, np.int64), counts)
+    out[1] = np.concatenate(cols["time"])
+    out[1] *= factor
+    out[2] = np.concatenate(cols["pitch"])
+    out[3] = np.concatenate(cols["duration"])
+    out[3] *= factor
+    return np.repeat(np.asarray(owners, np.int64), counts), out
 
 
 def match_counts(reference: Any, decoded: Any, program: int | None = None) -> tuple[int, int]:
@@ -626,40 +642,61 @@ def multiset_matches(a: np.ndarray, b: np.ndarray) -> int:
 
 def same_multisets(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
     """Per pair ``a[k]``, ``b[k]`` (arrays of rows of equal width): whether their rows are the
-    same multiset. All pairs in one sort of the rows tagged with their pair's index (rows as one
-    code each, :func:`_row_codes`, so one key is sorted instead of one per column): cheaper than
+    same multiset (:func:`same_per_owner` on the rows as columns)."""
+    def columns(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        lengths = np.fromiter((len(x) for x in rows), np.int64, count=len(rows))
+        owner = np.repeat(np.arange(len(rows)), lengths)
+        if not lengths.sum():
+            return owner, np.zeros((0, 0), np.int64)
+        return owner, np.ascontiguousarray(np.concatenate(rows).astype(np.int64).T)
+
+    return same_per_owner(len(a), *columns(a), *columns(b))
+
+
+def same_per_owner(n: int, owner_a: np.ndarray, cols_a: np.ndarray, owner_b: np.ndarray,
+                   cols_b: np.ndarray) -> np.ndarray:
+    """Per owner ``0..n-1``: whether its rows in ``a`` and in ``b`` are the same multiset. Rows
+    are given as columns (``cols_a[:, j]`` is row ``j``, owned by ``owner_a[j]``). Every pair
+    is settled in one sort: each row becomes one code, with its owner as the most significant
+    digit (:func:`_column_codes`), so after sorting both sides position ``p`` holds a row of
+    the same owner in both wherever the owners' row counts agree. Cheaper than
     :func:`multiset_matches` per pair on the tens of rows of a short piece."""
-    n = len(a)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    len_a = np.fromiter((len(x) for x in a), dtype=np.int64, count=n)
-    len_b = np.fromiter((len(x) for x in b), dtype=np.int64, count=n)
-    same = len_a == len_b
-    both = [k for k in range(n) if same[k] and len_a[k]]
-    if not both:
+    same = np.bincount(owner_a, minlength=n) == np.bincount(owner_b, minlength=n)
+    keep_a, keep_b = same[owner_a], same[owner_b]
+    if not keep_a.any():
         return same
-    tag = np.repeat(np.asarray(both, dtype=np.int64), len_a[both])[:, None]
-    rows_a = np.concatenate([tag, np.concatenate([a[k] for k in both])], axis=1)
-    rows_b = np.concatenate([tag, np.concatenate([b[k] for k in both])], axis=1)
-    code_a, code_b = _row_codes(rows_a, rows_b)
+    rows_a = [owner_a, *cols_a] if keep_a.all() else [c[keep_a] for c in (owner_a, *cols_a)]
+    rows_b = [owner_b, *cols_b] if keep_b.all() else [c[keep_b] for c in (owner_b, *cols_b)]
+    code_a, code_b = _column_codes(rows_a, rows_b)
     differ = np.sort(code_a) != np.sort(code_b)
-    # codes order rows by tag first, so position p holds a row of the same pair in both
-    same[np.unique(tag[:, 0][differ])] = False
+    if differ.any():
+        same[np.unique(np.sort(rows_a[0])[differ])] = False
     return same
 
 
 def _row_codes(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Codes equal exactly when rows are equal: mixed radix when the joint ranges fit in 62
-    bits, else the rank of each distinct row."""
-    both = np.concatenate([a, b]).astype(np.int64)
-    lo, hi = both.min(axis=0), both.max(axis=0)
-    spans = [int(h) - int(v) + 1 for v, h in zip(lo.tolist(), hi.tolist(), strict=True)]
+    """:func:`_column_codes` of rows ``a`` and ``b``."""
+    return _column_codes(list(a.T), list(b.T))
+
+
+def _column_codes(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One code per row of ``a`` and of ``b``, each given as its columns (row ``j`` of ``a`` is
+    ``[col[j] for col in a]``), equal exactly when rows are equal and ordered as the rows are
+    (first column most significant): mixed radix when the joint ranges fit in 62 bits, else
+    the rank of each distinct row."""
+    lo = [min(int(x.min()), int(y.min())) for x, y in zip(a, b, strict=True)]
+    spans = [max(int(x.max()), int(y.max())) - v + 1 for x, y, v in zip(a, b, lo, strict=True)]
     if math.prod(spans) < 2**62:
-        mult = np.array([math.prod(spans[i + 1 :]) for i in range(len(spans))], np.int64)
-        codes = ((both - lo) * mult).sum(axis=1)
-    else:
-        codes = np.unique(both, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
-    return codes[: len(a)], codes[len(a) :]
+        codes_a, codes_b = np.zeros(len(a[0]), np.int64), np.zeros(len(b[0]), np.int64)
+        for col_a, col_b, low, span in zip(a, b, lo, spans, strict=True):
+            codes_a *= span
+            codes_a += col_a - low
+            codes_b *= span
+            codes_b += col_b - low
+        return codes_a, codes_b
+    both = np.concatenate([np.stack(a, axis=1), np.stack(b, axis=1)]).astype(np.int64)
+    codes = np.unique(both, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return codes[: len(a[0])], codes[len(a[0]) :]
 
 
 def nondecreasing(values: list[int]) -> bool:
@@ -721,13 +758,13 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
     one_stream = isinstance(tokseqs, TokSequence)
     if one_stream:
         tokseqs = [tokseqs]
-    tracks = list(score.tracks)
+    tracks = [] if one_stream else list(score.tracks)
     seqs = []
     mine: list[RoundTrip] = []
     for i, ts in enumerate(tokseqs):
         if one_stream:
             track, program, is_drum = -1, -1, False
-            n_notes = sum(len(t.notes) for t in tracks)
+            n_notes = int(score.note_num())
         elif i < len(tracks):
             track, program, is_drum = i, int(tracks[i].program), bool(tracks[i].is_drum)
             n_notes = len(tracks[i].notes)
@@ -736,8 +773,8 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
         ids = np.asarray(ts.ids, dtype=np.int32)
         if check:
             mine.append(RoundTrip(file, i, ids, score, one_stream, (program, is_drum)))
-        times = [e.time for e in ts.events]
-        ordered = nondecreasing(times)
+        times = list(map(_TIME, ts.events))
+        ordered = times == sorted(times)
         seqs.append(SeqEncoding(track, program, is_drum, n_notes, ids,
                                 chunk_starts(times, ts._ticks_bars, ordered),
                                 chunk_starts(times, ts._ticks_beats, ordered), -1, -1))
@@ -753,45 +790,49 @@ def settle(tokenizer: Any, checks: list[RoundTrip], encodings: list[Encoding]) -
     filled in (:func:`roundtrip_batch`)."""
     if not checks:
         return encodings
+    packed = [pack(enc) for enc in encodings]
+    settle_packed(tokenizer, checks, packed)
+    return [unpack(arr) for arr in packed]
+
+
+def settle_packed(tokenizer: Any, checks: list[RoundTrip], packed: list[np.ndarray]) -> None:
+    """Write the round-trip counts of ``checks`` (:func:`roundtrip_batch`) into the packed
+    entries ``packed`` (indexed by each check's ``file``), in place."""
+    if not checks:
+        return
     t0 = time.perf_counter()
-    counts = roundtrip_batch(tokenizer, checks)
-    out = list(encodings)
-    for c, (matched, decoded) in zip(checks, counts, strict=True):
-        seqs = list(out[c.file].seqs)
-        seqs[c.index] = replace(seqs[c.index], rt_matched=matched, rt_decoded=decoded)
-        out[c.file] = replace(out[c.file], seqs=tuple(seqs))
+    for c, (matched, decoded) in zip(checks, roundtrip_batch(tokenizer, checks), strict=True):
+        row = HEADER + c.index * SEQ_FIELDS
+        packed[c.file][row + 7 : row + 9] = (matched, decoded)
     CLOCK["check"] += time.perf_counter() - t0
-    return out
 
 
 def roundtrip_batch(tokenizer: Any, checks: list[RoundTrip]) -> list[tuple[int, int]]:
     """(matched, decoded) note counts of each check's ``decode(seq)`` against its reference.
 
-    One-stream REMI sequences are read together (:func:`remi_note_keys_batch`) and compared
-    with their references in one sort (:func:`same_multisets`): numpy's per-call cost on a
-    short piece exceeded the work, so one call per chunk of files replaces a dozen per file.
-    A sequence whose notes differ from the reference, or that the reader does not cover, is
-    decoded by miditok (:func:`roundtrip_counts`), which gives the exact counts."""
+    One-stream REMI sequences are read together (:func:`remi_note_columns`) and compared with
+    their references' notes (:func:`note_columns`) in one sort (:func:`same_per_owner`):
+    numpy's per-call cost on a short piece exceeded the work, so a few calls per chunk of
+    files replace a dozen per file. A sequence whose notes differ from the reference, or that
+    the reader does not cover, is decoded by miditok (:func:`roundtrip_counts`), which gives
+    the exact counts."""
     out: list[tuple[int, int] | None] = [None] * len(checks)
     fast_at = [k for k, c in enumerate(checks) if c.one_stream]
-    keys = remi_note_keys_batch(tokenizer, [checks[k].ids for k in fast_at]) if fast_at \
+    read = remi_note_columns(tokenizer, [checks[k].ids for k in fast_at]) if fast_at \
         else None
-    if keys is not None:
-        at, decs = [], []
-        for k, fast in zip(fast_at, keys, strict=True):
-            if fast is not None:
-                at.append(k)
-                decs.append(fast)
-        references = [checks[k].reference for k in at]
+    if read is not None:
+        owner_d, cols_d, bad = read
+        references = [checks[k].reference for k in fast_at]
         division = int(tokenizer.time_division)
         grid = lcm(division, *(int(r.ticks_per_quarter) for r in references))
         if grid != division:
-            for dec in decs:
-                dec[:, [1, 3]] *= grid // division
-        refs = notes_keys_batch(references, grid)
-        for k, ref, dec, same in zip(at, refs, decs, same_multisets(refs, decs), strict=True):
-            if same:
-                out[k] = (len(ref), len(dec))
+            cols_d[[1, 3]] *= grid // division
+        owner_r, cols_r = note_columns(references, grid)
+        n = len(fast_at)
+        same = same_per_owner(n, owner_r, cols_r, owner_d, cols_d) & ~bad
+        n_ref = np.bincount(owner_r, minlength=n).tolist()
+        for j in np.flatnonzero(same).tolist():
+            out[fast_at[j]] = (n_ref[j], n_ref[j])
     return [o if o is not None else roundtrip_counts(tokenizer, c.ids, c.reference, c.index,
                                                      c.one_stream, c.program)
             for o, c in zip(out, checks, strict=True)]
@@ -896,18 +937,20 @@ def _build_remi_spec(tokenizer: Any) -> _RemiSpec:
     return _RemiSpec(kind, value, ts_bar, ts_pos, dur_ticks, 0, (int(lo), int(hi)))
 
 
-def _last(mask: np.ndarray, values: np.ndarray, default: np.ndarray | int,
-          start: np.ndarray) -> np.ndarray:
-    """At each index, ``values`` at the latest index <= it where ``mask`` holds, looking back no
-    further than ``start`` (the index where its sequence starts), else ``default``."""
-    last = np.maximum.accumulate(np.where(mask, np.arange(len(mask)), -1))
-    return np.where(last >= start, values[np.maximum(last, 0)], default)
+def _back(idx: np.ndarray, values: np.ndarray, query: np.ndarray, start: np.ndarray,
+          default: np.ndarray | int) -> np.ndarray:
+    """Per index in ``query``: ``values[k]`` for the latest ``idx[k]`` (sorted indices) at or
+    before it and no earlier than its ``start`` (where its sequence starts), else ``default``."""
+    if idx.size == 0:
+        return np.broadcast_to(np.asarray(default, np.int64), query.shape).copy()
+    pos = np.searchsorted(idx, query, side="right") - 1
+    at = np.maximum(pos, 0)
+    return np.where((pos >= 0) & (idx[at] >= start), values[at], default)
 
 
-def _first(mask: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per sequence (indices ``begin`` to ``end``), the first index where ``mask`` holds, else
-    its ``end``."""
-    idx = np.flatnonzero(mask)
+def _first(idx: np.ndarray, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per sequence (indices ``begin`` to ``end``), the first of the sorted indices ``idx`` in
+    it, else its ``end``."""
     if idx.size == 0:
         return end.copy()
     found = idx[np.minimum(np.searchsorted(idx, begin), idx.size - 1)]
@@ -927,60 +970,99 @@ def remi_note_keys_batch(tokenizer: Any, sequences: list[np.ndarray]
                          ) -> list[np.ndarray | None] | None:
     """:func:`remi_note_keys` of each sequence, read together: None for configurations
     :func:`_remi_spec` does not cover, and None in place of a sequence with ids outside the
-    vocabulary.
+    vocabulary (:func:`remi_note_columns`, rows split per sequence)."""
+    read = remi_note_columns(tokenizer, sequences)
+    if read is None:
+        return None
+    owner, cols, bad = read
+    if not sequences:
+        return []
+    parts = np.split(cols.T, np.cumsum(np.bincount(owner, minlength=len(sequences)))[:-1])
+    return [None if b else part for b, part in zip(bad.tolist(), parts, strict=True)]
 
-    The same reading as ``REMI._tokens_to_score``, vectorised over the concatenated sequences,
-    every look-back bounded by its sequence's start. The time signature is the first TimeSig
-    token when it comes before any note token (else the default), then the latest TimeSig
-    token. The bar counter starts at -1, a Position before any Bar sets it to 0 and each Bar
-    adds one, moving the bar's start by a bar of the current signature when the counter becomes
-    positive; the current time is set by the latest Bar or Position. A Pitch makes a note at
-    the current time and program when its next two tokens are a Velocity and a Duration and the
-    pitch is within range; the duration's ticks depend on the signature. Drums are program -1,
-    as in :func:`note_keys`. Tests compare it with miditok's ``decode``.
+
+def remi_note_columns(tokenizer: Any, sequences: list[np.ndarray]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The notes miditok's REMI ``decode`` gives for each sequence of base ids (one stream), read
+    together: ``(owner, columns, bad)``, ``owner`` the sequence of each note (nondecreasing),
+    ``columns`` a (4, notes) array of program, onset, pitch and duration on the tokenizer's time
+    division, and ``bad`` per sequence whether it holds ids outside the vocabulary (its notes
+    are then not to be trusted). None for configurations :func:`_remi_spec` does not cover.
+
+    The same reading as ``REMI._tokens_to_score``, with every look-back bounded by its
+    sequence's start. The time signature is the first TimeSig token when it comes before any
+    note token (else the default), then the latest TimeSig token. The bar counter starts at -1,
+    a Position before any Bar sets it to 0 and each Bar adds one, moving the bar's start by a
+    bar of the current signature when the counter becomes positive; the current time is set by
+    the latest Bar or Position. A Pitch makes a note at the current time and program when its
+    next two tokens are a Velocity and a Duration and the pitch is within range; the duration's
+    ticks depend on the signature. Drums are program -1, as in :func:`note_keys`.
+
+    Only the tokens that matter are visited: each look-back is a binary search among the
+    indices of one kind of token (numpy's cost per element, over every token of a chunk of
+    files, was more than the decoding it replaces). Tests compare it with miditok's
+    ``decode``.
     """
     spec = _remi_spec(tokenizer)
     if spec is None:
         return None
-    lengths = np.fromiter((len(x) for x in sequences), dtype=np.int64, count=len(sequences))
-    n = int(lengths.sum())
-    if n == 0:
-        return [np.zeros((0, 4), np.int64) for _ in sequences]
-    ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in sequences])
-    seq = np.repeat(np.arange(lengths.size), lengths)
+    n_seq = len(sequences)
+    lengths = np.fromiter((len(x) for x in sequences), dtype=np.int64, count=n_seq)
     end = np.cumsum(lengths)
     begin = end - lengths
-    start = begin[seq]  # per index: where its sequence starts
-    stop = end[seq]  # per index: where its sequence ends
+    bad = np.zeros(n_seq, dtype=bool)
+    n = int(end[-1]) if n_seq else 0
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros((4, 0), np.int64), bad
+    ids = np.concatenate(sequences).astype(np.int64, copy=False)
     invalid = (ids < 0) | (ids >= len(spec.kind))
-    ids = np.where(invalid, 0, ids)
+    if invalid.any():
+        bad[np.searchsorted(end, np.flatnonzero(invalid), side="right")] = True
+        ids = np.where(invalid, 0, ids)
     kind, value = spec.kind[ids], spec.value[ids]
-    is_bar, is_pos, is_ts = kind == _BAR, kind == _POS, kind == _TS
-    noteish = (kind >= _PITCH) & (kind <= _DUR)  # Pitch, Velocity, Duration (consecutive)
-    first_ts, first_note = _first(is_ts, begin, end), _first(noteish, begin, end)
-    initial = np.where(first_ts < first_note, value[np.minimum(first_ts, n - 1)],
-                       spec.default_ts)
-    ts = _last(is_ts, value, initial[seq], start)
-    first_bar, first_pos = _first(is_bar, begin, end), _first(is_pos, begin, end)
-    step = np.where(is_bar, spec.ts_bar[ts], 0)
-    step[first_bar[first_bar < first_pos]] = 0  # the first Bar only sets the counter to 0
+
+    def seq_of(idx: np.ndarray) -> np.ndarray:
+        return np.searchsorted(end, idx, side="right")
+
+    i_ts = np.flatnonzero(kind == _TS)
+    if i_ts.size:
+        first_note = _first(np.flatnonzero((kind >= _PITCH) & (kind <= _DUR)), begin, end)
+        first_ts = _first(i_ts, begin, end)
+        initial = np.where(first_ts < first_note, value[np.minimum(first_ts, n - 1)],
+                           spec.default_ts)
+
+    def signature(idx: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        if not i_ts.size:
+            return np.full(idx.size, spec.default_ts, np.int64)
+        return _back(i_ts, value[i_ts], idx, begin[seq], initial[seq])
+
+    i_bar, i_pos = np.flatnonzero(kind == _BAR), np.flatnonzero(kind == _POS)
+    bar_seq = seq_of(i_bar)
+    step = spec.ts_bar[signature(i_bar, bar_seq)]
+    first_bar, first_pos = _first(i_bar, begin, end), _first(i_pos, begin, end)
+    step[(i_bar == first_bar[bar_seq]) & (first_bar < first_pos)[bar_seq]] = 0  # sets it to 0
     total = np.cumsum(step)
-    bar_tick = total - (total - step)[start]
-    set_tick = np.where(is_pos, bar_tick + value * spec.ts_pos[ts], bar_tick)
-    tick = _last(is_bar | is_pos, set_tick, 0, start)
-    program = _last(kind == _PROG, value, 0, start)
-    at_ = np.arange(n)
-    nxt = np.where(at_ + 1 < stop, np.append(kind[1:], _OTHER), _OTHER)
-    nxt2 = np.where(at_ + 2 < stop, np.append(kind[2:], [_OTHER, _OTHER]), _OTHER)
+    seq_first = np.searchsorted(i_bar, begin[bar_seq])  # the first Bar of each Bar's sequence
+    bar_tick = total - (total - step)[seq_first]  # the bar's start: steps since its sequence's
+    pos_seq = seq_of(i_pos)
+    pos_tick = (_back(i_bar, bar_tick, i_pos, begin[pos_seq], 0)
+                + value[i_pos] * spec.ts_pos[signature(i_pos, pos_seq)])
+    setter = np.zeros(n, np.int64)  # the time each Bar or Position sets
+    setter[i_bar] = bar_tick
+    setter[i_pos] = pos_tick
+    i_set = np.flatnonzero((kind == _BAR) | (kind == _POS))
+
     lo, hi = spec.pitch_range
-    at = np.flatnonzero((kind == _PITCH) & (nxt == _VEL) & (nxt2 == _DUR)
-                        & (value >= lo) & (value <= hi))
-    dur = spec.dur_ticks[ts[at], value[np.minimum(at + 2, n - 1)]]
-    rows = np.stack([program[at], tick[at], value[at], dur], axis=1).astype(np.int64)
-    parts = np.split(rows, np.cumsum(np.bincount(seq[at], minlength=lengths.size))[:-1])
-    bad = np.zeros(lengths.size, dtype=bool)
-    bad[seq[invalid]] = True
-    return [None if b else part for b, part in zip(bad.tolist(), parts, strict=True)]
+    at = np.flatnonzero((kind == _PITCH) & (value >= lo) & (value <= hi))
+    at = at[at + 2 < end[seq_of(at)]]
+    at = at[(kind[at + 1] == _VEL) & (kind[at + 2] == _DUR)]
+    seq = seq_of(at)
+    start = begin[seq]
+    tick = _back(i_set, setter[i_set], at, start, 0)
+    i_prog = np.flatnonzero(kind == _PROG)
+    program = _back(i_prog, value[i_prog], at, start, 0)
+    dur = spec.dur_ticks[signature(at, seq), value[at + 2]]
+    return seq, np.stack([program, tick, value[at], dur]), bad
 
 
 def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:
@@ -993,7 +1075,7 @@ def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:
     return bool(allp.min() >= lo and allp.max() <= hi)
 
 
-def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...],
+def encode_file(tokenizer: Any, path: Path | str, sha: str, transposes: tuple[int, ...],
                 checks: list[RoundTrip] | None = None, file: int = 0) -> dict[int, Encoding]:
     """Read, verify and encode one file at each transposition (0 = the piece itself).
 
@@ -1001,11 +1083,11 @@ def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...
     round-trip checked; augmented copies are not (they are training data only). With
     ``checks``, the check is left there to be settled with others (:func:`settle`).
     """
-    from miditok.data_augmentation import augment_score
     from symusic import Score
 
     try:
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:  # strerror only: the message must not carry a machine's path
         raise SourceError("read_error", f"{type(e).__name__}: {e.strerror}") from None
     if sha256_bytes(data) != sha:
@@ -1014,7 +1096,7 @@ def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...
         score = Score.from_midi(data)
     except Exception as e:  # symusic raises RuntimeError; anything else is also the file's fault
         raise SourceError("read_error", f"{type(e).__name__}: {e}") from None
-    n_input = sum(len(t.notes) for t in score.tracks)
+    n_input = int(score.note_num())
     pre = tokenizer.preprocess_score(score)
     out = {}
     mine: list[RoundTrip] | None = [] if checks is not None else None
@@ -1024,6 +1106,8 @@ def encode_file(tokenizer: Any, path: Path, sha: str, transposes: tuple[int, ...
         elif not transposition_allowed(tokenizer, pre, offset):
             out[offset] = Encoding(n_notes_input=n_input, seqs=(), out_of_range=True)
         else:
+            from miditok.data_augmentation import augment_score
+
             out[offset] = encode_score(tokenizer, augment_score(pre, pitch_offset=offset),
                                        n_input, check=False)
     if checks is not None and mine:  # only a file encoded whole leaves checks to settle
@@ -1068,7 +1152,7 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     checks: list[RoundTrip] = []
     for k, (sha, path, transposes) in enumerate(jobs):
         try:
-            encs = encode_file(tokenizer, Path(path), sha, transposes, checks, file=k)
+            encs = encode_file(tokenizer, path, sha, transposes, checks, file=k)
         except SourceError as e:
             out.append((e.flag, e.detail))
             continue
@@ -1076,20 +1160,17 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
             out.append(("encode_error", f"{type(e).__name__}: {e}"))
             continue
         out.append(encs)
-    # the checked base encodings (transposition 0; a job may hold only augmented copies)
+    out = [{t: pack(enc) for t, enc in r.items()} if isinstance(r, dict) else r for r in out]
+    # the checks of base encodings (transposition 0; a job may hold only augmented copies)
     bases = [r.get(0) if isinstance(r, dict) else None for r in out]
     try:
-        bases = settle(tokenizer, checks, bases)
+        settle_packed(tokenizer, checks, bases)
     except Exception:  # settle the chunk's checks one file at a time: only a bad one is flagged
         for k in sorted({c.file for c in checks}):
             try:
-                bases[k] = settle(tokenizer, [replace(c, file=0) for c in checks if c.file == k],
-                                  [bases[k]])[0]
+                settle_packed(tokenizer, [c for c in checks if c.file == k], bases)
             except Exception as e:
                 out[k] = ("encode_error", f"{type(e).__name__}: {e}")
-    out = [{**r, 0: bases[k]} if isinstance(r, dict) and 0 in r else r
-           for k, r in enumerate(out)]
-    out = [{t: pack(enc) for t, enc in r.items()} if isinstance(r, dict) else r for r in out]
     t1 = time.perf_counter()
     CLOCK["encode"] += t1 - t0
     if _WORKER["cache"] is not None:

@@ -501,6 +501,17 @@ def test_chunk_size_stays_within_bounds(n_jobs, workers):
         assert size == MAX_CHUNK
 
 
+@given(st.integers(1, 100_000), st.integers(1, 16))
+def test_chunks_cover_the_jobs_evenly_in_a_multiple_of_the_workers(n_jobs, workers):
+    from pipeline.tokens.cache import chunk_bounds, chunk_size
+
+    bounds = chunk_bounds(n_jobs, workers)
+    sizes = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == n_jobs and sizes.min() >= 1
+    assert sizes.max() - sizes.min() <= 1 and sizes.max() <= chunk_size(n_jobs, workers)
+    assert len(sizes) % workers == 0 or len(sizes) == n_jobs
+
+
 def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
     """Twenty files: two chunks (two cache segments, not one per file or two); the entries
     are the same for one and two workers, with or without a store (then returned packed, else
@@ -586,6 +597,12 @@ def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch,
         assert_same(entries.get([key])[key], encs[key])
     assert len(reads) == len({(seg, row // 4) for seg, row in where.values()})
     entries.close()
+    entries = Entries()  # located with the run's row groups: a small store is read once
+    entries.where = cache.locate(groups=entries.groups)
+    reads.clear()
+    assert_same(entries.get(sorted(encs))[items[3][:2]], items[3][2])
+    assert reads == []
+    entries.close()
     import pipeline.core.segments as segments_mod
 
     monkeypatch.setattr(segments_mod, "HELD_BYTES", 1)  # one row group at a time
@@ -593,7 +610,7 @@ def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch,
     entries.where = where
     for key in sorted(encs, reverse=True):
         assert_same(entries.get([key])[key], encs[key])
-        assert len(entries._groups._held) == 1
+        assert len(entries.groups._held) == 1
 
 
 def test_entries_refuse_a_store_changed_during_the_run(tmp_path):

@@ -46,7 +46,7 @@ from pipeline.core.arrays import list_array
 from pipeline.core.artifacts import (
     ROW_GROUP_ROWS,
     read_json,
-    read_parquet,
+    read_table,
     sha256_bytes,
     sha256_json,
     table_writer,
@@ -59,7 +59,7 @@ from pipeline.core.parallel import join_all
 from pipeline.core.segments import StoreChanged, rerun_if_store_changed
 from pipeline.core.splits import split_hash as compute_split_hash
 from pipeline.tokens.cache import (
-    Encoding,
+    Block,
     Entries,
     SeqEncoding,
     TokenCache,
@@ -155,18 +155,25 @@ class TokenizeSummary:
 
 
 def plan_pieces(manifest: Path, splits: Path, raw_dir: Path) -> pd.DataFrame:
-    """Every piece of ``splits`` with its source path (None when no ``ok`` manifest row)."""
-    sp = read_parquet(splits, columns=["sha256", "split"])
-    man = read_parquet(manifest, columns=["path", "sha256", "status"])
-    ok = man[man["status"] == "ok"].sort_values(["sha256", "path"]).drop_duplicates("sha256")
-    paths = dict(zip(ok["sha256"], ok["path"], strict=True))
-    sp = sp.sort_values("sha256").reset_index(drop=True)
-    if sp["sha256"].duplicated().any():
+    """Every piece of ``splits`` with its source path (None when no ``ok`` manifest row; of
+    several, the first path in sorted order), sorted by sha256."""
+    sp = read_table(splits, columns=["sha256", "split"])
+    man = read_table(manifest, columns=["path", "sha256", "status"])
+    paths: dict[str, str] = {}
+    for path, sha, status in zip(*(man[c].to_pylist() for c in ("path", "sha256", "status")),
+                                 strict=True):
+        if status == "ok" and (sha not in paths or path < paths[sha]):
+            paths[sha] = path
+    rows = sorted(zip(sp["sha256"].to_pylist(), sp["split"].to_pylist(), strict=True))
+    shas = [sha for sha, _ in rows]
+    if len(set(shas)) < len(shas):
         raise ValueError(f"{splits}: a sha256 appears twice")
     root = str(raw_dir)
-    sp["path"] = pd.Series([os.path.join(root, paths[s]) if s in paths else None
-                            for s in sp["sha256"]], dtype=object)
-    return sp
+    return pd.DataFrame({
+        "sha256": pd.Series(shas, dtype=object), "split": pd.Series([p for _, p in rows],
+                                                                    dtype=object),
+        "path": pd.Series([os.path.join(root, paths[s]) if s in paths else None for s in shas],
+                          dtype=object)})
 
 
 def split_hash(pieces: pd.DataFrame, split_report: Path | None) -> tuple[str, bool | None]:
@@ -201,16 +208,18 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     pieces = plan_pieces(manifest, splits, raw_dir)
 
     wanted: dict[str, tuple[int, ...]] = {}
-    for sha, split, path in zip(pieces["sha256"], pieces["split"], pieces["path"], strict=True):
+    shas, paths = pieces["sha256"].tolist(), pieces["path"].tolist()
+    train_offsets = tuple(sorted((0, *cfg.transpose)))
+    for sha, split, path in zip(shas, pieces["split"].tolist(), paths, strict=True):
         if path is not None:
-            wanted[sha] = tuple(sorted((0, *cfg.transpose))) if split == "train" else (0,)
+            wanted[sha] = train_offsets if split == "train" else (0,)
     keys = {(sha, t) for sha, ts in wanted.items() for t in ts}
     entries = Entries()
     before = _segment_ids(cache)
     if cache is not None:
-        entries.where = cache.locate(keys)
+        entries.where = cache.locate(keys, groups=entries.groups)
     jobs = []
-    for sha, path in zip(pieces["sha256"], pieces["path"], strict=True):
+    for sha, path in zip(shas, paths, strict=True):
         if path is None:
             continue
         todo = tuple(t for t in wanted[sha] if (sha, t) not in entries)
@@ -378,78 +387,118 @@ def write_tables(tokenizer: Any, pieces: pd.DataFrame, wanted: dict[str, tuple[i
         shas, splits = pieces["sha256"].tolist(), pieces["split"].tolist()
         for lo in range(0, len(shas), BATCH):
             part = shas[lo : lo + BATCH]
-            keys = [(sha, t) for sha in part for t in wanted.get(sha, ()) if (sha, t) in entries]
-            encodings = entries.get(keys)
-            final = apply_model(tokenizer, encodings)
+            block = entries.block([(sha, t) for sha in part for t in wanted.get(sha, ())
+                                   if (sha, t) in entries])
             tokens, augmented = batch_tables(tokenizer, table, part, splits[lo : lo + BATCH],
-                                             encodings, final, failures, examples)
+                                             block, apply_model(tokenizer, block), failures,
+                                             examples, counts)
             put_tokens(tokens)
             put_augmented(augmented)
             summary.append(tokens.drop_columns(["ids"]))
-            for (_, t), enc in encodings.items():
-                if t == 0:
-                    counts["base_tokens"] += sum(len(s.ids) for s in enc.seqs)
-                else:
-                    counts["augmented_sequences"] += len(enc.seqs)
-                    counts["augment_out_of_range"] += int(enc.out_of_range)
     return _stats(pa.concat_tables(summary), counts, examples)
 
 
+FLAG_BITS = ("model_lossy", "no_notes", "notes_dropped", "roundtrip_lossy")
+"""Row flags computed for encoded pieces, in sorted order (bit ``k`` of a row's flag code)."""
+
+
 def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
-                 shas: list[str], splits: list[str], encodings: dict[tuple[str, int], Encoding],
-                 final: dict[tuple[str, int], list[np.ndarray]],
-                 failures: dict[str, tuple[str, str]], examples: list[dict[str, Any]],
-                 ) -> tuple[pa.Table, pa.Table]:
-    """The tokens and augmented rows of the pieces ``shas`` (sorted) in ``splits``; a piece that
-    could not be encoded is added to ``examples``."""
-    one_stream = bool(tokenizer.one_token_stream)
-    rows, ids_of = [], []
-    for sha, split in zip(shas, splits, strict=True):
-        enc = encodings.get((sha, 0))
-        if enc is None:
-            flag, detail = failures.get(sha, ("missing_source", "no ok manifest row"))
-            rows.append((sha, split, -1, -1, False, 0, 0, 0, None, [flag]))
-            ids_of.append(np.zeros(0, np.int32))
-            examples.append({"sha256": sha, "flags": [flag], "detail": detail})
-            continue
-        piece_flags = []
-        if sum(s.n_notes for s in enc.seqs) < enc.n_notes_input:
-            piece_flags.append("notes_dropped")
-        if sum(s.n_notes for s in enc.seqs) == 0:
-            piece_flags.append("no_notes")
-        if not enc.seqs:
-            rows.append((sha, split, -1, -1, False, 0, 0, enc.n_notes_input, None,
-                         sorted(piece_flags)))
-            ids_of.append(np.zeros(0, np.int32))
-        for s, ids in zip(enc.seqs, final[(sha, 0)], strict=True):
-            flags, f1 = list(piece_flags), s.roundtrip_f1
-            if table is not None and not np.array_equal(expand(ids, table), s.ids):
-                flags.append("model_lossy")
-                f1 = _lossy_f1(tokenizer, s, expand(ids, table), one_stream)
-            if f1 < 1.0:
-                flags.append("roundtrip_lossy")
-            rows.append((sha, split, s.track, s.program, s.is_drum, len(ids), s.n_notes,
-                         enc.n_notes_input, f1, sorted(flags)))
-            ids_of.append(ids)
-    tokens = _table(TOKENS_SCHEMA, rows, ids_of)
-    aug_rows, aug_ids = [], []
-    for (sha, t), enc in sorted(encodings.items()):
-        if t != 0:
-            for s, ids in zip(enc.seqs, final[(sha, t)], strict=True):
-                aug_rows.append((sha, t, s.track, len(ids)))
-                aug_ids.append(ids)
-    return tokens, _table(AUGMENTED_SCHEMA, aug_rows, aug_ids)
+                 shas: list[str], splits: list[str], block: Block,
+                 final: list[np.ndarray] | None, failures: dict[str, tuple[str, str]],
+                 examples: list[dict[str, Any]], counts: Counter) -> tuple[pa.Table, pa.Table]:
+    """The tokens and augmented rows of the pieces ``shas`` (sorted) in ``splits``, from their
+    entries in ``block`` (``final``: the final ids of its sequences, None when they are the base
+    ids); a piece that could not be encoded is added to ``examples``; ``counts`` gets the
+    report's token and augmentation counts. Columns are built with array operations over the
+    block: a row at a time cost more than reading the entries."""
+    index = {key: e for e, key in enumerate(block.keys)}
+    first, tab = block.first_seq, block.table
+    seq_entry = np.repeat(np.arange(len(block.keys)), np.diff(first))
+    n_seq = np.diff(first)
+    n_tokens = tab[:, 4] if final is None else np.fromiter(map(len, final), np.int64,
+                                                            count=len(final))
+    # per sequence: the round-trip F1 (a trained model that loses notes lowers it) and flags
+    matched, n_notes, decoded = tab[:, 7], tab[:, 3], tab[:, 8]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f1 = np.where(matched < 0, np.nan, np.where(n_notes + decoded == 0, 1.0,
+                                                    2.0 * matched / (n_notes + decoded)))
+    lossy = np.zeros(len(tab), dtype=bool)
+    base_entry = np.array([k[1] == 0 for k in block.keys], dtype=bool)
+    if table is not None:
+        one_stream = bool(tokenizer.one_token_stream)
+        for j in np.flatnonzero(base_entry[seq_entry]).tolist():
+            recovered = expand(final[j], table)
+            if not np.array_equal(recovered, block.ids(j)):
+                lossy[j] = True
+                f1[j] = _lossy_f1(tokenizer, block.sequence(j), recovered, one_stream)
+    notes = np.bincount(seq_entry, weights=n_notes, minlength=len(block.keys)).astype(np.int64)
+    entry_code = 2 * (notes == 0) + 4 * (notes < block.n_input)
+    seq_code = entry_code[seq_entry] + lossy + 8 * (f1 < 1.0)
+
+    # one row per sequence of each piece's base entry; one row for a piece without sequences
+    base = np.fromiter((index.get((sha, 0), -1) for sha in shas), np.int64, count=len(shas))
+    rows = np.where(base >= 0, np.maximum(n_seq[np.maximum(base, 0)], 1) if len(n_seq)
+                    else 1, 1)
+    piece = np.repeat(np.arange(len(shas)), rows)
+    entry = base[piece]
+    seq = np.where(entry >= 0, first[np.maximum(entry, 0)], 0) + (
+        np.arange(len(piece)) - (np.cumsum(rows) - rows)[piece])
+    has = (entry >= 0) & (n_seq[np.maximum(entry, 0)] > 0 if len(n_seq)
+                          else np.zeros(len(piece), bool))
+    at = seq[has]
+
+    def per_row(values: np.ndarray, default: Any, dtype: Any) -> np.ndarray:
+        out = np.full(len(piece), default, dtype=dtype)
+        out[has] = values[at]
+        return out
+
+    code = np.where(has, seq_code[np.where(has, seq, 0)] if len(seq_code) else 0,
+                    entry_code[np.maximum(entry, 0)] if len(entry_code) else 0)
+    flag_lists = [[f for k, f in enumerate(FLAG_BITS) if c >> k & 1] for c in range(16)]
+    flags = [flag_lists[c] for c in code.tolist()]
+    for r in np.flatnonzero(entry < 0).tolist():
+        sha = shas[piece[r]]
+        flag, detail = failures.get(sha, ("missing_source", "no ok manifest row"))
+        flags[r] = [flag]
+        examples.append({"sha256": sha, "flags": [flag], "detail": detail})
+    n_input = np.where(entry >= 0, block.n_input[np.maximum(entry, 0)]
+                       if len(block.n_input) else 0, 0)
+    ids_of = [_NO_IDS] * len(piece)
+    for r, j in zip(np.flatnonzero(has).tolist(), at.tolist(), strict=True):
+        ids_of[r] = final[j] if final is not None else \
+            block.flat[block.ids_at[j] : block.ids_at[j] + tab[j, 4]]
+    piece_list = piece.tolist()
+    tokens = pa.table({
+        "sha256": pa.array([shas[p] for p in piece_list], pa.string()),
+        "split": pa.array([splits[p] for p in piece_list], pa.string()),
+        "track": pa.array(per_row(tab[:, 0], -1, np.int16)),
+        "program": pa.array(per_row(tab[:, 1], -1, np.int16)),
+        "is_drum": pa.array(per_row(tab[:, 2] != 0, False, bool)),
+        "ids": list_array(ids_of, TOKENS_SCHEMA.field("ids").type),
+        "n_tokens": pa.array(per_row(n_tokens, 0, np.int32)),
+        "n_notes": pa.array(per_row(n_notes, 0, np.int32)),
+        "n_notes_input": pa.array(n_input.astype(np.int32)),
+        "roundtrip_f1": pa.array(per_row(f1, np.nan, np.float64), mask=~has),
+        "flags": pa.array(flags, TOKENS_SCHEMA.field("flags").type),
+    }, schema=TOKENS_SCHEMA)
+    base_seqs = base_entry[seq_entry]
+    counts["base_tokens"] += int(tab[base_seqs, 4].sum())
+    counts["augmented_sequences"] += int((~base_seqs).sum())
+    counts["augment_out_of_range"] += int(block.out_of_range[~base_entry].sum())
+    aug = [j for e in sorted(np.flatnonzero(~base_entry).tolist(), key=block.keys.__getitem__)
+           for j in range(first[e], first[e + 1])]
+    aug_ids = [final[j] if final is not None else block.ids(j) for j in aug]
+    augmented = pa.table({
+        "sha256": pa.array([block.keys[e][0] for e in seq_entry[aug].tolist()], pa.string()),
+        "transpose": pa.array([block.keys[e][1] for e in seq_entry[aug].tolist()], pa.int8()),
+        "track": pa.array(tab[aug, 0].astype(np.int16)),
+        "ids": list_array(aug_ids, AUGMENTED_SCHEMA.field("ids").type),
+        "n_tokens": pa.array(n_tokens[aug].astype(np.int32)),
+    }, schema=AUGMENTED_SCHEMA)
+    return tokens, augmented
 
 
-def _table(schema: pa.Schema, rows: list[tuple], ids: list[np.ndarray]) -> pa.Table:
-    """A table of ``schema`` from rows of its columns but ``ids``, and each row's ids (one flat
-    array and offsets, not a conversion per row)."""
-    names = [n for n in schema.names if n != "ids"]
-    cols = list(zip(*rows, strict=True)) if rows else [[]] * len(names)
-    arrays = {n: pa.array(list(c), schema.field(n).type)
-              for n, c in zip(names, cols, strict=True)}
-    arrays["ids"] = list_array(ids, schema.field("ids").type)
-    return pa.table({n: arrays[n] for n in schema.names}, schema=schema)
+_NO_IDS = np.zeros(0, np.int32)
 
 
 def _stats(tokens: pa.Table, counts: Counter, examples: list[dict[str, Any]]) -> dict[str, Any]:

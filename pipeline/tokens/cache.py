@@ -71,6 +71,7 @@ was 1.1 GB to hold and 4-6 s to read)."""
 SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
                             ("entry", pa.binary())])
 Key = tuple[str, int]  # (sha256, transpose)
+ENTRY_COLUMNS = ["entry"]  # what Entries reads of a segment's row group
 _TIME = operator.attrgetter("time")
 
 
@@ -125,43 +126,149 @@ def pack(enc: Encoding) -> np.ndarray:
 
 def unpack(arr: np.ndarray) -> Encoding:
     """Inverse of :func:`pack`; raises ValueError on a malformed array."""
-    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER or arr[0] != FORMAT:
+    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER:
         raise ValueError("not a token cache entry of this format")
-    n_seq = int(arr[1])
-    if n_seq < 0 or HEADER + n_seq * SEQ_FIELDS > len(arr):
-        raise ValueError("token cache entry has the wrong length")
-    table = arr[HEADER : HEADER + n_seq * SEQ_FIELDS].reshape(n_seq, SEQ_FIELDS)
+    fmt, n_seq, n_input, flags = arr[:HEADER].tolist()
+    if fmt != FORMAT:
+        raise ValueError("not a token cache entry of this format")
     pos = HEADER + n_seq * SEQ_FIELDS
-    blocks: list[list[np.ndarray]] = []
+    if n_seq < 0 or pos > len(arr):
+        raise ValueError("token cache entry has the wrong length")
+    table = arr[HEADER:pos].tolist()
+    rows = [table[i : i + SEQ_FIELDS] for i in range(0, len(table), SEQ_FIELDS)]
+    starts = []
     for col in (4, 5, 6):  # ids, bar starts, beat starts
-        out = []
-        for n in table[:, col].tolist():
-            if n < 0:
+        for r in rows:
+            if r[col] < 0:
                 raise ValueError("token cache entry has a negative length")
-            out.append(arr[pos : pos + n])
-            pos += n
-        blocks.append(out)
+            starts.append(pos)
+            pos += r[col]
     if pos != len(arr):
         raise ValueError("token cache entry has the wrong length")
     seqs = tuple(
         SeqEncoding(track=r[0], program=r[1], is_drum=bool(r[2]), n_notes=r[3],
-                    ids=blocks[0][i], bar_starts=blocks[1][i], beat_starts=blocks[2][i],
+                    ids=arr[starts[i] : starts[i] + r[4]],
+                    bar_starts=arr[starts[n_seq + i] : starts[n_seq + i] + r[5]],
+                    beat_starts=arr[starts[2 * n_seq + i] : starts[2 * n_seq + i] + r[6]],
                     rt_matched=r[7], rt_decoded=r[8])
-        for i, r in enumerate(table.tolist()))
-    return Encoding(n_notes_input=int(arr[2]), seqs=seqs, out_of_range=bool(arr[3] & OUT_OF_RANGE))
+        for i, r in enumerate(rows))
+    return Encoding(n_notes_input=n_input, seqs=seqs, out_of_range=bool(flags & OUT_OF_RANGE))
 
 
 def entry_ok(arr: np.ndarray) -> bool:
     """Whether :func:`unpack` accepts ``arr`` (the same checks, without building the
     encoding)."""
-    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER or arr[0] != FORMAT:
+    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER:
         return False
-    n_seq = int(arr[1])
-    if n_seq < 0 or HEADER + n_seq * SEQ_FIELDS > len(arr):
+    fmt, n_seq = arr[:2].tolist()
+    pos = HEADER + n_seq * SEQ_FIELDS
+    if fmt != FORMAT or n_seq < 0 or pos > len(arr):
         return False
-    lengths = arr[HEADER : HEADER + n_seq * SEQ_FIELDS].reshape(n_seq, SEQ_FIELDS)[:, 4:7]
-    return bool((lengths >= 0).all()) and \
-        HEADER + n_seq * SEQ_FIELDS + int(lengths.sum(dtype=np.int64)) == len(arr)
+    table = arr[HEADER:pos].tolist()
+    lengths = [n for i in range(0, len(table), SEQ_FIELDS) for n in table[i + 4 : i + 7]]
+    return min(lengths, default=0) >= 0 and pos + sum(lengths) == len(arr)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Packed entries parsed together (:func:`parse_block`), end to end in ``flat``. Per entry
+    (in ``keys`` order): its sequences ``first_seq[e]`` to ``first_seq[e + 1]``, the notes of its
+    file and whether its transposition was refused. Per sequence: its row of the entry's table
+    (``table``, ``SEQ_FIELDS`` columns as :func:`pack` writes them) and where its ids, bar
+    starts and beat starts begin in ``flat``."""
+
+    keys: list[Key]
+    flat: np.ndarray
+    first_seq: np.ndarray
+    n_input: np.ndarray
+    out_of_range: np.ndarray
+    table: np.ndarray
+    ids_at: np.ndarray
+    bars_at: np.ndarray
+    beats_at: np.ndarray
+
+    def ids(self, j: int) -> np.ndarray:
+        """Base ids of sequence ``j`` (a view of ``flat``)."""
+        return self.flat[self.ids_at[j] : self.ids_at[j] + self.table[j, 4]]
+
+    def sequence(self, j: int) -> SeqEncoding:
+        t = self.table[j].tolist()
+        return SeqEncoding(track=t[0], program=t[1], is_drum=bool(t[2]), n_notes=t[3],
+                           ids=self.ids(j),
+                           bar_starts=self.flat[self.bars_at[j] : self.bars_at[j] + t[5]],
+                           beat_starts=self.flat[self.beats_at[j] : self.beats_at[j] + t[6]],
+                           rt_matched=t[7], rt_decoded=t[8])
+
+    def encoding(self, e: int) -> Encoding:
+        """Entry ``e`` as :func:`unpack` gives it."""
+        return Encoding(n_notes_input=int(self.n_input[e]),
+                        seqs=tuple(self.sequence(j)
+                                   for j in range(self.first_seq[e], self.first_seq[e + 1])),
+                        out_of_range=bool(self.out_of_range[e]))
+
+
+class BadEntry(ValueError):
+    """Entry ``index`` of a block is not a packed entry :func:`unpack` accepts."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"entry {index} is not a token cache entry of this format")
+        self.index = index
+
+
+def entries_ok(arrays: list[np.ndarray]) -> np.ndarray:
+    """:func:`entry_ok` of each array: all checked at once (:func:`parse_block`), one at a time
+    only when some fail."""
+    try:
+        parse_block([], arrays)
+    except BadEntry:
+        return np.fromiter(map(entry_ok, arrays), bool, count=len(arrays))
+    return np.ones(len(arrays), dtype=bool)
+
+
+def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> Block:
+    """The packed entries ``arrays`` (of ``keys``) as one :class:`Block`, checked as
+    :func:`unpack` checks each (:class:`BadEntry` names the first it refuses). Array operations
+    over all entries at once: unpacking entry by entry cost 10 us each, more than the rest of
+    assembling a short piece's row."""
+    n = len(arrays)
+    try:
+        flat = np.concatenate(arrays) if n else np.zeros(0, np.int32)
+    except ValueError:  # arrays of different dimensions
+        flat = None
+    if flat is None or flat.dtype != np.int32 or flat.ndim != 1:
+        raise BadEntry(next(e for e, a in enumerate(arrays)
+                            if a.dtype != np.int32 or a.ndim != 1))
+    lengths = np.fromiter(map(len, arrays), np.int64, count=n)
+    ends = np.cumsum(lengths)
+    off = ends - lengths
+
+    def refuse(bad: np.ndarray) -> None:
+        if bad.any():
+            raise BadEntry(int(np.argmax(bad)))
+
+    refuse(lengths < HEADER)
+    head = flat[off[:, None] + np.arange(HEADER)].astype(np.int64).reshape(n, HEADER)
+    n_seq = head[:, 1]
+    refuse((head[:, 0] != FORMAT) | (n_seq < 0))
+    data = off + HEADER + n_seq * SEQ_FIELDS  # where each entry's ids begin
+    refuse(data > ends)
+    first_seq = np.concatenate([[0], np.cumsum(n_seq)])
+    entry = np.repeat(np.arange(n), n_seq)
+    within = np.arange(int(first_seq[-1])) - first_seq[entry]
+    table = flat[(off[entry] + HEADER + within * SEQ_FIELDS)[:, None]
+                 + np.arange(SEQ_FIELDS)].astype(np.int64).reshape(-1, SEQ_FIELDS)
+    refuse(np.bincount(entry[(table[:, 4:7] < 0).any(axis=1)], minlength=n) > 0)
+    at = []
+    begin = data
+    for col in (4, 5, 6):  # ids, bar starts, beat starts: each kind for all sequences in turn
+        counts = table[:, col]
+        before = np.cumsum(counts) - counts
+        at.append(begin[entry] + before - before[first_seq[entry]])
+        begin = begin + np.bincount(entry, weights=counts, minlength=n).astype(np.int64)
+    refuse(begin != ends)
+    return Block(keys=list(keys), flat=flat, first_seq=first_seq, n_input=head[:, 2],
+                 out_of_range=(head[:, 3] & OUT_OF_RANGE) != 0, table=table, ids_at=at[0],
+                 bars_at=at[1], beats_at=at[2])
 
 
 def config_key(tokenizer_name: str, config: dict[str, Any]) -> str:
@@ -211,11 +318,14 @@ class TokenCache:
         return found
 
     def locate(self, wanted: set[Key] | None = None, *, check: bool = True,
-               segments: list[Path] | None = None) -> dict[Key, tuple[Path, int]]:
+               segments: list[Path] | None = None,
+               groups: RowGroups | None = None) -> dict[Key, tuple[Path, int]]:
         """Where each stored entry of ``wanted`` (all when None) lies: (segment, row), the first
         segment in name order holding it. With ``check`` each entry is read and checked
         (:func:`entry_ok`; one that fails is left out, so it is recomputed), a row group at a
-        time; without, only the keys are read (for ``segments`` this run's workers wrote)."""
+        time, and ``groups`` (the run's :attr:`Entries.groups`) holds what it read, as far as
+        its limit allows, so that a small store is not read twice; without, only the keys are
+        read (for ``segments`` this run's workers wrote)."""
         found: dict[Key, tuple[Path, int]] = {}
         columns = ["sha256", "transpose", "entry"] if check else ["sha256", "transpose"]
         want = pa.schema([SEGMENT_SCHEMA.field(c) for c in columns])
@@ -230,10 +340,14 @@ class TokenCache:
                         if not t.schema.equals(want):
                             break
                         keys = zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True)
-                        arrays = _entry_arrays(t.column(2)) if check else [None] * t.num_rows
-                        for i, (key, arr) in enumerate(zip(keys, arrays, strict=True)):
-                            if (wanted is None or key in wanted) and key not in found and \
-                                    (arr is None or entry_ok(arr)):
+                        good = [True] * t.num_rows
+                        if check:
+                            arrays = _entry_arrays(t.column(2))
+                            good = entries_ok(arrays).tolist()
+                            if groups is not None:
+                                groups.hold(seg, g, ENTRY_COLUMNS, arrays, t.column(2).nbytes)
+                        for i, (key, ok) in enumerate(zip(keys, good, strict=True)):
+                            if ok and (wanted is None or key in wanted) and key not in found:
                                 found[key] = (seg, row + i)
                         row += t.num_rows
             except (pa.ArrowException, OSError):
@@ -244,7 +358,7 @@ class TokenCache:
         """Every readable entry (only those in ``wanted`` when given), all in memory; unreadable
         ones are left out, so they are recomputed. A run reads through :class:`Entries`."""
         entries = Entries()
-        entries.where = self.locate(wanted)
+        entries.where = self.locate(wanted, groups=entries.groups)
         try:
             return entries.get(sorted(entries.where))
         finally:
@@ -442,32 +556,48 @@ class Entries:
     def __init__(self) -> None:
         self.where: dict[Key, tuple[Path, int]] = {}
         self.packed: dict[Key, np.ndarray] = {}
-        self._groups = RowGroups()
+        self.groups = RowGroups()  # row groups read and held for the run
 
     def __contains__(self, key: Key) -> bool:
         return key in self.where or key in self.packed
 
     def get(self, keys: list[Key]) -> dict[Key, Encoding]:
-        """The encodings of ``keys`` (each must be held: ``key in self``). A stored entry that no
-        longer reads as one raises :class:`~pipeline.core.segments.StoreChanged`."""
-        out: dict[Key, Encoding] = {}
+        """The encodings of ``keys`` (each must be held: ``key in self``)."""
+        block = self.block(keys)
+        return {key: block.encoding(e) for e, key in enumerate(block.keys)}
+
+    def block(self, keys: list[Key]) -> Block:
+        """The entries of ``keys`` (each must be held: ``key in self``) as one :class:`Block`.
+        A stored entry that no longer reads as one raises
+        :class:`~pipeline.core.segments.StoreChanged`."""
+        arrays: list[np.ndarray] = []
+        group: tuple[Path, int, list[np.ndarray]] | None = None  # the row group last read
         for key in keys:
+            arr = self.packed.get(key)
+            if arr is None:
+                seg, row = self.where[key]
+                if group is None or group[0] is not seg or not 0 <= row - group[1] < len(group[2]):
+                    try:
+                        held, i = self.groups.row(seg, row, ENTRY_COLUMNS,
+                                                  lambda t: _entry_arrays(t.column(0)))
+                    except (ValueError, IndexError, pa.ArrowException, OSError) as e:
+                        raise StoreChanged(f"token cache segment {seg.name} changed during the "
+                                           f"run ({type(e).__name__})") from None
+                    group = (seg, row - i, held)
+                arr = group[2][row - group[1]]
+            arrays.append(arr)
+        try:
+            return parse_block(keys, arrays)
+        except BadEntry as e:
+            key = keys[e.index]
             if key in self.packed:
-                out[key] = unpack(self.packed[key])
-                continue
-            seg, row = self.where[key]
-            try:
-                arrays, i = self._groups.row(seg, row, ["entry"],
-                                             lambda t: _entry_arrays(t.column(0)))
-                out[key] = unpack(arrays[i])
-            except (ValueError, IndexError, pa.ArrowException, OSError) as e:
-                raise StoreChanged(f"token cache segment {seg.name} changed during the run "
-                                   f"({type(e).__name__})") from None
-        return out
+                raise
+            raise StoreChanged(f"token cache segment {self.where[key][0].name} changed during "
+                               "the run (BadEntry)") from None
 
     def close(self) -> None:
         """Let go of held row groups."""
-        self._groups.clear()
+        self.groups.clear()
 
 
 def _entry_arrays(column: pa.ChunkedArray) -> list[np.ndarray]:
@@ -514,21 +644,19 @@ def base_byte_table(tokenizer: Any) -> list[str]:
     return [tokenizer._vocab_base_id_to_byte[i] for i in range(len(tokenizer.vocab))]
 
 
-def apply_model(tokenizer: Any, encodings: dict[tuple[str, int], Encoding],
-                batch: int = 2048) -> dict[tuple[str, int], list[np.ndarray]]:
-    """Final ids per sequence: base ids, or the trained model applied as ``encode`` does."""
+def apply_model(tokenizer: Any, block: Block, batch: int = 2048) -> list[np.ndarray] | None:
+    """Final ids of each sequence of ``block``: None when the tokenizer has no trained model
+    (the base ids are final), else the trained model applied as ``encode`` does."""
     if not tokenizer.is_trained:
-        return {k: [s.ids for s in e.seqs] for k, e in encodings.items()}
+        return None
     table = base_byte_table(tokenizer)
-    keys = sorted(encodings)
-    flat = [(k, s) for k in keys for s in encodings[k].seqs]
-    out: dict[tuple[str, int], list[np.ndarray]] = {k: [] for k in keys}
-    for i in range(0, len(flat), batch):
-        part = flat[i : i + batch]
-        done = tokenizer._model.encode_batch([words(tokenizer, table, s) for _, s in part],
-                                             is_pretokenized=True)
-        for (k, _), enc in zip(part, done, strict=True):
-            out[k].append(np.asarray(enc.ids, dtype=np.int32))
+    n = len(block.table)
+    out: list[np.ndarray] = []
+    for lo in range(0, n, batch):
+        done = tokenizer._model.encode_batch(
+            [words(tokenizer, table, block.sequence(j)) for j in range(lo, min(n, lo + batch))],
+            is_pretokenized=True)
+        out += [np.asarray(enc.ids, dtype=np.int32) for enc in done]
     return out
 
 
@@ -1190,6 +1318,16 @@ def chunk_size(n_jobs: int, workers: int) -> int:
     return min(MAX_CHUNK, max(MIN_CHUNK, math.ceil(n_jobs / (workers * 8))))
 
 
+def chunk_bounds(n_jobs: int, workers: int) -> list[int]:
+    """Where each chunk of ``n_jobs`` starts (then ``n_jobs``): chunks of at most
+    :func:`chunk_size` files, as many as a multiple of ``workers`` and of sizes that differ by at
+    most one, so that the workers finish together (a +1% run of 50 files made chunks of 16, 16,
+    16 and 2: one worker encoded 32 files while the other encoded 18)."""
+    n = -(-n_jobs // chunk_size(n_jobs, workers))
+    n = min(max(1, n_jobs), n + -n % workers)
+    return [n_jobs * k // n for k in range(n + 1)]
+
+
 def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *, workers: int,
                    timeout_s: float, show_progress: bool | str = "auto",
                    seconds: dict[str, float] | None = None,
@@ -1207,8 +1345,7 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
     if not jobs:
         return {}
     workers = max(1, min(workers, len(jobs)))
-    size = chunk_size(len(jobs), workers)
-    chunks = [tuple(jobs[i : i + size]) for i in range(0, len(jobs), size)]
+    chunks = [tuple(jobs[a:b]) for a, b in itertools.pairwise(chunk_bounds(len(jobs), workers))]
     initargs = (factory, str(cache.root) if cache else None, cache.key if cache else "")
     clock = seconds if seconds is not None else {}
 

@@ -546,6 +546,58 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
             assert_same(run[sha], alone)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 9), max_size=3), st.booleans(),
+                          st.sampled_from(["ok", "short", "long", "magic", "negative", "dtype"])),
+                max_size=6))
+def test_block_reads_entries_as_unpack_does(entries):
+    """A block of packed entries: each entry as :func:`unpack` gives it, and the entries
+    :func:`unpack` refuses are those :func:`entries_ok` refuses (and :func:`parse_block`
+    refuses the block)."""
+    from pipeline.tokens.cache import BadEntry, entries_ok, parse_block
+
+    arrays, encodings = [], []
+    for lengths, out_of_range, damage in entries:
+        enc = Encoding(n_notes_input=len(lengths), out_of_range=out_of_range,
+                       seqs=tuple(seq(k, n, k) for k, n in enumerate(lengths)))
+        arr = pack(enc)
+        if damage == "short":
+            arr = arr[:-1]
+        elif damage == "long":
+            arr = np.append(arr, 7).astype(np.int32)
+        elif damage == "magic":
+            arr = arr.copy()
+            arr[0] += 1
+        elif damage == "negative" and lengths:  # a negative length, the same total
+            arr = arr.copy()
+            arr[HEADER + 4] -= lengths[0] + 1
+            arr[HEADER + 5] += lengths[0] + 1
+        elif damage == "dtype":
+            arr = arr.astype(np.int64)
+        arrays.append(arr)
+        encodings.append(enc)
+
+    def unpacks(a: np.ndarray) -> bool:
+        try:
+            unpack(a)
+        except ValueError:
+            return False
+        return True
+
+    ok = [unpacks(a) for a in arrays]
+    assert entries_ok(arrays).tolist() == ok
+    keys = [(f"{k:064x}", 0) for k in range(len(arrays))]
+    if all(ok):
+        block = parse_block(keys, arrays)
+        for e, (arr, enc) in enumerate(zip(arrays, encodings, strict=True)):
+            assert_same(block.encoding(e), unpack(arr))
+            assert_same(block.encoding(e), enc)
+    else:
+        with pytest.raises(BadEntry) as bad:
+            parse_block(keys, arrays)
+        assert not ok[bad.value.index]
+
+
 @pytest.mark.parametrize("arr", [
     np.zeros(0, np.int32), np.array([FORMAT, 0, 1], np.int32), np.array([1, 0, 0, 0], np.int32),
     np.array([FORMAT, -1, 0, 0], np.int32), np.array([FORMAT, 5, 0, 0], np.int32),

@@ -9,8 +9,9 @@ Generates N small MIDI files with symusic (default 5,000, two tracks of 30 notes
 3. a cached full run, then the same after adding 1% new files: incremental time / full time.
 
 With ``--repeat N`` the plain loop and the W-worker run are measured N times, interleaved, and
-their min and median printed. Timings on a shared machine are noisy: the load average is printed
-beside each figure.
+their min and median printed; so are the cached full run (each from an empty cache) and the +1%
+run (each from the cache the full run left), and the ratio is that of their medians. Timings
+on a shared machine are noisy: the load average is printed beside each figure.
 
 Usage: ``python benchmarks/bench_tokenize.py [--files 5000] [--workers W] [--model none|BPE]
 [--repeat N]``
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -139,18 +141,29 @@ def main() -> None:
         print(f"parallel efficiency: encode phase {eff_encode:.2f}, end to end {eff_total:.2f} "
               f"({load()})")
 
-        t_full, env_full = stage(root, cfg, args.workers, cache=True)
+        fulls = []
+        for _ in range(args.repeat):  # each from an empty cache
+            shutil.rmtree(root / "data/token_cache", ignore_errors=True)
+            t_full, env_full = stage(root, cfg, args.workers, cache=True)
+            fulls.append(t_full)
+        shutil.copytree(root / "data/token_cache", root / "cache_after_full")
         n_new = max(1, args.files // 100)
         write_inputs(root, n_new, start=args.files, rows=rows)
-        t_inc, env_inc = stage(root, cfg, args.workers, cache=True)
+        incs = []
+        for _ in range(args.repeat):  # each from the cache the full run left
+            shutil.rmtree(root / "data/token_cache")
+            shutil.copytree(root / "cache_after_full", root / "data/token_cache")
+            os.sync()
+            t_inc, env_inc = stage(root, cfg, args.workers, cache=True)
+            incs.append(t_inc)
+        t_full, t_inc = statistics.median(fulls), statistics.median(incs)
         s_inc = env_inc["seconds"]
         rest = s_inc["total"] - s_inc["plan"] - s_inc["encode"]
-        print(f"cached full run {t_full:.2f} s (of which writing the cache "
+        print(f"cached full run {t_full:.2f} s {spread(fulls)} (of which writing the cache "
               f"{env_full['worker_seconds']['cache_write']:.2f} s worker time); after adding "
-              f"{n_new} files (1%): {t_inc:.2f} s = {t_inc / t_full:.3f} of the full run "
-              f"(plan {s_inc['plan']:.2f} s, encode {s_inc['encode']:.2f} s, "
-              f"cache merge + assemble + write {rest:.2f} s) ({load()})")
-
+              f"{n_new} files (1%): {t_inc:.2f} s {spread(incs)} = {t_inc / t_full:.3f} of the "
+              f"full run (medians; last run: plan {s_inc['plan']:.2f} s, encode "
+              f"{s_inc['encode']:.2f} s, cache merge + assemble + write {rest:.2f} s) ({load()})")
 
 if __name__ == "__main__":
     main()

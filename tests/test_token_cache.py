@@ -513,12 +513,12 @@ def test_chunks_cover_the_jobs_evenly_in_a_multiple_of_the_workers(n_jobs, worke
 
 
 def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
-    """Twenty files: two chunks (two cache segments, not one per file or two); the entries
-    are the same for one and two workers, with or without a store (then returned packed, else
-    left in the store), and equal each file encoded alone."""
+    """Twenty files: one chunk per worker (a cache segment each, not one per file or two);
+    the entries are the same for one and two workers, with or without a store (then returned
+    packed, else left in the store), and equal each file encoded alone."""
     from pipeline.core.artifacts import sha256_file
     from pipeline.core.parallel import join_all
-    from pipeline.tokens.cache import MIN_CHUNK, encode_missing
+    from pipeline.tokens.cache import encode_missing
     from pipeline.tokens.tokenizer import make_tokenizer
 
     jobs = []
@@ -535,7 +535,7 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
                              show_progress=False, closing=closing)
         join_all(closing)
         assert got == {sha: {0: None} for sha, _, _ in jobs}
-        assert len(store.segments()) == -(-len(jobs) // MIN_CHUNK)
+        assert len(store.segments()) == workers
         runs[workers] = {sha: enc for (sha, _), enc in store.load().items()}
     got = encode_missing(jobs, factory, None, workers=2, timeout_s=60, show_progress=False)
     runs[0] = {sha: unpack(r[0]) for sha, r in got.items()}

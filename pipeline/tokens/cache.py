@@ -63,7 +63,7 @@ HEADER = 4  # FORMAT, n_seq, n_notes_input, flag bits
 SEQ_FIELDS = 9  # track, program, is_drum, n_notes, n_ids, n_bar, n_beat, rt_matched, rt_decoded
 OUT_OF_RANGE = 1  # flag bit: transposition would push a pitch out of the tokenizer's range
 FANOUT = 8  # segments of one size tier merged once this many exist
-MIN_CHUNK, MAX_CHUNK = 16, 64  # files per chunk of work sent to a worker (:func:`chunk_size`)
+MIN_CHUNK, MAX_CHUNK = 32, 64  # files per chunk of work sent to a worker (:func:`chunk_size`)
 SEGMENT_ROWS = 256
 """Entries per row group of a segment (about 3 MB of long pieces): segments are read, merged and
 fetched from a row group at a time (a segment written as one row group of 100,000 long pieces

@@ -27,7 +27,7 @@ from pipeline.tokens.cache import (
     match_counts,
     multiset_matches,
     pack,
-    same_multisets,
+    same_per_owner,
     transposition_allowed,
     unpack,
 )
@@ -156,6 +156,17 @@ def test_multiset_matches_equals_counter_intersection(a, b):
     arr = lambda x: np.array(x, np.int64).reshape(-1, 2)  # noqa: E731
     expected = sum((Counter(a) & Counter(b)).values())
     assert multiset_matches(arr(a), arr(b)) == expected
+
+
+def same_multisets(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
+    """:func:`same_per_owner` of pairs of row arrays (pair ``k``: ``a[k]`` and ``b[k]``)."""
+    def columns(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        owner = np.repeat(np.arange(len(rows)), [len(x) for x in rows])
+        if not len(owner):
+            return owner, np.zeros((0, 0), np.int64)
+        return owner, np.concatenate(rows).astype(np.int64).T.copy()
+
+    return same_per_owner(len(a), *columns(a), *columns(b))
 
 
 small_rows = st.lists(st.tuples(st.integers(-2, 2), st.integers(0, 3), st.integers(0, 2),

@@ -437,23 +437,25 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
 
     # one row per sequence of each piece's base entry; one row for a piece without sequences
     base = np.fromiter((index.get((sha, 0), -1) for sha in shas), np.int64, count=len(shas))
-    rows = np.where(base >= 0, np.maximum(n_seq[np.maximum(base, 0)], 1) if len(n_seq)
-                    else 1, 1)
+    seqs_of = np.zeros(len(shas), np.int64)  # sequences of each piece's base entry
+    seqs_of[base >= 0] = n_seq[base[base >= 0]]
+    rows = np.maximum(seqs_of, 1)
     piece = np.repeat(np.arange(len(shas)), rows)
     entry = base[piece]
-    seq = np.where(entry >= 0, first[np.maximum(entry, 0)], 0) + (
-        np.arange(len(piece)) - (np.cumsum(rows) - rows)[piece])
-    has = (entry >= 0) & (n_seq[np.maximum(entry, 0)] > 0 if len(n_seq)
-                          else np.zeros(len(piece), bool))
+    has = seqs_of[piece] > 0  # the row is a sequence (then ``entry`` >= 0)
+    seq = np.zeros(len(piece), np.int64)
+    seq[has] = (first[entry] + np.arange(len(piece)) - (np.cumsum(rows) - rows)[piece])[has]
     at = seq[has]
+    bare = (entry >= 0) & ~has  # an entry without sequences
 
     def per_row(values: np.ndarray, default: Any, dtype: Any) -> np.ndarray:
         out = np.full(len(piece), default, dtype=dtype)
         out[has] = values[at]
         return out
 
-    code = np.where(has, seq_code[np.where(has, seq, 0)] if len(seq_code) else 0,
-                    entry_code[np.maximum(entry, 0)] if len(entry_code) else 0)
+    code = np.zeros(len(piece), np.int64)
+    code[has] = seq_code[at]
+    code[bare] = entry_code[entry[bare]]
     flag_lists = [[f for k, f in enumerate(FLAG_BITS) if c >> k & 1] for c in range(16)]
     flags = [flag_lists[c] for c in code.tolist()]
     for r in np.flatnonzero(entry < 0).tolist():
@@ -461,8 +463,8 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
         flag, detail = failures.get(sha, ("missing_source", "no ok manifest row"))
         flags[r] = [flag]
         examples.append({"sha256": sha, "flags": [flag], "detail": detail})
-    n_input = np.where(entry >= 0, block.n_input[np.maximum(entry, 0)]
-                       if len(block.n_input) else 0, 0)
+    n_input = np.zeros(len(piece), np.int64)
+    n_input[entry >= 0] = block.n_input[entry[entry >= 0]]
     ids_of = [_NO_IDS] * len(piece)
     for r, j in zip(np.flatnonzero(has).tolist(), at.tolist(), strict=True):
         ids_of[r] = final[j] if final is not None else \

@@ -768,19 +768,6 @@ def multiset_matches(a: np.ndarray, b: np.ndarray) -> int:
                           np.bincount(codes[len(ka) :], minlength=n)).sum())
 
 
-def same_multisets(a: list[np.ndarray], b: list[np.ndarray]) -> np.ndarray:
-    """Per pair ``a[k]``, ``b[k]`` (arrays of rows of equal width): whether their rows are the
-    same multiset (:func:`same_per_owner` on the rows as columns)."""
-    def columns(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        lengths = np.fromiter((len(x) for x in rows), np.int64, count=len(rows))
-        owner = np.repeat(np.arange(len(rows)), lengths)
-        if not lengths.sum():
-            return owner, np.zeros((0, 0), np.int64)
-        return owner, np.ascontiguousarray(np.concatenate(rows).astype(np.int64).T)
-
-    return same_per_owner(len(a), *columns(a), *columns(b))
-
-
 def same_per_owner(n: int, owner_a: np.ndarray, cols_a: np.ndarray, owner_b: np.ndarray,
                    cols_b: np.ndarray) -> np.ndarray:
     """Per owner ``0..n-1``: whether its rows in ``a`` and in ``b`` are the same multiset. Rows

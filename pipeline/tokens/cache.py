@@ -125,48 +125,13 @@ def pack(enc: Encoding) -> np.ndarray:
 
 
 def unpack(arr: np.ndarray) -> Encoding:
-    """Inverse of :func:`pack`; raises ValueError on a malformed array."""
-    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER:
-        raise ValueError("not a token cache entry of this format")
-    fmt, n_seq, n_input, flags = arr[:HEADER].tolist()
-    if fmt != FORMAT:
-        raise ValueError("not a token cache entry of this format")
-    pos = HEADER + n_seq * SEQ_FIELDS
-    if n_seq < 0 or pos > len(arr):
-        raise ValueError("token cache entry has the wrong length")
-    table = arr[HEADER:pos].tolist()
-    rows = [table[i : i + SEQ_FIELDS] for i in range(0, len(table), SEQ_FIELDS)]
-    starts = []
-    for col in (4, 5, 6):  # ids, bar starts, beat starts
-        for r in rows:
-            if r[col] < 0:
-                raise ValueError("token cache entry has a negative length")
-            starts.append(pos)
-            pos += r[col]
-    if pos != len(arr):
-        raise ValueError("token cache entry has the wrong length")
-    seqs = tuple(
-        SeqEncoding(track=r[0], program=r[1], is_drum=bool(r[2]), n_notes=r[3],
-                    ids=arr[starts[i] : starts[i] + r[4]],
-                    bar_starts=arr[starts[n_seq + i] : starts[n_seq + i] + r[5]],
-                    beat_starts=arr[starts[2 * n_seq + i] : starts[2 * n_seq + i] + r[6]],
-                    rt_matched=r[7], rt_decoded=r[8])
-        for i, r in enumerate(rows))
-    return Encoding(n_notes_input=n_input, seqs=seqs, out_of_range=bool(flags & OUT_OF_RANGE))
+    """Inverse of :func:`pack`; raises ValueError (:class:`BadEntry`) on a malformed array."""
+    return parse_block([("", 0)], [arr]).encoding(0)
 
 
 def entry_ok(arr: np.ndarray) -> bool:
-    """Whether :func:`unpack` accepts ``arr`` (the same checks, without building the
-    encoding)."""
-    if arr.dtype != np.int32 or arr.ndim != 1 or len(arr) < HEADER:
-        return False
-    fmt, n_seq = arr[:2].tolist()
-    pos = HEADER + n_seq * SEQ_FIELDS
-    if fmt != FORMAT or n_seq < 0 or pos > len(arr):
-        return False
-    table = arr[HEADER:pos].tolist()
-    lengths = [n for i in range(0, len(table), SEQ_FIELDS) for n in table[i + 4 : i + 7]]
-    return min(lengths, default=0) >= 0 and pos + sum(lengths) == len(arr)
+    """Whether :func:`unpack` accepts ``arr``."""
+    return bool(entries_ok([arr])[0])
 
 
 @dataclass(frozen=True)
@@ -216,13 +181,18 @@ class BadEntry(ValueError):
 
 
 def entries_ok(arrays: list[np.ndarray]) -> np.ndarray:
-    """:func:`entry_ok` of each array: all checked at once (:func:`parse_block`), one at a time
-    only when some fail."""
-    try:
-        parse_block([], arrays)
-    except BadEntry:
-        return np.fromiter(map(entry_ok, arrays), bool, count=len(arrays))
-    return np.ones(len(arrays), dtype=bool)
+    """Whether :func:`unpack` accepts each array: all checked at once (:func:`parse_block`), one
+    at a time only when some fail."""
+    def ok(group: list[np.ndarray]) -> bool:
+        try:
+            parse_block([], group)
+        except BadEntry:
+            return False
+        return True
+
+    if ok(arrays):
+        return np.ones(len(arrays), dtype=bool)
+    return np.fromiter((ok([a]) for a in arrays), bool, count=len(arrays))
 
 
 def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> Block:

@@ -346,6 +346,8 @@ def test_scheduler_follows_lr_factor_and_saves_plain_state():
           "min_ratio": o.min_lr / o.lr}
     assert lrs == [o.lr * lr_factor(s, **kw) for s in range(cfg.train.max_steps)]
     assert [g["weight_decay"] for g in opt.param_groups] == [o.weight_decay, 0.0]
+    assert not opt.defaults["fused"] and opt.defaults["foreach"] is False  # the plain loop
+    assert make_optimizer(torch.nn.Linear(3, 2), o, "cuda").defaults["fused"] is True
     # Checkpoints store this state as JSON: the factor must not add attributes to it.
     assert sched.state_dict()["lr_lambdas"] == [None, None]
 

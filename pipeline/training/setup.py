@@ -113,6 +113,8 @@ def make_optimizer(model: nn.Module, o: OptimSection, device_type: str) -> torch
         {"params": [p for _, p in params if p.dim() >= 2], "weight_decay": o.weight_decay},
         {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    # foreach kernels only pay off on CUDA; the plain loop keeps CPU results simple to reason about.
+    # On CUDA the fused kernel, one launch for all parameters, is PyTorch's fastest AdamW (its
+    # docs rank fused > foreach > for-loop); on CPU the plain loop keeps results simple.
+    cuda = device_type == "cuda"
     return torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                             foreach=device_type == "cuda")
+                             fused=cuda or None, foreach=False if not cuda else None)

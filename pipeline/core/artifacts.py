@@ -320,6 +320,18 @@ def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def code_digest(modules: tuple[str, ...]) -> str:
+    """sha256 over the source files of ``modules`` (dotted names), in the order given: the code a
+    cache's entries depend on. A test checks that each such list holds every symkit module its
+    members import, save those that cannot change a result (I/O, scheduling, parameters)."""
+    import importlib
+
+    h = hashlib.sha256()
+    for name in modules:
+        h.update(Path(importlib.import_module(name).__file__).read_bytes())
+    return h.hexdigest()
+
+
 def sha256_json(obj: Any) -> str:
     """Hash of a JSON-able object's canonical form (sorted keys, compact)."""
     text = json.dumps(_clean(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -19,7 +19,6 @@ result; the tests compare runs with and without it.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,8 @@ import pyarrow as pa
 
 from pipeline.core import artifacts
 from pipeline.core.segments import SegmentStore, list_column
-from pipeline.music import duplicates, melody, similarity
 from pipeline.music import fingerprints as fp
+from pipeline.music import similarity
 from pipeline.music.digests import take_pieces
 from pipeline.music.duplicates import DedupeConfig, Fingerprints, fingerprint, winnow_views
 
@@ -46,14 +45,17 @@ index :func:`pipeline.music.similarity.winnow` packs them with)."""
 _KEY_MASK = np.uint64((1 << similarity.KEY_BITS) - 1)
 
 
+FEATURES_CODE = (__name__, "pipeline.music.duplicates", "pipeline.music.similarity",
+                 "pipeline.music.fingerprints", "pipeline.music.melody",
+                 "pipeline.music.digests", "pipeline.core.arrays")
+"""The modules whose code a piece's features depend on (:func:`features_key`)."""
+
+
 def features_key(cfg: DedupeConfig) -> str:
     """The folder's name: a hash of what a piece's features depend on besides its notes."""
-    code = hashlib.sha256()
-    for module in (__file__, duplicates.__file__, similarity.__file__, fp.__file__,
-                   melody.__file__):
-        code.update(Path(module).read_bytes())
     return "features-" + artifacts.sha256_json({
-        "format": FEATURES_FORMAT, "code": code.hexdigest(), "numpy": np.__version__,
+        "format": FEATURES_FORMAT, "code": artifacts.code_digest(FEATURES_CODE),
+        "numpy": np.__version__,
         "settings": cfg.model_dump(include={"shingle_k", "ioi_resolution", "num_perm", "seed",
                                             "min_melody_notes", "melody_rhythm",
                                             "min_align_onsets"}),

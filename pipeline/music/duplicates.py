@@ -12,7 +12,6 @@ them; the contamination stage links held-out pieces with the pieces of another c
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -318,17 +317,19 @@ VERDICT_SCHEMA = pa.schema([
 _MEASURE_COLUMNS = VERDICT_SCHEMA.names[1:]
 
 
+VERDICT_CODE = (__name__, "pipeline.music.similarity", "pipeline.music.fingerprints",
+                "pipeline.music.melody", "pipeline.core.arrays")
+"""The modules whose code a pair's measures depend on (:func:`verdict_key`)."""
+
+
 def verdict_key(cfg: DedupeConfig) -> str:
     """What a pair's measures depend on besides its two pieces' notes: the settings that shape
     shingles, token sequences and alignments (``shingle_k``, ``ioi_resolution``,
-    ``min_melody_notes``, the alignment cutoff), the code that measures (these modules' bytes)
+    ``min_melody_notes``, the alignment cutoff), the code that measures (``VERDICT_CODE``)
     and rapidfuzz's and numpy's versions. Thresholds that only turn measures into a verdict,
     and the candidate settings, are left out: changing them reuses every measure."""
-    code = hashlib.sha256()
-    for module in (__file__, similarity.__file__, fp.__file__, melody.__file__):
-        code.update(Path(module).read_bytes())
     return artifacts.sha256_json({
-        "format": VERDICT_FORMAT, "code": code.hexdigest(),
+        "format": VERDICT_FORMAT, "code": artifacts.code_digest(VERDICT_CODE),
         "rapidfuzz": package_version("rapidfuzz"), "numpy": np.__version__,
         "settings": {"shingle_k": cfg.shingle_k, "ioi_resolution": cfg.ioi_resolution,
                      "min_melody_notes": cfg.min_melody_notes, "cutoff": cfg.alignment},

@@ -51,7 +51,6 @@ from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, StageConfig
 from pipeline.core.parallel import ItemFailure, isolated_map, join_all
 from pipeline.core.segments import SegmentStore, rerun_if_store_changed
-from pipeline.music import parsing
 from pipeline.music.midi import list_midi_paths
 from pipeline.music.parsing import (
     NOTE_COLUMNS,
@@ -424,18 +423,19 @@ CACHE_SCHEMA = pa.schema(
 )
 
 
+CACHE_CODE = (__name__, "pipeline.music.parsing", "pipeline.core.arrays")
+"""The modules whose code a cached result depends on (:func:`cache_key`)."""
+
+
 def cache_key(cfg: IngestConfig) -> str:
     """What a file's result depends on besides its bytes: the limits inspect_many applies, the
-    code that parses and judges (this module's and the MIDI module's own bytes) and the parser's
+    code that parses and judges (the bytes of the modules in ``CACHE_CODE``) and the parser's
     and numpy's versions. ``timeout_s`` is left out (a result that finished does not depend on it,
     and timeouts and crashes are never cached), and so is ``max_file_bytes`` (the parent applies
     it before a file is parsed)."""
-    code = hashlib.sha256()
-    for module in (__file__, parsing.__file__):
-        code.update(Path(module).read_bytes())
     return artifacts.sha256_json({
         "format": CACHE_FORMAT,
-        "code": code.hexdigest(),
+        "code": artifacts.code_digest(CACHE_CODE),
         "symusic": package_version("symusic"),
         "numpy": np.__version__,
         "limits": cfg.model_dump(exclude={"timeout_s", "max_file_bytes"}),

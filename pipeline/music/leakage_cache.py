@@ -46,7 +46,7 @@ import scipy
 
 from pipeline.core import artifacts
 from pipeline.core.segments import SegmentStore, list_column
-from pipeline.music import fingerprints, leakage, melody, similarity
+from pipeline.music import fingerprints, similarity
 from pipeline.music.digests import take_pieces
 from pipeline.music.leakage import (
     MEASURES,
@@ -72,14 +72,17 @@ RESULT_SCHEMA = pa.schema(
 columns are rows of ``pieces.parquet`` (-1: none)."""
 
 
+AUDIT_CODE = ("pipeline.music.leakage", __name__, "pipeline.music.similarity",
+              "pipeline.music.fingerprints", "pipeline.music.melody", "pipeline.music.digests",
+              "pipeline.core.arrays", "pipeline.core.splits")
+"""The modules whose code the stored results and a piece's features depend on
+(:func:`cache_key`, :func:`features_key`)."""
+
+
 def cache_key(rule: NearCopyRule, ioi_resolution: int, context: Mapping) -> str:
     """The folder name: a hash of what the stored results depend on besides the pieces."""
-    code = hashlib.sha256()
-    for module in (leakage.__file__, __file__, similarity.__file__, fingerprints.__file__,
-                   melody.__file__):
-        code.update(Path(module).read_bytes())
     return artifacts.sha256_json({
-        "format": STATE_FORMAT, "code": code.hexdigest(), "rule": asdict(rule),
+        "format": STATE_FORMAT, "code": artifacts.code_digest(AUDIT_CODE), "rule": asdict(rule),
         "ioi_resolution": ioi_resolution, "context": dict(context),
         "rapidfuzz": package_version("rapidfuzz"), "numpy": np.__version__,
         "scipy": scipy.__version__,
@@ -251,13 +254,9 @@ FEATURES_SCHEMA = pa.schema([
 def features_key(shingle_k: int, ioi_resolution: int) -> str:
     """The features folder's name: a hash of what a piece's features depend on besides its
     notes."""
-    code = hashlib.sha256()
-    for module in (leakage.__file__, __file__, similarity.__file__, fingerprints.__file__,
-                   melody.__file__):
-        code.update(Path(module).read_bytes())
     return "features-" + artifacts.sha256_json({
-        "format": FEATURES_FORMAT, "code": code.hexdigest(), "shingle_k": shingle_k,
-        "ioi_resolution": ioi_resolution, "numpy": np.__version__})[:20]
+        "format": FEATURES_FORMAT, "code": artifacts.code_digest(AUDIT_CODE),
+        "shingle_k": shingle_k, "ioi_resolution": ioi_resolution, "numpy": np.__version__})[:20]
 
 
 def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution: int,

@@ -1,5 +1,7 @@
-"""The caches' keys hash the code their entries depend on: every symkit module a listed module
-imports is listed too, save those that cannot change a cached result (named below, with why)."""
+"""The ingest, dedupe and split caches' keys hash the code their entries depend on: every symkit
+module a listed module imports is listed too, save those that cannot change a cached result
+(named below, with why). (The token cache's key holds a format number and the library versions
+instead: see pipeline.tokens.cache.)"""
 
 from __future__ import annotations
 

@@ -64,7 +64,7 @@ def test_a_cache_key_lists_every_module_its_code_imports(cache):
 def test_the_code_digest_follows_each_listed_file(tmp_path, monkeypatch):
     """A change to any listed module's bytes changes the digest (arrays.py was once left out
     of the ingest key: a change there would have reused stale results)."""
-    from pipeline.core import artifacts, arrays
+    from pipeline.core import arrays, artifacts
 
     before = artifacts.code_digest(ingestion.CACHE_CODE)
     copy = tmp_path / "arrays.py"

@@ -54,6 +54,23 @@ def test_appending_streams_one_segment_or_none(tmp_path):
     assert "d" not in streamed.keys
 
 
+def test_rows_put_in_small_chunks_go_in_full_row_groups(tmp_path, monkeypatch):
+    """Chunks of 3 rows with row groups of 4: groups of 4, 4 and the last 2 rows, all in order
+    and all found."""
+    import pipeline.core.segments as segments
+
+    monkeypatch.setattr(segments, "SEGMENT_ROWS", 4)
+    store = SegmentStore(tmp_path / "s", SCHEMA, "key")
+    with store.appending() as put:
+        for k in range(0, 9, 3):
+            put(rows(*((f"k{i}", i) for i in range(k, k + 3))))
+        put(rows(("k9", 9)))
+    meta = pq.read_metadata(store.segments[0])
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [4, 4, 2]
+    assert values(store, {f"k{i}" for i in range(10)}) == {f"k{i}": i for i in range(10)}
+    assert pq.read_table(store.segments[0])["key"].to_pylist() == [f"k{i}" for i in range(10)]
+
+
 def test_merge_keeps_one_row_per_key(tmp_path):
     store = SegmentStore(tmp_path, SCHEMA, "key", max_segments=2)
     for k in ("a", "b", "c"):

@@ -220,8 +220,6 @@ def table_writer(path: Path | str, schema: pa.Schema, rows_per_group: int = ROW_
 
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, **PARQUET_OPTIONS) as writer, \
             ThreadPoolExecutor(1, thread_name_prefix="table_writer") as pool:
-        pending: list[pa.Table] = []
-        count = total = 0
         last: Future | None = None
 
         def write(rows: pa.Table) -> None:
@@ -234,22 +232,34 @@ def table_writer(path: Path | str, schema: pa.Schema, rows_per_group: int = ROW_
             last = pool.submit(writer.write_table, rows.combine_chunks(),
                                row_group_size=rows_per_group)
 
-        def put(table: pa.Table) -> None:
-            nonlocal pending, count, total
-            pending.append(table)
-            count += table.num_rows
-            if count >= rows_per_group:
-                rows = pa.concat_tables(pending)
-                cut = count - count % rows_per_group
-                write(rows.slice(0, cut))
-                pending, count, total = [rows.slice(cut)], count - cut, total + cut
-
-        yield put
-        if count or not total:  # the rest (a table without rows still gets its one empty group)
-            write(pa.concat_tables([pa.Table.from_batches([], schema), *pending]))
+        groups = RowGroupBuffer(write, rows_per_group)
+        yield groups.put
+        if groups.count or not groups.written:  # the rest (a table without rows still gets
+            # its one empty group)
+            write(pa.concat_tables([pa.Table.from_batches([], schema), *groups.pending]))
         if last is not None:
             last.result()
 
+
+class RowGroupBuffer:
+    """Rows put in chunks of any size, passed on to ``write`` in whole row groups of
+    ``rows_per_group`` rows as soon as that many are in; fewer are held back (``pending``) for
+    the caller to write last."""
+
+    def __init__(self, write: Callable[[pa.Table], None], rows_per_group: int) -> None:
+        self.write, self.rows_per_group = write, rows_per_group
+        self.pending: list[pa.Table] = []
+        self.count = self.written = 0  # rows held back, rows passed on
+
+    def put(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.count += table.num_rows
+        if self.count >= self.rows_per_group:
+            rows = pa.concat_tables(self.pending)
+            cut = self.count - self.count % self.rows_per_group
+            self.write(rows.slice(0, cut))
+            self.pending, self.count = [rows.slice(cut)], self.count - cut
+            self.written += cut
 
 def write_parquet(path: Path | str, df: Any, schema: pa.Schema | None = None) -> None:
     """Write a DataFrame/Table atomically as one deterministic Parquet file (its bytes depend on

@@ -13,15 +13,16 @@ import itertools
 
 import numpy as np
 
-from pipeline.music.fingerprints import NoteArrays
+from pipeline.music.fingerprints import DIGEST_COLUMNS, NoteArrays, NotesTable
 
 
-def note_digests(notes: NoteArrays) -> list[str]:
+def note_digests(notes: NoteArrays | NotesTable) -> list[str]:
     """Per piece, a digest (128 bits, hex) of exactly the note columns dedupe's tiers and the
-    leakage audit read: onset, duration, pitch, is_drum and track, in order."""
-    cols = [np.ascontiguousarray(notes.onset, "<f8"), np.ascontiguousarray(notes.duration, "<f8"),
-            np.ascontiguousarray(notes.pitch, "<i2"), np.ascontiguousarray(notes.is_drum, "?"),
-            np.ascontiguousarray(notes.track, "<i2")]
+    leakage audit read: onset, duration, pitch, is_drum and track, in order
+    (:data:`~pipeline.music.fingerprints.DIGEST_COLUMNS`)."""
+    if isinstance(notes, NotesTable):
+        return notes.digests()
+    cols = [np.ascontiguousarray(getattr(notes, c), dtype) for c, dtype in DIGEST_COLUMNS]
     views = [memoryview(c).cast("B") for c in cols]
     widths = [c.itemsize for c in cols]
     out = []
@@ -34,8 +35,10 @@ def note_digests(notes: NoteArrays) -> list[str]:
     return out
 
 
-def take_pieces(notes: NoteArrays, idx: np.ndarray) -> NoteArrays:
+def take_pieces(notes: NoteArrays | NotesTable, idx: np.ndarray) -> NoteArrays:
     """Pieces ``idx`` of ``notes``, in that order (the pieces a cache did not have)."""
+    if isinstance(notes, NotesTable):
+        return notes.take(idx)
     if idx.size == notes.n_pieces and np.array_equal(idx, np.arange(notes.n_pieces)):
         return notes
     counts = notes.lengths[idx]

@@ -181,9 +181,14 @@ class AuditCache:
         # split): pairs the last run skipped
         old_rows = np.flatnonzero(old.pools[p.name])
         old_rows = old_rows[cur[old_rows] >= 0]
-        mates_of = pd.Series(cur[old_rows]).groupby(old.group_id[old_rows]).agg(list).to_dict()
-        for a, oq in zip(at.tolist(), res["query"].tolist(), strict=True):
-            mates = np.asarray(mates_of.get(old.group_id[oq], []), dtype=np.int64)
+        # the old pool's pieces by old group (a sort and two searches, not a group-by of lists)
+        order = np.argsort(old.group_id[old_rows], kind="stable")
+        groups, members = old.group_id[old_rows][order], cur[old_rows][order]
+        keys = old.group_id[res["query"].to_numpy()]
+        lows = np.searchsorted(groups, keys, side="left")
+        highs = np.searchsorted(groups, keys, side="right")
+        for a, lo, hi in zip(at.tolist(), lows.tolist(), highs.tolist(), strict=True):
+            mates = members[lo:hi]
             mates = mates[in_pool[mates] & (group_id[mates] != group_id[p.query[a]])]
             if mates.size:
                 out.merge(measure(p, p.query[a : a + 1], mates), np.array([a]))
@@ -259,9 +264,9 @@ def features_key(shingle_k: int, ioi_resolution: int) -> str:
         "shingle_k": shingle_k, "ioi_resolution": ioi_resolution, "numpy": np.__version__})[:20]
 
 
-def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution: int,
-                 digests: Sequence[str], root: Path | None = None, stats: dict | None = None
-                 ) -> tuple[ShingleMatrix, Melodies, TokenStrings]:
+def audit_inputs(notes: fingerprints.NoteArrays | fingerprints.NotesTable, shingle_k: int,
+                 ioi_resolution: int, digests: Sequence[str], root: Path | None = None,
+                 stats: dict | None = None) -> tuple[ShingleMatrix, Melodies, TokenStrings]:
     """The audit's per-piece inputs: shingle matrix, melodies and token strings of every piece.
 
     With ``root``, each piece's features are kept in a segment store under

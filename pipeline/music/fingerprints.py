@@ -167,12 +167,6 @@ def _flatten(table: pa.Table, shas: np.ndarray, rows: np.ndarray) -> NoteArrays:
     )
 
 
-DIGEST_COLUMNS = (("onset", "<f8"), ("duration", "<f8"), ("pitch", "<i2"), ("is_drum", "?"),
-                  ("track", "<i2"))
-"""The note columns a piece's digest covers, in order, with the bytes each is hashed as
-(:func:`pipeline.music.digests.note_digests`)."""
-
-
 @dataclass(frozen=True)
 class NotesTable:
     """The pieces of a notes table, sorted by sha256, whose notes are copied out of the table only
@@ -181,8 +175,8 @@ class NotesTable:
     The cached runs of dedupe and of the split's audit need, of every piece, only its sha256,
     note count and digest, and the notes of the few pieces their caches lack: flattening the
     45 M notes of 100,000 pieces into :class:`NoteArrays` took 2.1 s of a 19 s dedupe re-run,
-    and a copy of the notes in memory. :meth:`digests` hashes each piece's notes where Arrow
-    holds them."""
+    and a copy of the notes in memory. :func:`pipeline.music.digests.note_digests` hashes
+    each piece's notes where Arrow holds them."""
 
     table: pa.Table
     sha256: np.ndarray  # (P,) str, sorted
@@ -213,42 +207,15 @@ class NotesTable:
         # chunks first (1.0 s for 1,000 of 100,000 pieces)
         batches = self.table.to_batches()
         starts = np.cumsum([0] + [b.num_rows for b in batches])
-        rows = self.rows[idx]
-        order = np.argsort(rows, kind="stable")
-        which = np.searchsorted(starts, rows[order], side="right") - 1
-        parts = [batches[b].take(pa.array(rows[order][which == b] - starts[b], pa.int64()))
+        order = np.argsort(self.rows[idx], kind="stable")
+        rows = self.rows[idx][order]
+        which = np.searchsorted(starts, rows, side="right") - 1
+        parts = [batches[b].take(pa.array(rows[which == b] - starts[b], pa.int64()))
                  for b in np.unique(which).tolist()]
         part = pa.Table.from_batches(parts, self.table.schema).combine_chunks()
         back = np.empty(idx.size, dtype=np.int64)
         back[order] = np.arange(idx.size)
         return _flatten(part, self.sha256[idx], back)
-
-    def digests(self) -> list[str]:
-        """:func:`pipeline.music.digests.note_digests` of every piece, read from the table's
-        own buffers a record batch at a time."""
-        out = [""] * self.table.num_rows
-        row = 0
-        for batch in self.table.select([c for c, _ in DIGEST_COLUMNS]).to_batches():
-            spans, views = [], []
-            for name, dtype in DIGEST_COLUMNS:
-                lists = batch.column(name)
-                off = np.asarray(lists.offsets, dtype=np.int64)
-                end = off[1:].copy()
-                if lists.null_count:  # a null list is an empty piece
-                    valid = np.asarray(lists.is_valid().to_numpy(zero_copy_only=False), bool)
-                    end[~valid] = off[:-1][~valid]
-                width = np.dtype(dtype).itemsize
-                spans.append(((off[:-1] * width).tolist(), (end * width).tolist()))
-                values = np.ascontiguousarray(
-                    lists.values.to_numpy(zero_copy_only=False), dtype)
-                views.append(memoryview(values).cast("B"))
-            for k in range(batch.num_rows):
-                h = hashlib.sha256()
-                for (lo, hi), v in zip(spans, views, strict=True):
-                    h.update(v[lo[k] : hi[k]])
-                out[row + k] = h.hexdigest()[:32]
-            row += batch.num_rows
-        return [out[r] for r in self.rows.tolist()]
 
 
 def read_notes(path: Path | str) -> NoteArrays:

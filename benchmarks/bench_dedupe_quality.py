@@ -502,7 +502,7 @@ def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -
     notes = fp.read_notes(out["notes"])
     s_off, s_val = fp.shingles(notes, cfg.shingle_k, cfg.ioi_resolution)
     # the stage's own view of the ok pieces, to say why a missed pair was missed
-    stage_notes = dedupe.load_inputs(out["manifest"], out["notes"])[1].whole()
+    _, stage_notes, _ = dedupe.load_inputs(out["manifest"], out["notes"])
     stage_fps = dedupe.fingerprint(stage_notes, cfg)
     seqs = similarity.Sequences.build(stage_notes, cfg.ioi_resolution)
     onsets = seqs.distinct_onsets

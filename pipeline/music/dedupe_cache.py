@@ -72,8 +72,8 @@ class PieceWork:
     views: list[np.ndarray]
 
 
-def piece_work(notes: fp.NoteArrays | fp.NotesTable, cfg: DedupeConfig, digests: Sequence[str],
-               root: Path, workers: int = 1, show_progress: bool | str = False,
+def piece_work(notes: fp.NoteArrays, cfg: DedupeConfig, digests: Sequence[str], root: Path,
+               workers: int = 1, show_progress: bool | str = False,
                stats: dict | None = None) -> PieceWork:
     """:class:`PieceWork` of every piece of ``notes``, from the store under
     ``root/<features_key>/`` where it has a piece's digest, measured (and stored) otherwise: the
@@ -103,7 +103,7 @@ def piece_work(notes: fp.NoteArrays | fp.NotesTable, cfg: DedupeConfig, digests:
     return PieceWork(fps, table["onsets"].to_numpy().astype(np.int64), views)
 
 
-def sequences_for(notes: fp.NoteArrays | fp.NotesTable, needed: np.ndarray, ioi_resolution: int,
+def sequences_for(notes: fp.NoteArrays, needed: np.ndarray, ioi_resolution: int,
                   distinct_onsets: np.ndarray) -> similarity.Sequences:
     """:class:`~pipeline.music.similarity.Sequences` of every piece of ``notes`` whose entries
     for the pieces ``needed`` are those a full build gives, and empty for the others (built for

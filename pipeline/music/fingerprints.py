@@ -109,14 +109,6 @@ def notes_from_table(table: pa.Table, keep: pa.Array | Sequence[str] | None = No
     and a table already sorted and kept whole (``data/notes.parquet`` is written sorted) is not
     copied at all: Arrow's ``filter`` and ``take`` on list columns cost 2.5 s and 4.5 s for the
     45 M notes of 100,000 pieces."""
-    shas, rows = _sorted_rows(table, keep)
-    return _flatten(table, shas, rows)
-
-
-def _sorted_rows(table: pa.Table, keep: pa.Array | Sequence[str] | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """The sha256 of the rows to read (those in ``keep``, all without it), sorted, and their
-    rows in the table."""
     shas = np.asarray(table["sha256"].to_pylist(), dtype=object)
     rows = np.arange(shas.size)
     if keep is not None:
@@ -125,18 +117,8 @@ def _sorted_rows(table: pa.Table, keep: pa.Array | Sequence[str] | None
                                bool)]
     if rows.size > 1 and not (shas[rows][1:] >= shas[rows][:-1]).all():
         rows = rows[np.argsort(shas[rows], kind="stable")]
-    return shas[rows], rows
-
-
-def _lengths(table: pa.Table) -> np.ndarray:
-    """Notes per row (a null list: 0)."""
-    return np.asarray(pc.fill_null(pc.list_value_length(table["pitch"]), 0)
-                      .to_numpy(zero_copy_only=False), np.int64)
-
-
-def _flatten(table: pa.Table, shas: np.ndarray, rows: np.ndarray) -> NoteArrays:
-    """The notes of ``rows`` of ``table`` (pieces ``shas``), in that order."""
-    lengths = _lengths(table)
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(table["pitch"]), 0)
+                         .to_numpy(zero_copy_only=False), np.int64)
     starts = np.cumsum(lengths) - lengths
     offsets = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(lengths[rows], out=offsets[1:])
@@ -148,7 +130,7 @@ def _flatten(table: pa.Table, shas: np.ndarray, rows: np.ndarray) -> NoteArrays:
         first, last = rows[np.r_[0, cut]], rows[np.r_[cut - 1, rows.size - 1]]
         runs = list(zip(starts[first].tolist(), (starts[last] + lengths[last]).tolist(),
                         strict=True))
-    whole = rows.size == lengths.size and len(runs) <= 1
+    whole = rows.size == shas.size and len(runs) <= 1
 
     def flat(name: str, dtype) -> np.ndarray:
         values = np.asarray(pc.list_flatten(table[name].combine_chunks())
@@ -157,7 +139,7 @@ def _flatten(table: pa.Table, shas: np.ndarray, rows: np.ndarray) -> NoteArrays:
                                                    [values[:0]])
 
     return NoteArrays(
-        sha256=shas,
+        sha256=shas[rows],
         offsets=offsets,
         onset=flat("onset", np.float64),
         duration=flat("duration", np.float64),
@@ -165,57 +147,6 @@ def _flatten(table: pa.Table, shas: np.ndarray, rows: np.ndarray) -> NoteArrays:
         is_drum=flat("is_drum", bool),
         track=flat("track", np.int16),
     )
-
-
-@dataclass(frozen=True)
-class NotesTable:
-    """The pieces of a notes table, sorted by sha256, whose notes are copied out of the table only
-    when asked for (:meth:`take`, :meth:`whole`).
-
-    The cached runs of dedupe and of the split's audit need, of every piece, only its sha256,
-    note count and digest, and the notes of the few pieces their caches lack: flattening the
-    45 M notes of 100,000 pieces into :class:`NoteArrays` took 2.1 s of a 19 s dedupe re-run,
-    and a copy of the notes in memory. :func:`pipeline.music.digests.note_digests` hashes
-    each piece's notes where Arrow holds them."""
-
-    table: pa.Table
-    sha256: np.ndarray  # (P,) str, sorted
-    rows: np.ndarray  # (P,) the table row of each piece
-    lengths: np.ndarray  # (P,) notes per piece
-
-    @classmethod
-    def of(cls, table: pa.Table, keep: pa.Array | Sequence[str] | None = None) -> NotesTable:
-        """The rows of ``table`` whose sha256 is in ``keep`` (all without it), sorted by sha256
-        (as :func:`notes_from_table` picks them)."""
-        shas, rows = _sorted_rows(table, keep)
-        return cls(table, shas, rows, _lengths(table)[rows])
-
-    @property
-    def n_pieces(self) -> int:
-        return int(self.sha256.size)
-
-    def whole(self) -> NoteArrays:
-        """Every piece's notes (:func:`notes_from_table`)."""
-        return _flatten(self.table, self.sha256, self.rows)
-
-    def take(self, idx: np.ndarray) -> NoteArrays:
-        """The notes of pieces ``idx``, in that order: only their rows are copied."""
-        idx = np.asarray(idx, dtype=np.int64)
-        if idx.size == self.n_pieces and np.array_equal(idx, np.arange(self.n_pieces)):
-            return self.whole()
-        # a take within each record batch: Arrow's take on a chunked list column joins the
-        # chunks first (1.0 s for 1,000 of 100,000 pieces)
-        batches = self.table.to_batches()
-        starts = np.cumsum([0] + [b.num_rows for b in batches])
-        order = np.argsort(self.rows[idx], kind="stable")
-        rows = self.rows[idx][order]
-        which = np.searchsorted(starts, rows, side="right") - 1
-        parts = [batches[b].take(pa.array(rows[which == b] - starts[b], pa.int64()))
-                 for b in np.unique(which).tolist()]
-        part = pa.Table.from_batches(parts, self.table.schema).combine_chunks()
-        back = np.empty(idx.size, dtype=np.int64)
-        back[order] = np.arange(idx.size)
-        return _flatten(part, self.sha256[idx], back)
 
 
 def read_notes(path: Path | str) -> NoteArrays:

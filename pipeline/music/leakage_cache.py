@@ -264,9 +264,9 @@ def features_key(shingle_k: int, ioi_resolution: int) -> str:
         "shingle_k": shingle_k, "ioi_resolution": ioi_resolution, "numpy": np.__version__})[:20]
 
 
-def audit_inputs(notes: fingerprints.NoteArrays | fingerprints.NotesTable, shingle_k: int,
-                 ioi_resolution: int, digests: Sequence[str], root: Path | None = None,
-                 stats: dict | None = None) -> tuple[ShingleMatrix, Melodies, TokenStrings]:
+def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution: int,
+                 digests: Sequence[str], root: Path | None = None, stats: dict | None = None
+                 ) -> tuple[ShingleMatrix, Melodies, TokenStrings]:
     """The audit's per-piece inputs: shingle matrix, melodies and token strings of every piece.
 
     With ``root``, each piece's features are kept in a segment store under

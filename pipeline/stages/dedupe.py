@@ -262,9 +262,8 @@ def cluster(edges: _Edges, n_notes: np.ndarray, cfg: DedupeConfig
 # the stage
 
 
-def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NotesTable, dict[str, int]]:
-    """Ok manifest rows (sorted by sha256) and their notes aligned to them (missing -> empty),
-    still in the table (:class:`~pipeline.music.fingerprints.NotesTable`)."""
+def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, dict[str, int]]:
+    """Ok manifest rows (sorted by sha256) and their notes aligned to them (missing -> empty)."""
     man = artifacts.read_table(manifest, columns=["sha256", "status", "note_hash", "n_notes"])
     counts = {s: int(pc.sum(pc.equal(man["status"], s)).as_py() or 0)
               for s in ("ok", "duplicate", "quarantined")}
@@ -284,7 +283,7 @@ def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NotesTable, d
                               pa.array([[]] * len(missing), type=table.schema.field(c).type))
                           for c in cols}, schema=table.schema)
         table = pa.concat_tables([table, empty])
-    return ok, fp.NotesTable.of(table, keep=shas.combine_chunks()), counts
+    return ok, fp.notes_from_table(table, keep=shas.combine_chunks()), counts
 
 
 def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path, out_dir: Path,
@@ -293,26 +292,25 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
     (:class:`~pipeline.music.duplicates.VerdictStore`) and reused by later runs, so adding files
     costs about their new candidates; the outputs are the same with or without it."""
     t0 = time.perf_counter()
-    ok, note_table, counts = load_inputs(manifest, notes)
-    shas = note_table.sha256  # sorted by sha256, aligned with ``ok``
+    ok, note_arrays, counts = load_inputs(manifest, notes)
+    shas = note_arrays.sha256  # sorted by sha256, aligned with ``ok``
     note_hash = np.asarray(ok["note_hash"].fill_null("").to_pylist(), dtype=object)
     verdicts, views, features = None, None, {}
-    if cache_dir is not None:  # the notes of the pieces the caches lack are read alone
-        digests = note_digests(note_table)
-        work = piece_work(note_table, cfg, digests, cache_dir, runtime.n_workers(),
+    if cache_dir is not None:
+        digests = note_digests(note_arrays)
+        work = piece_work(note_arrays, cfg, digests, cache_dir, runtime.n_workers(),
                           runtime.progress, features)
         fps, views = work.fps, work.views
-        seqs = partial(sequences_for, note_table, ioi_resolution=cfg.ioi_resolution,
+        seqs = partial(sequences_for, note_arrays, ioi_resolution=cfg.ioi_resolution,
                        distinct_onsets=work.distinct_onsets)
         verdicts = VerdictStore(cache_dir, cfg, digests)
     else:
-        note_arrays = note_table.whole()
         fps = fingerprint(note_arrays, cfg, runtime.n_workers(), runtime.progress)
         seqs = similarity.Sequences.build(note_arrays, cfg.ioi_resolution)
     t1 = time.perf_counter()
     edges, stats = link_tiers(fps, note_hash, cfg, seqs, verdicts, views)
     verdicts_new = verdicts.save() if verdicts is not None else 0
-    label, rep, keep, tier_counts = cluster(edges, note_table.lengths, cfg)
+    label, rep, keep, tier_counts = cluster(edges, note_arrays.lengths, cfg)
     t2 = time.perf_counter()
 
     a, b, tier, sim, con = edges.arrays()

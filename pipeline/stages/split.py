@@ -283,18 +283,18 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
 
     # leakage audit over the kept pieces
     t1 = time.perf_counter()
-    note_table = _kept_notes(notes, table["sha256"].to_numpy())
+    note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
     rule = leakage.NearCopyRule.from_settings(settings)
     ioi = settings["ioi_resolution"]
     cache, inputs = None, {}
-    if cache_dir is not None:  # the notes of the pieces the cache lacks are read alone
-        digests = note_digests(note_table)
-        sm, mel, tok = audit_inputs(note_table, rule.shingle_k, ioi, digests, cache_dir, inputs)
+    if cache_dir is not None:
+        digests = note_digests(note_arrays)
+        sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, digests, cache_dir, inputs)
         context = cfg.model_dump(include={"seed", "train", "val", "test", "folds", "test_fold",
                                           "audit_max_test"})
         cache = AuditCache(cache_dir, cache_key(rule, ioi, context), digests)
     else:
-        sm, mel, tok = audit_inputs(note_table.whole(), rule.shingle_k, ioi, [], None, inputs)
+        sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, [], None, inputs)
     t2 = time.perf_counter()
     metrics, png = leakage.audit(pieces, pairs, sm, mel, tok, seed=cfg.seed,
                                  ratios=(cfg.train, cfg.val, cfg.test),
@@ -315,9 +315,8 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
                         out["split_hash"], len(moved))
 
 
-def _kept_notes(notes: Path, kept: np.ndarray) -> fp.NotesTable:
-    """Notes of the kept pieces, in sha256 order (a kept piece without notes is empty), still in
-    the table."""
+def _kept_notes(notes: Path, kept: np.ndarray) -> fp.NoteArrays:
+    """Notes of the kept pieces, in sha256 order (a kept piece without notes is empty)."""
 
     cols = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
     table = artifacts.read_table(notes, columns=cols)
@@ -327,7 +326,7 @@ def _kept_notes(notes: Path, kept: np.ndarray) -> fp.NotesTable:
                               pa.array([[]] * len(missing), type=table.schema.field(c).type))
                           for c in cols}, schema=table.schema)
         table = pa.concat_tables([table, empty])
-    return fp.NotesTable.of(table, keep=kept.tolist())
+    return fp.notes_from_table(table, keep=kept.tolist())
 
 
 # --------------------------------------------------------------------------- CLI

@@ -1,7 +1,6 @@
-"""The ingest, dedupe and split caches' keys hash the code their entries depend on: every symkit
-module a listed module imports is listed too, save those that cannot change a cached result
-(named below, with why). (The token cache's key holds a format number and the library versions
-instead: see pipeline.tokens.cache.)"""
+"""The ingest, dedupe, split and token caches' keys hash the code their entries depend on: every
+symkit module a listed module imports is listed too, save those that cannot change a cached
+result (named below, with why)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.music import dedupe_cache, duplicates, ingestion, leakage_cache
+from pipeline.tokens import cache as token_cache
 
 CODE_LISTS = {
     "ingest results": ingestion.CACHE_CODE,
     "dedupe features": dedupe_cache.FEATURES_CODE,
     "dedupe verdicts": duplicates.VERDICT_CODE,
     "split audit and features": leakage_cache.AUDIT_CODE,
+    "token entries": token_cache.ENTRY_CODE,
 }
 CANNOT_CHANGE_RESULTS = {
     "pipeline.core.artifacts": "reads and writes files; hashes",
@@ -71,3 +72,16 @@ def test_the_code_digest_follows_each_listed_file(tmp_path, monkeypatch):
     copy.write_bytes(Path(arrays.__file__).read_bytes() + b"\n# changed\n")
     monkeypatch.setattr(arrays, "__file__", str(copy))
     assert artifacts.code_digest(ingestion.CACHE_CODE) != before
+
+
+def test_the_token_cache_key_follows_the_encoding_code(tmp_path, monkeypatch):
+    """The token store is keyed by the code that makes its entries as well as by the tokenizer's
+    configuration and the library versions: a change there makes a new store."""
+    from pipeline.tokens import tokenizer
+
+    before = token_cache.config_key("REMI", {"beat_res": {"0_4": 8}})
+    assert token_cache.config_key("REMI", {"beat_res": {"0_4": 8}}) == before
+    copy = tmp_path / "tokenizer.py"
+    copy.write_bytes(Path(tokenizer.__file__).read_bytes() + b"\n# changed\n")
+    monkeypatch.setattr(tokenizer, "__file__", str(copy))
+    assert token_cache.config_key("REMI", {"beat_res": {"0_4": 8}}) != before

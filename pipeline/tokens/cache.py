@@ -22,9 +22,10 @@ once ``FANOUT`` of them exist, so a store holds a few dozen segments and each en
 about log_FANOUT(n) times). Nothing here can hold a pickle.
 
 Invariants:
-- an entry is a pure function of (file bytes, base config, transposition, library versions);
-  the config key therefore hashes the miditok/symusic versions too, so an upgrade never reuses
-  stale ids (the key is a folder name, never part of an artifact's content);
+- an entry is a pure function of (file bytes, base config, transposition, library versions,
+  code); the config key therefore hashes the miditok/symusic versions and the code of
+  ``ENTRY_CODE`` too, so an upgrade or a code change never reuses stale ids (the key is a folder
+  name, never part of an artifact's content);
 - an entry exists only if encoding succeeded; failures are never cached and are retried;
 - an unreadable segment or entry is ignored (recomputed), never trusted; the outputs do not
   depend on the store's state, only the run time does.
@@ -54,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.artifacts import atomic_path, sha256_bytes, sha256_json
+from pipeline.core.artifacts import atomic_path, code_digest, sha256_bytes, sha256_json
 from pipeline.core.segments import SEGMENT_OPTIONS, RowGroups, StoreChanged
 
 FORMAT = 0x53540001  # magic "ST" + entry format version 1
@@ -241,8 +242,14 @@ def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> Block:
                  bars_at=at[1], beats_at=at[2])
 
 
+ENTRY_CODE = (__name__, "pipeline.tokens.tokenizer", "pipeline.tokens.contract")
+"""The modules whose code an entry depends on (encoding, the round-trip check, the packing; the
+tokenizer's construction and special tokens): hashed into :func:`config_key`."""
+
+
 def config_key(tokenizer_name: str, config: dict[str, Any]) -> str:
-    """Cache key of a base tokenizer: class, serialised TokenizerConfig, library versions.
+    """Cache key of a base tokenizer: class, serialised TokenizerConfig, library versions and
+    the code of ``ENTRY_CODE``.
 
     ``encode_ids_split`` is left out: it only changes how a trained vocabulary chunks the ids,
     and every entry stores both bar and beat boundaries.
@@ -252,7 +259,8 @@ def config_key(tokenizer_name: str, config: dict[str, Any]) -> str:
     cfg = {k: v for k, v in config.items() if k != "encode_ids_split"}
     versions = {p: metadata.version(p) for p in ("miditok", "symusic")}
     return sha256_json({"format": FORMAT, "store": STORE, "tokenizer": tokenizer_name,
-                        "config": cfg, "versions": versions})[:20]
+                        "config": cfg, "versions": versions,
+                        "code": code_digest(ENTRY_CODE)})[:20]
 
 
 class TokenCache:

@@ -222,3 +222,26 @@ def test_one_block_and_many_blocks_give_the_same_neighbours(monkeypatch):
     assert (one.values[:, :4] > 0).any()
     for field in ("values", "rows", "partner", "partner_sims"):
         assert np.array_equal(getattr(one, field), getattr(many, field)), field
+
+
+def test_features_measured_a_few_notes_at_a_time_are_those_measured_at_once(tmp_path,
+                                                                            monkeypatch):
+    """Pieces measured in chunks of a few notes (every chunk's rows under their own digests)
+    give the plain build's inputs, without the store, into it and from it."""
+    from pipeline.music import leakage_cache
+
+    pieces = corpus()
+    table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **pieces[k]} for k in sorted(pieces)]),
+                                 schema=NOTES_SCHEMA, preserve_index=False)
+    notes = fp.notes_from_table(table)
+    digests = note_digests(notes)
+    plain = (ShingleMatrix.build(notes, 4, 4), Melodies.build(notes),
+             TokenStrings.build(notes, 4))
+    monkeypatch.setattr(leakage_cache, "FEATURES_CHUNK_NOTES", 60)
+    assert len(notes.chunks(max_notes=60)) > 5
+    stats: dict = {}
+    _same_inputs(audit_inputs(notes, 4, 4, digests, None, stats), plain)
+    _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
+    assert stats["features_measured"] > 0
+    _same_inputs(audit_inputs(notes, 4, 4, digests, tmp_path, stats), plain)
+    assert stats["features_measured"] == 0

@@ -663,7 +663,8 @@ def crossing_counts(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str = 
     labelled = pieces[pieces["group"] != ""]
     out["crossing_metadata_groups"] = int((labelled.groupby("group")[split_col].nunique() > 1)
                                           .sum())
-    where = dict(zip(pieces["sha256"], pieces[split_col], strict=True))
+    # lists first: iterating pandas' Arrow-backed strings costs about 1 us a value
+    where = dict(zip(pieces["sha256"].tolist(), pieces[split_col].tolist(), strict=True))
     sa = pairs["a"].map(where)
     sb = pairs["b"].map(where)
     both = sa.notna() & sb.notna()
@@ -675,8 +676,8 @@ def crossing_counts(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str = 
 def partner_in_train(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str) -> dict[str, int]:
     """Test pieces with a confirmed-pair partner, a dedupe cluster-mate or a metadata group-mate in
     train."""
-    split = dict(zip(pieces["sha256"], pieces[split_col], strict=True))
-    test = set(pieces.loc[pieces[split_col] == "test", "sha256"])
+    split = dict(zip(pieces["sha256"].tolist(), pieces[split_col].tolist(), strict=True))
+    test = set(pieces.loc[pieces[split_col] == "test", "sha256"].tolist())
     hit: set[str] = set()
     for a, b in zip(pairs["a"], pairs["b"], strict=True):
         if a in test and split.get(b) == "train":
@@ -685,7 +686,7 @@ def partner_in_train(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str) 
             hit.add(b)
     out = {"test_with_pair_in_train": len(hit)}
     for col, name in (("cluster_id", "cluster"), ("group", "metadata_group")):
-        train_keys = set(pieces.loc[pieces[split_col] == "train", col]) - {""}
+        train_keys = set(pieces.loc[pieces[split_col] == "train", col].tolist()) - {""}
         is_test = pieces[split_col] == "test"
         out[f"test_with_{name}_mate_in_train"] = int(isin(pieces.loc[is_test, col],
                                                           train_keys).sum())
@@ -724,7 +725,7 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
     (:class:`pipeline.music.leakage_cache.AuditCache`): runs the passes from an earlier run's
     results, comparing them only with what changed. Neither changes the result.
     """
-    shas = list(pieces["sha256"])
+    shas = pieces["sha256"].tolist()
     if any(shas != list(x.sha256) for x in (sm, mel, tok)):
         raise ValueError("audit: pieces, shingle matrix, melodies and token strings must list "
                          "the same sha256 in order")

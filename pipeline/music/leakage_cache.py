@@ -119,18 +119,19 @@ class AuditCache:
             raise ValueError(f"AuditCache: {len(self.digests)} digests for {len(sha256)} pieces")
         ident = np.asarray([s + d for s, d in zip(sha256, self.digests, strict=True)], dtype=str)
         old = self._load()
-        found = {p.name: self._run_pass(p, ident, group_id, old, measure) for p in passes}
+        cur = _current_rows(ident, old.ident) if old is not None else None  # once for all passes
+        found = {p.name: self._run_pass(p, ident, group_id, old, cur, measure) for p in passes}
         self._save(ident, group_id, passes, found)
         return found
 
     # ------------------------------------------------------------------------ one pass
     def _run_pass(self, p: AuditPass, ident: np.ndarray, group_id: np.ndarray,
-                  old: _State | None, measure: Measure) -> Neighbours:
+                  old: _State | None, cur: np.ndarray | None, measure: Measure) -> Neighbours:
         out = Neighbours.zeros(p.query.size)
         reused = np.zeros(0, dtype=np.int64)
         pairs = 0
         if old is not None and p.name in old.pools and p.query.size:
-            reused, pairs = self._reuse(p, ident, group_id, old, measure, out)
+            reused, pairs = self._reuse(p, ident, group_id, old, cur, measure, out)
         fresh = np.setdiff1d(np.arange(p.query.size), reused)
         if fresh.size:
             out.merge(measure(p, p.query[fresh], p.pool), fresh)
@@ -141,11 +142,11 @@ class AuditCache:
 
     @staticmethod
     def _reuse(p: AuditPass, ident: np.ndarray, group_id: np.ndarray, old: _State,
-               measure: Measure, out: Neighbours) -> tuple[np.ndarray, int]:
+               cur: np.ndarray, measure: Measure, out: Neighbours) -> tuple[np.ndarray, int]:
         """Fill ``out`` for the queries whose stored results still hold, comparing them with
-        the pool pieces they have not met; returns their positions and the pairs measured."""
+        the pool pieces they have not met; returns their positions and the pairs measured.
+        ``cur``: each old row's row now (-1: gone)."""
         n = ident.size
-        cur = _current_rows(ident, old.ident)  # old row -> row now (-1: gone)
         res = old.results[old.results["pass"] == p.name]
         in_pool = np.zeros(n, dtype=bool)
         in_pool[p.pool] = True
@@ -274,18 +275,18 @@ def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution:
     measured: the same arrays either way (a piece's features depend on its notes alone).
     ``stats`` gets ``features_reused`` and ``features_measured``."""
     if root is None:
-        sm = ShingleMatrix.build(notes, shingle_k, ioi_resolution)
+        table = _features(notes, [""] * notes.n_pieces, shingle_k, ioi_resolution)
         if stats is not None:
             stats.update(features_reused=0, features_measured=notes.n_pieces)
-        return sm, Melodies.build(notes), TokenStrings.build(notes, ioi_resolution)
-    store = SegmentStore(Path(root) / features_key(shingle_k, ioi_resolution), FEATURES_SCHEMA,
-                         "digest")
-    table, new = store.fill(digests, lambda keys, idx: _features(
-        take_pieces(notes, idx), keys, shingle_k, ioi_resolution))
-    if stats is not None:  # pieces found in the store; distinct digests measured here
-        fresh = set(new)
-        stats.update(features_reused=sum(d not in fresh for d in digests),
-                     features_measured=len(new))
+    else:
+        store = SegmentStore(Path(root) / features_key(shingle_k, ioi_resolution),
+                             FEATURES_SCHEMA, "digest")
+        table, new = store.fill(digests, lambda keys, idx: _features(
+            take_pieces(notes, idx), keys, shingle_k, ioi_resolution))
+        if stats is not None:  # pieces found in the store; distinct digests measured here
+            fresh = set(new)
+            stats.update(features_reused=sum(d not in fresh for d in digests),
+                         features_measured=len(new))
     offsets, values = list_column(table["shingles"])
     sm = ShingleMatrix.from_sets(notes.sha256, offsets, values.astype(np.uint64, copy=False))
     mel = Melodies.from_views(notes.sha256, (table["skyline"].to_pylist(),
@@ -295,9 +296,27 @@ def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution:
     return sm, mel, tok
 
 
+FEATURES_CHUNK_NOTES = 2_000_000
+"""Pieces are measured this many notes at a time (whole pieces, at most 4,096): measured all at
+once, the 45 M notes of a 100k-file corpus held about 4 GB of temporaries (hashes, token and
+piece arrays, their sorts), which made the split stage's peak (7.3 GiB)."""
+
+
 def _features(notes: fingerprints.NoteArrays, digests: list[str], shingle_k: int,
               ioi_resolution: int) -> pa.Table:
-    """The :data:`FEATURES_SCHEMA` rows of ``notes``' pieces."""
+    """The :data:`FEATURES_SCHEMA` rows of ``notes``' pieces (each row depends on its piece
+    alone), measured :data:`FEATURES_CHUNK_NOTES` notes at a time."""
+    parts, start = [], 0
+    for chunk in notes.chunks(max_notes=FEATURES_CHUNK_NOTES):
+        parts.append(_chunk_features(chunk, digests[start : start + chunk.n_pieces], shingle_k,
+                                     ioi_resolution))
+        start += chunk.n_pieces
+    return pa.concat_tables(parts) if parts else \
+        _chunk_features(notes, digests, shingle_k, ioi_resolution)
+
+
+def _chunk_features(notes: fingerprints.NoteArrays, digests: list[str], shingle_k: int,
+                    ioi_resolution: int) -> pa.Table:
     offsets, values = fingerprints.shingles(notes, shingle_k, ioi_resolution)
     seqs = similarity.Sequences.build(notes, ioi_resolution, melodies=False)
     skyline, top_track = melody_texts(notes)

@@ -272,8 +272,9 @@ def audit_inputs(notes: fingerprints.NoteArrays, shingle_k: int, ioi_resolution:
 
     With ``root``, each piece's features are kept in a segment store under
     ``root/<features_key>/`` keyed by its note digest, and only pieces not found there are
-    measured: the same arrays either way (a piece's features depend on its notes alone).
-    ``stats`` gets ``features_reused`` and ``features_measured``."""
+    measured: the same arrays either way (a piece's features depend on its notes alone), and
+    those of :meth:`ShingleMatrix.build`, :meth:`Melodies.build` and :meth:`TokenStrings.build`
+    on all notes at once. ``stats`` gets ``features_reused`` and ``features_measured``."""
     if root is None:
         table = _features(notes, [""] * notes.n_pieces, shingle_k, ioi_resolution)
         if stats is not None:
@@ -317,6 +318,7 @@ def _features(notes: fingerprints.NoteArrays, digests: list[str], shingle_k: int
 
 def _chunk_features(notes: fingerprints.NoteArrays, digests: list[str], shingle_k: int,
                     ioi_resolution: int) -> pa.Table:
+    """:func:`_features` of one chunk, measured at once."""
     offsets, values = fingerprints.shingles(notes, shingle_k, ioi_resolution)
     seqs = similarity.Sequences.build(notes, ioi_resolution, melodies=False)
     skyline, top_track = melody_texts(notes)

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("pipeline.stages.report", "decision report against pre-registered criteria"),
     "preregister": ("pipeline.tools.preregister",
                     "freeze the decision criteria before scoring test"),
+    "ledger": ("pipeline.tools.looks",
+               "the test-access ledger: every look at the test pieces (--rebuild from git)"),
     "estimate": ("pipeline.tools.estimate", "memory and compute estimate for a transformer config"),
     "doctor": ("pipeline.tools.doctor", "fast checks that tell a data bug from a model bug"),
     "check-params": ("pipeline.tools.check_params", "validate every section of params.yaml"),

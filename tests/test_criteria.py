@@ -102,6 +102,17 @@ def test_interval_judging_applies_the_threshold_to_the_bounds(lo, hi, op, status
     assert evaluate(r, {"m": 0.04}).status == "INCONCLUSIVE"  # no interval, no verdict
 
 
+def test_a_zero_width_interval_never_passes_but_a_failing_value_still_fails():
+    # extraction at 0 of 64 train and 0 of 45 test pieces resampled to [0, 0]: it would pass
+    # "<= 0.05" although 0 of 64 alone allows a rate up to 5.7%
+    v = evaluate(rule(op="<=", threshold=0.05, judge="interval"),
+                 {"m": 0.0, "m.ci_low": 0.0, "m.ci_high": 0.0})
+    assert v.status == "INCONCLUSIVE" and "zero width" in v.evidence
+    # a membership AUC of 1 in every replicate (perfect separation) is the failure itself
+    assert evaluate(rule(op="<=", threshold=0.6, judge="interval"),
+                    {"m": 1.0, "m.ci_low": 1.0, "m.ci_high": 1.0}).status == "FAIL"
+
+
 def test_interval_rules_refuse_equality_and_a_second_ci():
     with pytest.raises(ParamsError, match="judge: interval needs op"):
         parse_section("criteria", {"rules": [{**RULE, "op": "==", "judge": "interval"}]},

@@ -20,6 +20,7 @@ from pipeline.scoring.memorisation import (
     judge_flag_rate,
     judge_membership,
     membership_auc,
+    newcombe_interval,
     novelty,
     resampled_rate,
     suffix_array,
@@ -161,11 +162,25 @@ def test_judge_membership_and_extraction_against_chance():
     assert ties["value"] == membership_auc([1.0, 2.0], [1.0, 2.0]) == 0.5
     train = Extraction(20, 0.5, 0.5, (True, False) * 10)
     test = Extraction(20, 0.0, 0.0, (False,) * 20)
-    e = judge_extraction(train, test, n_boot=300, level=0.95, rng=rng)
+    e = judge_extraction(train, test, level=0.95)
     assert e["train"]["value"] == 0.5 and e["test"]["value"] == 0.0
     assert e["test"]["ci_high"] > 0  # Wilson: 0 of 20 is not "surely 0"
     assert e["excess"]["value"] == 0.5 and e["excess"]["ci_low"] > 0.2
-    assert judge_extraction(test, test, n_boot=50, level=0.95, rng=rng)["excess"]["ci_high"] == 0
+    # 0 of 64 against 0 of 45, the default experiment's counts: no zero-width interval, and
+    # its upper end is the Wilson bound of 0/64 (5.7%), above a 5-point margin
+    none = judge_extraction(Extraction(64, 0.0, 0.0, (False,) * 64),
+                            Extraction(45, 0.0, 0.0, (False,) * 45), level=0.95)["excess"]
+    assert none["value"] == 0 and none["ci_low"] < 0 < 0.05 < none["ci_high"]
+    assert none["ci_high"] == pytest.approx(wilson_interval(0, 64, 0.95)[1])
+
+
+def test_newcombe_interval_matches_the_published_example():
+    # Newcombe (1998), Table II, example (a): 56/70 - 48/80, 95% method 10: 0.0524 to 0.3339
+    lo, hi = newcombe_interval(56, 70, 48, 80, 0.95)
+    assert (round(lo, 4), round(hi, 4)) == (0.0524, 0.3339)
+    # example (e): 0/10 - 0/20: -0.1611 to 0.2775
+    lo, hi = newcombe_interval(0, 10, 0, 20, 0.95)
+    assert (round(lo, 4), round(hi, 4)) == (-0.1611, 0.2775)
 
 
 @pytest.fixture(scope="module")

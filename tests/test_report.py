@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import shutil
@@ -17,6 +18,8 @@ import yaml
 from pipeline.cli import main as cli
 from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
+from pipeline.core.splits import split_hash
+from pipeline.report import ledger
 from pipeline.report.audio import notes_to_midi
 from pipeline.report.figures import piano_roll_png
 from pipeline.report.sections import piece_nll
@@ -44,6 +47,18 @@ def write_params(root: Path, rules=RULES, evaluate=EVALUATE) -> Path:
     return path
 
 
+TEST_PIECES = [f"{i:04d}" for i in range(10)]
+SPLITS = pd.DataFrame({"sha256": ["a", "b", "c", *TEST_PIECES],
+                       "group_id": ["g1", "g1", "g2", *[f"t{i // 2}" for i in range(10)]],
+                       "split": ["train", "train", "val", *["test"] * 10]})
+SPLIT = split_hash(SPLITS["sha256"], SPLITS["split"])
+GIT_SHOWS_ORDER = {"git": True, "registration_commit": "c0ffee" * 6 + "0000",
+                   "results_commit": None, "registration_uncommitted": False,
+                   "results_uncommitted": True, "registration_precedes_results": True,
+                   "ledger_rewritten": None}
+"""git's facts (the report stage's sidecar) for a registration committed before the results."""
+
+
 def paths_in(root: Path) -> ReportPaths:
     return ReportPaths(**{f.name: root / f.default for f in fields(ReportPaths)})
 
@@ -53,7 +68,7 @@ def make_inputs(root: Path) -> ReportPaths:
     p = paths_in(root)
     rng = np.random.default_rng(0)
     artifacts.write_json(p.ingest, {"by_status": {"ok": 30, "quarantined": 2, "duplicate": 1}})
-    artifacts.write_json(p.split, {"pieces": 30, "groups": 12, "split_hash": "abc123"})
+    artifacts.write_json(p.split, {"pieces": 30, "groups": 12, "split_hash": SPLIT})
     artifacts.write_json(p.leakage, {"grouped_crossing_groups": 0, "grouped_crossing_pairs": 0})
     artifacts.write_json(p.train, {"best_val_loss": 1.4, "final_train_loss": 1.2,
                                    "tokens": 123456, "steps": 50, "params": {"total": 1000}})
@@ -104,26 +119,37 @@ def make_inputs(root: Path) -> ReportPaths:
     artifacts.write_parquet(p.manifest, pd.DataFrame({
         "sha256": ["a", "b", "c"], "status": ["ok", "quarantined", "duplicate"],
         "reason": ["", "no_notes", "exact"], "licence": ["CC0", "CC0", "PD"]}))
-    artifacts.write_parquet(p.splits, pd.DataFrame({"sha256": ["a", "b", "c"],
-                                                    "group_id": ["g1", "g1", "g2"],
-                                                    "split": ["train", "train", "test"]}))
+    artifacts.write_parquet(p.splits, SPLITS)
     artifacts.write_parquet(p.pairs, pd.DataFrame({"a": ["a"], "b": ["c"], "tier": ["note"],
                                                    "similarity": [1.0]}))
     artifacts.write_parquet(p.notes, pd.DataFrame({
         "sha256": ["a", "c"], "onset": [[0.0, 1.0], [0.0, 1.0]], "duration": [[1.0, 1.0]] * 2,
         "pitch": [[60, 62], [60, 62]]}))
     artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64,
-                                 "environment": {"packages": artifacts.package_versions()}})
+                                 "environment": {"packages": artifacts.package_versions()},
+                                 "git": GIT_SHOWS_ORDER})
     return p
 
 
-def report(root: Path, params: Path, p: ReportPaths):
-    return run(load_section("report", params, ReportConfig), read_params(params), p)
+def report(root: Path, params: Path, p: ReportPaths, *, look: bool = True):
+    """Report as `dvc repro` would: evaluate has recorded its look at the test scores under the
+    registration in force (``look``), then the report runs."""
+    with contextlib.chdir(root):
+        table = artifacts.read_table_or_none(p.per_piece)
+        if look and table is not None:
+            ledger.record_look(table, artifacts.read_json_or_none(p.preregistration), p.ledger)
+        return run(load_section("report", params, ReportConfig), read_params(params), p)
 
 
-def register(root: Path, params: Path, p: ReportPaths, **kw):
-    return preregister(params, split_report=p.split, eval_report=kw.pop("eval_report", p.eval),
-                       out=p.preregistration, **kw)
+def register(root: Path, params: Path, p: ReportPaths, *, before_scores: bool = False, **kw):
+    """``symkit preregister`` in ``root``; ``before_scores``: as before `dvc repro evaluate`
+    (no eval.json, no per-piece table)."""
+    missing = root / "missing"
+    with contextlib.chdir(root):
+        return preregister(params, split_report=p.split, splits=p.splits,
+                           eval_report=missing / "eval.json" if before_scores else p.eval,
+                           per_piece=missing / "per_piece.parquet" if before_scores
+                           else p.per_piece, ledger_path=p.ledger, out=p.preregistration, **kw)
 
 
 def without_test_scores(p: ReportPaths) -> None:
@@ -139,8 +165,9 @@ def test_registered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path)
     a = tmp_path / "a"
     p = make_inputs(a)
     params = write_params(a)
-    rec = register(a, params, p, eval_report=a / "missing.json")
-    assert rec["identity"]["split_hash"] == "abc123" and not rec["registered_after_scoring"]
+    rec = register(a, params, p, before_scores=True)
+    assert rec["identity"]["split_hash"] == SPLIT and not rec["forced"]
+    assert rec["identity"]["pieces"] == {"test": TEST_PIECES, "val": ["c"]}
     assert rec["identity"]["params"]["evaluate"] == EVALUATE
     assert rec["identity"]["packages"]["numpy"] == np.__version__
     s = report(a, params, p)
@@ -162,7 +189,7 @@ def test_registered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path)
     assert "http://" not in html and "https://" not in html and "<script" not in html
     md = p.md_out.read_text()
     assert "all match the registration" in md and "| transformer_beats_ngram |" in md
-    assert "Without git history" in md
+    assert "The registration was committed in c0ffeec0ffee; the results are not committed" in md
     assert "](samples/ngram_unconditional_0.png)" in md
     assert "CC0" in md
     # the commit being reported on and timings stay in the sidecars, never in the report
@@ -185,7 +212,7 @@ def _deviations(tmp_path: Path, change) -> tuple[str, list[str], str]:
     """Register, apply ``change(params_dict, paths)``, report; -> (decision, deviations, md)."""
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
-    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    register(tmp_path, params, p, before_scores=True)
     data = yaml.safe_load(params.read_text())
     change(data, p)
     params.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -226,7 +253,7 @@ def test_a_changed_param_that_shapes_results_is_deviated(tmp_path, section, key,
             "audit": {"flag_quantile": 0.99}}
     data.update({k: v for k, v in base.items() if k not in data})
     params.write_text(yaml.safe_dump(data, sort_keys=False))
-    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    register(tmp_path, params, p, before_scores=True)
     data[section] = {**data[section], key: value}
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     s = report(tmp_path, params, p)
@@ -244,7 +271,7 @@ def test_a_key_added_after_registration_deviates_only_when_it_changes_behaviour(
     data = yaml.safe_load(params.read_text())
     data["transformer"] = {**(data.get("transformer") or {}), "data": {"use_augmented": False}}
     params.write_text(yaml.safe_dump(data, sort_keys=False))
-    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    register(tmp_path, params, p, before_scores=True)
     data["transformer"]["data"]["pack"] = pack
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     s = report(tmp_path, params, p)
@@ -256,14 +283,14 @@ def test_a_key_added_after_registration_deviates_only_when_it_changes_behaviour(
 def test_other_split_packages_and_edited_hash_are_deviated(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
-    register(tmp_path, params, p, eval_report=tmp_path / "missing.json")
+    register(tmp_path, params, p, before_scores=True)
     artifacts.write_json(p.split, {**artifacts.read_json(p.split), "split_hash": "zzz"})
     env = artifacts.read_json(p.env)
     env["environment"]["packages"]["torch"] = "0.0.1"
     artifacts.write_json(p.env, env)
     assert report(tmp_path, params, p).n_deviations == 2
     md = p.md_out.read_text()
-    assert "split_hash: registered 'abc123', now 'zzz' (the split changed)" in md
+    assert f"split_hash: registered '{SPLIT}', now 'zzz' (the split changed)" in md
     assert "package.torch: registered" in md and "now '0.0.1'" in md
     eval_json = artifacts.read_json(p.eval)
     artifacts.write_json(p.eval, {**eval_json, "protocol": {"split_hash": "other"}})
@@ -272,7 +299,7 @@ def test_other_split_packages_and_edited_hash_are_deviated(tmp_path):
 
     q = make_inputs(tmp_path / "edited")
     params = write_params(tmp_path / "edited")
-    rec = register(tmp_path / "edited", params, q, eval_report=tmp_path / "missing.json")
+    rec = register(tmp_path / "edited", params, q, before_scores=True)
     rec["identity"]["params"]["criteria"]["rules"][0]["threshold"] = 0.0  # edited by hand
     artifacts.write_json(q.preregistration, rec)
     s = report(tmp_path / "edited", params, q)
@@ -287,37 +314,42 @@ def test_an_old_schema_registration_is_deviated(tmp_path):
     artifacts.write_json(p.preregistration, {"schema": 1, "criteria": RULES})
     s = report(tmp_path, params, p)
     assert s.decision == "DEVIATED"
-    assert "has schema 1, not 2" in p.md_out.read_text()
+    assert "has schema 1, not 3" in p.md_out.read_text()
 
 
 def test_preregistering_after_test_scores_is_refused_unless_forced(tmp_path):
-    p = make_inputs(tmp_path)  # eval.json holds test scores of split abc123
+    p = make_inputs(tmp_path)  # the per-piece table and eval.json hold test scores
     params = write_params(tmp_path)
     with pytest.raises(AlreadyScored, match="--force"):
         register(tmp_path, params, p)
     assert not p.preregistration.exists()
-    # scores of another split do not block a registration of this one
+    # scores of other pieces do not block a registration of these
+    table = pd.read_parquet(p.per_piece)
+    artifacts.write_parquet(p.per_piece, table.assign(sha256="other-" + table["sha256"]))
     artifacts.write_json(p.eval, {**artifacts.read_json(p.eval),
                                   "protocol": {"split_hash": "old-split"}})
-    assert not register(tmp_path, params, p)["registered_after_scoring"]
+    p.ledger.unlink()
+    assert not register(tmp_path, params, p)["forced"]
     p = make_inputs(tmp_path / "forced")
     params = write_params(tmp_path / "forced")
     rec = register(tmp_path / "forced", params, p, force=True)
-    assert rec["registered_after_scoring"] and rec["eval_report_sha256"] == \
-        artifacts.sha256_file(p.eval)
+    assert rec["forced"] and [r["source"] for r in rec["looks_before"]] == ["workspace"]
     assert register(tmp_path / "forced", params, p, force=True) == rec  # stable
     s = report(tmp_path / "forced", params, p)
-    assert s.decision == "DEVIATED"
-    assert "registered after test scores of this split existed" in p.md_out.read_text()
+    assert s.decision == "FOLLOWED AFTER 1 LOOK" and s.n_deviations == 0
+    md = p.md_out.read_text()
+    assert "## Earlier looks at the test pieces" in md and "This test set is spent" in md
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["decision.rules"] == "PASS" and metrics["decision.earlier_looks"] == 1
 
 
 def test_registration_before_scores_can_be_replaced_freely(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
     without_test_scores(p)
-    first = register(tmp_path, params, p)
+    first = register(tmp_path, params, p, before_scores=True)
     params = write_params(tmp_path, rules=RULES[:2])
-    second = register(tmp_path, params, p)
+    second = register(tmp_path, params, p, before_scores=True)
     assert first["identity_hash"] != second["identity_hash"]
     assert len(second["identity"]["params"]["criteria"]["rules"]) == 2
 
@@ -327,14 +359,22 @@ def test_cli_preregister_and_report(tmp_path, monkeypatch, capsys):
     params = write_params(tmp_path)
     monkeypatch.chdir(tmp_path)  # CLI defaults are relative to the repository root
     assert cli(["preregister", "--params", str(params)]) == 1  # test scores exist
-    assert "already holds test scores" in capsys.readouterr().err
+    assert "test scores of these 10 test pieces already exist" in capsys.readouterr().err
     without_test_scores(p)
+    p.per_piece.unlink()
+    p.ledger.unlink()  # preregister recorded the look it found: start again before it
     assert cli(["preregister", "--params", str(params)]) == 0
     make_inputs(tmp_path)
+    ledger.record_look(pd.read_parquet(p.per_piece), artifacts.read_json(p.preregistration),
+                       p.ledger)
     assert cli(["report", "--params", str(params)]) == 0
     env = artifacts.read_json(p.env)
-    assert "environment" in env and "params_sha256" in env and env["git"] == {"git": False}
-    assert artifacts.read_json(p.metrics_out)["decision.overall"] == "PASS"
+    assert "environment" in env and "params_sha256" in env
+    assert env["git"] == {"git": False, "ledger_rewritten": None}
+    # followed, but without git nothing shows the registration came first
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["decision.overall"] == "FOLLOWED, ORDER NOT SHOWN"
+    assert metrics["decision.rules"] == "PASS"
 
 
 def test_corrupt_inputs_degrade_to_not_available(tmp_path):
@@ -469,8 +509,10 @@ def test_first_screen_names_the_experiment_the_decision_and_why(tmp_path):
     md = p.md_out.read_text()
     first = md[:md.index("## The criteria")]
     # identity, then the decision sentence, then the table of verdicts with words
-    assert first.index("| split | train 2 / test 1 pieces in 1 / 1 groups") < \
-        first.index("Decision: DEVIATED.") < first.index("| criterion | verdict | evidence |")
+    assert first.index("| split | train 2 / val 1 / test 10 pieces in 1 / 1 / 5 groups") < \
+        first.index("Decision: FOLLOWED AFTER 1 LOOK.") < \
+        first.index("| criterion | verdict | evidence |")
+    assert "The registered rules give PASS." in first
     row = next(line for line in first.splitlines() if line.startswith("| transformer_beats"))
     assert "The transformer's NLL per note is 5.0% lower than the n-gram's" in row
     assert "test.nll_per_note.rel_improvement is" not in row  # words, not a dotted key

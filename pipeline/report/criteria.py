@@ -13,7 +13,11 @@ threshold, optionally a confidence-interval requirement, and why it is there::
 
 A rule with ``judge: interval`` compares the metric's whole interval (``<metric>.ci_low`` and
 ``.ci_high``) with the threshold: PASS when the whole interval meets it (for ``>=``, the lower
-bound), FAIL when no value in it does, INCONCLUSIVE when it straddles the threshold. A rule with
+bound), FAIL when no value in it does, INCONCLUSIVE when it straddles the threshold. An interval
+of zero width (a resampling that saw no variation: no events, perfect separation) cannot show a
+rule is met, so it never PASSes (INCONCLUSIVE); its single value on the failing side still
+FAILs, since that value is the failure itself (every continuation copied, every piece told
+apart). A rule with
 ``judge: point`` (the default) compares the point value, then checks the optional ``ci`` sign
 requirement. A missing metric or interval is INCONCLUSIVE. Each verdict carries one plain sentence
 of evidence. Overall: FAIL if any criterion fails, PASS if all pass, otherwise INCONCLUSIVE.
@@ -273,6 +277,11 @@ def evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float = 0.95
         said = f"{rule.metric} is {_fmt(value)} ({level} {_fmt(lo)} to {_fmt(hi)})"
         upper_side = rule.op in ("<", "<=")
         best, worst = (lo, hi) if upper_side else (hi, lo)
+        if lo == hi and meets(worst, rule.threshold):
+            return verdict("INCONCLUSIVE", f"{said}: an interval of zero width means the "
+                                           "resampling saw no variation (e.g. no events at "
+                                           "all), a certainty a finite sample cannot give, so "
+                                           "it cannot show the rule is met.")
         if meets(worst, rule.threshold):
             return verdict("PASS", f"{said}: the whole interval meets {rule_text}.")
         if not meets(best, rule.threshold):

@@ -92,8 +92,10 @@ def experiment_rows(params: Mapping[str, Any], metrics: Metrics,
             ["models", models], ["registration", registration]]
 
 
-def decision_sentence(decision: str, verdicts: list[Verdict]) -> str:
-    """``Decision: FAIL. Of 8 criteria, 4 pass, 3 fail and 1 is inconclusive.``"""
+def decision_sentence(decision: str, verdicts: list[Verdict], rules: str | None = None) -> str:
+    """``Decision: FAIL. At least one registered criterion fails. Of 8 criteria, 4 pass, 3 fail
+    and 1 is inconclusive.`` ``rules``: what the registered rules give, said when the decision
+    is the registration's status instead."""
     n = len(verdicts)
     counts = [(sum(v.status == s for v in verdicts), word) for s, word in
               (("PASS", "pass"), ("FAIL", "fail"), ("INCONCLUSIVE", "inconclusive"))]
@@ -110,8 +112,15 @@ def decision_sentence(decision: str, verdicts: list[Verdict]) -> str:
            "FAIL": "At least one registered criterion fails.",
            "INCONCLUSIVE": "No criterion fails, but not all pass: the data cannot tell yet.",
            "DEVIATED": "The experiment differs from its registration (see the deviations).",
-           "NOT REGISTERED": "No registration: the criteria were not frozen before scoring."}
-    return f"{head} {why.get(decision, '')} Of {n} criteria, {listed}."
+           "NOT REGISTERED": "No registration: the criteria were not frozen before scoring.",
+           "FOLLOWED, ORDER NOT SHOWN": "The registration is followed, but git does not show it "
+                                        "committed before the results."}
+    text = why.get(decision)
+    if text is None and decision.startswith("FOLLOWED AFTER"):
+        text = ("The registration is followed, but the test pieces were scored before it was "
+                "made (see the earlier looks): the result is exploratory.")
+    said = f" The registered rules give {rules}." if rules and rules != decision else ""
+    return f"{head} {text or ''}{said} Of {n} criteria, {listed}."
 
 
 # ---- evidence in words ----------------------------------------------------------------------

@@ -1,7 +1,10 @@
-"""Whether the registration was committed before the results, from the repository's git history.
+"""What the repository's git history shows: whether the registration was committed before the
+results, and every committed version of a file (the test-access ledger reads earlier scores from
+them, :mod:`pipeline.report.ledger`).
 
 These are facts about the working copy, not results: ``symkit report`` stores them in its
-environment sidecar (``reports/report.env.json``), and the report states them.
+environment sidecar (``reports/report.env.json``), and the report states them. Without git every
+function answers "nothing known" (``None``, ``[]`` or ``{"git": False}``), never an error.
 """
 
 from __future__ import annotations
@@ -12,12 +15,45 @@ from typing import Any
 
 
 def _git(*args: str) -> tuple[int, str]:
+    rc, out = _git_bytes(*args)
+    return rc, out.decode("utf-8", "replace").strip()
+
+
+def _git_bytes(*args: str) -> tuple[int, bytes]:
     try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=20,
-                             check=False)
+        out = subprocess.run(["git", *args], capture_output=True, timeout=60, check=False)
     except (OSError, subprocess.SubprocessError):
-        return 1, ""
-    return out.returncode, out.stdout.strip()
+        return 1, b""
+    return out.returncode, out.stdout
+
+
+def file_at(commit: str, path: Path | str) -> bytes | None:
+    """The bytes of ``path`` (relative to the repository root) at ``commit``; None when the file
+    is absent there or there is no git."""
+    rc, out = _git_bytes("show", f"{commit}:{Path(path).as_posix()}")
+    return out if rc == 0 else None
+
+
+def committed_version(path: Path) -> bytes | None:
+    """``path`` as HEAD holds it (None: not committed, or no git)."""
+    return file_at("HEAD", path) if head_commit() is not None else None
+
+
+def commits_touching(path: Path | str) -> list[tuple[str, int]]:
+    """Every commit on any ref (branches, tags, DVC experiments under ``refs/exps``, the stash)
+    that changed ``path``, oldest first, with its committer time (Unix seconds)."""
+    if head_commit() is None:
+        return []
+    rc, out = _git("log", "--all", "--reverse", "--format=%H %ct", "--",
+                   Path(path).as_posix())
+    if rc != 0:
+        return []
+    found = []
+    for line in out.splitlines():
+        commit, _, when = line.partition(" ")
+        if commit and when.isdigit():
+            found.append((commit, int(when)))
+    return found
 
 
 def head_commit() -> str | None:

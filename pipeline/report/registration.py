@@ -2,26 +2,39 @@
 registered rules the rules.
 
 The record freezes the experiment's *identity* as far as it can be fixed before the test set is
-scored: the split hash, the params sections that shape results (:data:`FROZEN_SECTIONS`, the
-decision criteria among them) and the versions of the packages results depend on
+scored: the split hash (computed from ``data/splits.parquet``), the sha256s of the val and test
+pieces, the params sections that shape results (:data:`FROZEN_SECTIONS`, the decision criteria
+among them) and the versions of the packages results depend on
 (:data:`pipeline.core.artifacts.RESULT_PACKAGES`). ``identity_hash`` is the hash of that
-identity, recomputed on every check.
+identity, recomputed on every check. ``forced`` and ``looks_before`` say whether it was
+registered over existing test scores (``symkit preregister --force``) and which.
 
-:func:`check` compares a registration with the current experiment. The report judges with the
-*registered* criteria; every difference (a loosened rule, another tokenizer, a newer torch, an
-edited hash, a registration made after test scores existed) is a deviation, named in one line,
-and any deviation makes the overall decision DEVIATED. No registration: NOT REGISTERED.
+:func:`check` compares a registration with the current experiment and with the test-access
+ledger (:mod:`pipeline.report.ledger`). The report judges with the *registered* criteria. Its
+status (:attr:`Check.status`), strictest first:
+
+- ``NOT REGISTERED``: no registration;
+- ``DEVIATED``: the experiment is not the registered one: a loosened rule, another tokenizer, a
+  newer torch, an edited hash, other pieces scored than registered, criteria that changed after
+  an earlier look at these test pieces, a ledger that lost lines or lacks the current scores;
+- ``FOLLOWED AFTER n LOOKS``: followed, but these test pieces were scored ``n`` times before
+  (other scores, or under another registration): the rules may have been chosen knowing results;
+- ``FOLLOWED, ORDER NOT SHOWN``: followed, no earlier look in the ledger, but git does not show
+  the registration committed before the results (uncommitted, edited since its commit,
+  committed with or after them, or no git);
+- ``FOLLOWED``: none of the above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import artifacts
 from pipeline.core.artifacts import RESULT_PACKAGES
 from pipeline.core.config import ParamsError, parse_section
+from pipeline.report import ledger
 from pipeline.report.criteria import CriteriaConfig, flatten
 from pipeline.scoring.power import pass_probability, power_summary
 from pipeline.training.config import LATER_KEYS
@@ -31,29 +44,38 @@ from pipeline.training.config import LATER_KEYS
 LATER_DEFAULTS = {f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.items()
                   for k, v in keys.items()}
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",
                    "criteria")
 """params.yaml sections that shape results and are known before scoring. ``corpus``, ``ingest``,
-``dedupe`` and ``split`` are frozen through the split hash; ``runtime`` and ``report`` do not
-change results."""
+``dedupe`` and ``split`` are frozen through the split hash and the pieces; ``runtime`` and
+``report`` do not change results."""
+BOUND_SPLITS = ("val", "test")
+"""Splits whose pieces the registration lists, and the report compares with the scored ones."""
 
 
 def identity(params: Mapping[str, Any], split_hash: str | None,
-             packages: Mapping[str, Any]) -> dict[str, Any]:
-    """The experiment identity: split hash, frozen params sections (as written) and versions."""
+             packages: Mapping[str, Any],
+             pieces: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+    """The experiment identity: split hash, val and test pieces (sorted sha256s), frozen params
+    sections (as written) and versions."""
     return {"split_hash": split_hash,
+            "pieces": {s: sorted(pieces.get(s) or []) for s in BOUND_SPLITS}
+            if pieces is not None else None,
             "params": {s: params.get(s) for s in FROZEN_SECTIONS},
             "packages": {p: packages.get(p) for p in RESULT_PACKAGES}}
 
 
-def build(ident: dict[str, Any], eval_report_sha256: str | None = None) -> dict[str, Any]:
-    """The registration record. ``eval_report_sha256`` is set only when the registration was
-    forced although test scores of this split existed (``registered_after_scoring``)."""
+def build(ident: dict[str, Any], looks_before: Sequence[Mapping[str, Any]] = ()
+          ) -> dict[str, Any]:
+    """The registration record. ``looks_before``: the ledger records of test scores of these
+    pieces that existed when it was made, which only ``--force`` registers over."""
+    looks = [{k: r.get(k) for k in ("source", "commit", "time", "n_pieces", "results_sha256")}
+             | {"registration": (r.get("registration") or {}).get("identity_hash")}
+             for r in looks_before]
     return {"schema": SCHEMA_VERSION, "identity": ident,
             "identity_hash": artifacts.sha256_json(ident),
-            "registered_after_scoring": eval_report_sha256 is not None,
-            "eval_report_sha256": eval_report_sha256}
+            "forced": bool(looks), "looks_before": looks}
 
 
 def test_scores_exist(eval_report: Any, split_hash: str | None) -> bool:
@@ -75,17 +97,44 @@ class Check:
     criteria: CriteriaConfig | None
     """The registered rules (None when there is no usable registration)."""
     deviations: list[str] = field(default_factory=list)
+    looks: list[ledger.Look] = field(default_factory=list)
+    """Earlier looks at the registered test pieces (other scores, or another registration)."""
+    n_looks: int = 0
+    """How many earlier looks: the ledger's, or the registration's ``looks_before`` if more."""
+    order_shown: bool = False
+    """git shows the registration committed before the results."""
 
     @property
     def status(self) -> str:
         if not self.registered:
             return "NOT REGISTERED"
-        return "DEVIATED" if self.deviations else "FOLLOWED"
+        if self.deviations:
+            return "DEVIATED"
+        if self.n_looks:
+            return f"FOLLOWED AFTER {self.n_looks} LOOK{'S' * (self.n_looks != 1)}"
+        return "FOLLOWED" if self.order_shown else "FOLLOWED, ORDER NOT SHOWN"
 
 
-def check(registered: Any, current: dict[str, Any], eval_report: Any = None) -> Check:
+@dataclass(frozen=True)
+class Evidence:
+    """What the check compares the registration with, beside the current identity: the scored
+    pieces (``reports/eval/per_piece.parquet``), the ledger, and git's facts."""
+
+    scored: Mapping[str, Sequence[str]] | None = None
+    """split -> sha256s of the pieces scored (None: no per-piece table)."""
+    results_sha256: str | None = None
+    """:func:`pipeline.report.ledger.results_digest` of the test rows scored."""
+    records: Sequence[Mapping[str, Any]] = ()
+    """The ledger's records."""
+    git: Mapping[str, Any] = field(default_factory=dict)
+    """:func:`pipeline.report.history.registration_order`, plus ``ledger_rewritten``."""
+
+
+def check(registered: Any, current: dict[str, Any], eval_report: Any = None,
+          evidence: Evidence | None = None) -> Check:
     """Compare the registration ``registered`` (the parsed JSON, or None) with ``current`` (an
-    :func:`identity`). Every hash the record holds is recomputed."""
+    :func:`identity`) and with ``evidence``. Every hash the record holds is recomputed."""
+    evidence = evidence or Evidence()
     if registered is None:
         return Check(False, None)
     if not isinstance(registered, dict) or registered.get("schema") != SCHEMA_VERSION:
@@ -107,15 +156,58 @@ def check(registered: Any, current: dict[str, Any], eval_report: Any = None) -> 
     except ParamsError as e:
         out.append(f"the registered criteria do not parse: {e}")
     out += _identity_differences(ident, current)
-    if registered.get("registered_after_scoring"):
-        out.append("registered after test scores of this split existed (symkit preregister "
-                   "--force): the rules may have been chosen knowing the results")
     protocol = eval_report.get("protocol") if isinstance(eval_report, dict) else None
     scored_on = protocol.get("split_hash") if isinstance(protocol, dict) else None
     if scored_on is not None and ident.get("split_hash") not in (None, scored_on):
         out.append(f"reports/eval.json scored split {scored_on!r}, not the registered "
                    f"{ident.get('split_hash')!r}")
-    return Check(True, criteria, out)
+    out += _piece_differences(ident.get("pieces"), evidence.scored)
+    pieces = (ident.get("pieces") or {}).get("test") or []
+    key = (str(evidence.results_sha256), registered.get("identity_hash"))
+    earlier, this = ledger.earlier_looks(evidence.records, pieces, key)
+    out += _criteria_changed_after(earlier, registered)
+    if evidence.git.get("ledger_rewritten"):
+        out.append(str(evidence.git["ledger_rewritten"]))
+    if evidence.results_sha256 is not None and this is None:
+        out.append("reports/ledger.jsonl holds no record of the test scores in "
+                   "reports/eval/per_piece.parquet under this registration: evaluate records "
+                   "every look, so the ledger was edited or evaluate ran without it (re-run "
+                   "`dvc repro evaluate`; `symkit ledger --rebuild` adds the looks in git)")
+    n_looks = max(len(earlier), len(registered.get("looks_before") or []))
+    return Check(True, criteria, out, earlier, n_looks,
+                 evidence.git.get("registration_precedes_results") is True)
+
+
+def _piece_differences(registered: Any, scored: Mapping[str, Sequence[str]] | None
+                       ) -> list[str]:
+    """Registered val and test pieces against those the per-piece table scored."""
+    if not isinstance(registered, dict):
+        return ["the registration lists no pieces, so the scored pieces cannot be checked"]
+    if scored is None:
+        return []
+    out = []
+    for split in BOUND_SPLITS:
+        want, got = set(registered.get(split) or []), set(scored.get(split) or [])
+        if got and want != got:
+            out.append(f"{split} pieces: {len(want)} registered, {len(got)} scored in "
+                       f"reports/eval/per_piece.parquet, {len(got - want)} of them not "
+                       f"registered and {len(want - got)} registered ones not scored")
+    return out
+
+
+def _criteria_changed_after(looks: Sequence[ledger.Look], registered: Any) -> list[str]:
+    """One deviation per earlier look whose registration had other criteria than these: rules
+    changed after test scores of these pieces were seen."""
+    out = []
+    for look in looks:
+        changed = ledger.changes_since(look, registered)["criteria"]
+        if changed:
+            shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more"
+                                              if len(changed) > 4 else "")
+            out.append(f"the criteria changed after {look.label()} scored {look.overlap} of "
+                       f"these test pieces under registration "
+                       f"{str(look.registration.get('identity_hash'))[:12]}: {shown}")
+    return out
 
 
 def _identity_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -126,6 +218,7 @@ def _identity_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]
         out.append(f"split_hash: registered {old.get('split_hash')!r}, now "
                    f"{new.get('split_hash')!r} (the split changed)")
     old_params, new_params = old.get("params") or {}, new.get("params") or {}
+    # the pieces are compared with the scored table (_piece_differences), not with params
     for section in FROZEN_SECTIONS:
         if section == "criteria":
             out += _rule_differences(old_params.get(section), new_params.get(section))

@@ -827,7 +827,10 @@ def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> 
         git = env.get("git") or {}
         rows = [["identity hash", fmt(registered.get("identity_hash"))],
                 ["split hash", fmt(ident.get("split_hash"))],
-                ["registered after scoring", fmt(registered.get("registered_after_scoring"))],
+                ["test pieces registered",
+                 fmt(len((ident.get("pieces") or {}).get("test") or []))],
+                ["forced over earlier looks", fmt(registered.get("forced"))],
+                ["looks before registering", fmt(len(registered.get("looks_before") or []))],
                 ["registration commit", fmt(git.get("registration_commit"))],
                 ["results commit", fmt(git.get("results_commit"))],
                 ["registration precedes results", fmt(git.get("registration_precedes_results"))]]
@@ -835,7 +838,7 @@ def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> 
                  for k, v in sorted((ident.get("packages") or {}).items())]
         doc.add(Table(["field", "value"], rows))
     else:
-        _na(doc, "reports/preregistration.json (schema 2)")
+        _na(doc, "reports/preregistration.json (schema 3)")
 
 
 def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],

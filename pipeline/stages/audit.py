@@ -253,8 +253,7 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
             block["membership_auc"] = judge_membership(
                 c.nll_train, c.nll_test, rng=_rng(cfg, "membership_auc", name), **boot)
             block["extraction_rate"] = judge_extraction(
-                c.extraction_train, c.extraction_test, rng=_rng(cfg, "extraction_rate", name),
-                **boot)
+                c.extraction_train, c.extraction_test, level=cfg.ci_level)
         out[name] = block
     return out
 

@@ -39,6 +39,11 @@ model, seed, split, sha256; the train subset's rows have split ``train``),
 notes, see :func:`fidelity_block`) and
 the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or does not load is
 listed under ``unavailable`` with the reason; the stage still scores the others.
+
+Every scoring of test pieces is a *look*, appended to the test-access ledger
+``reports/ledger.jsonl`` with the registration in force (:mod:`pipeline.report.ledger`). The
+ledger is a log kept in git, not an output: it holds the time and commit of the event, and a
+look already recorded (the same scores under the same registration) is not appended again.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from pydantic import Field, field_validator
 
 from pipeline.core.artifacts import (
     read_json,
+    read_json_or_none,
     read_parquet,
     write_json,
     write_parquet,
@@ -71,6 +77,7 @@ from pipeline.core.config import (
     load_section,
     parse_section,
 )
+from pipeline.report import ledger
 from pipeline.scoring.aggregate import aggregate, draw_train_subset, generalisation, power_blocks
 from pipeline.scoring.loading import (
     ModelSpec,
@@ -205,7 +212,8 @@ def registration_check(path: Path | None, cfg: EvaluateConfig,
 
 def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
         manifest: Path, splits: Path, specs: Sequence[ModelSpec], per_piece: Path,
-        report: Path, preregistration: Path | None = None) -> EvaluateSummary:
+        report: Path, preregistration: Path | None = None,
+        ledger_path: Path | None = None) -> EvaluateSummary:
     """Score every available model on ``cfg.splits``; write the per-piece table and eval.json."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
@@ -244,6 +252,9 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     names = sorted(set(table["model"]))
     write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
                                                   preserve_index=False))
+    if ledger_path is not None:  # a look at the test pieces, before anyone reads the scores
+        ledger.record_look(table, read_json_or_none(preregistration)
+                           if preregistration is not None else None, ledger_path)
     agg, paired = aggregate(table, cfg, names)
     train_metrics, gap = generalisation(table, cfg, names)
     for name, block in train_metrics.items():
@@ -338,6 +349,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--per-piece", type=Path, default=Path("reports/eval/per_piece.parquet"))
     a("--report", type=Path, default=Path("reports/eval.json"))
     a("--preregistration", type=Path, default=Path("reports/preregistration.json"))
+    a("--ledger", type=Path, default=ledger.LEDGER,
+      help="test-access ledger this run's test scores are appended to")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -347,7 +360,7 @@ def main(args: argparse.Namespace) -> int:
                   splits=args.splits,
                   specs=default_specs(args.ngram_dir, args.transformer_dir, stride=cfg.stride),
                   per_piece=args.per_piece, report=args.report,
-                  preregistration=args.preregistration)
+                  preregistration=args.preregistration, ledger_path=args.ledger)
     for name, by_split in summary.scored.items():
         figures = ", ".join(f"{s} {v:.4f}" for s, v in by_split.items())
         gap = summary.gap.get(name)

@@ -27,6 +27,7 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import read_json_or_none, read_table_or_none
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
+from pipeline.report import ledger
 from pipeline.report.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
 from pipeline.report.document import (
     Audio,
@@ -44,7 +45,14 @@ from pipeline.report.document import (
 from pipeline.report.figures import loss_curves_png
 from pipeline.report.headline import decision_sentence, experiment_rows, gain_rows, plain_evidence
 from pipeline.report.history import head_commit, registration_order
-from pipeline.report.registration import COMPARISON_METRIC, Check, check, identity, power_note
+from pipeline.report.registration import (
+    COMPARISON_METRIC,
+    Check,
+    Evidence,
+    check,
+    identity,
+    power_note,
+)
 from pipeline.report.sections import ReportConfig, add_sections, split_counts, train_logs
 
 
@@ -74,6 +82,8 @@ class ReportPaths:
     notes: Path = Path("data/notes.parquet")
     leakage_png: Path = Path("reports/figures/leakage.png")
     preregistration: Path = Path("reports/preregistration.json")
+    ledger: Path = ledger.LEDGER
+    """The test-access ledger: every earlier look at the test pieces."""
     env: Path = Path("reports/report.env.json")
     figures_dir: Path = Path("reports/figures/report")
     """The report's figures as PNG files, which report.md links (report.html embeds them)."""
@@ -115,12 +125,17 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     registered = read_json_or_none(paths.preregistration)
     packages = (env.get("environment") or {}).get("packages") or {}
     current = identity(params, split_hash_of(reports["split"]), packages)
-    reg = check(registered, current, reports["eval"])
+    git = env.get("git") or {}
+    reg = check(registered, current, reports["eval"],
+                scoring_evidence(read_table_or_none(paths.per_piece), paths.ledger, git))
     criteria = reg.criteria or parse_section("criteria", params.get("criteria"), CriteriaConfig)
     verdicts = evaluate_all(criteria, metrics, ci_level(params))
-    decision = reg.status if reg.status != "FOLLOWED" else overall(verdicts)
+    rules = overall(verdicts)
+    decision = rules if reg.status == "FOLLOWED" else reg.status
     metrics["decision.overall"] = decision
+    metrics["decision.rules"] = rules
     metrics["decision.registration"] = reg.status
+    metrics["decision.earlier_looks"] = reg.n_looks
     for status in ("PASS", "FAIL", "INCONCLUSIVE"):
         metrics[f"decision.n_{status.lower()}"] = sum(v.status == status for v in verdicts)
     metrics["decision.n_deviations"] = len(reg.deviations)
@@ -128,20 +143,22 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
         metrics[f"decision.criteria.{v.name}"] = v.status
     metrics = dict(sorted(metrics.items()))
 
-    git = env.get("git") or {}
     level = ci_level(params)
     doc = Document(cfg.title)
     # the first screen: what the experiment is, what was decided, why
     doc.add(Table(["experiment", ""], experiment_rows(
                 params, metrics, split_counts(read_table_or_none(paths.splits)),
                 _registration_cell(reg, git))),
-            Para(decision_sentence(decision, verdicts), "p" if decision == "PASS" else "warn"))
+            Para(decision_sentence(decision, verdicts, rules),
+                 "p" if decision == "PASS" else "warn"))
     if reg.deviations:
         doc.add(Heading("Deviations from the registration"),
                 Para(f"{len(reg.deviations)} deviation(s). The verdicts below use the registered "
                      "rules, but the experiment is not the one that was registered, so the "
                      "decision is DEVIATED.", "warn"),
                 *[Para(d, "warn") for d in reg.deviations])
+    if reg.n_looks:
+        doc.add(*looks_section(reg, registered))
     doc.add(Heading("Decision"),
             Table(["criterion", "verdict", "evidence"],
                   [[v.name, v.status, plain_evidence(v, metrics, params, level)]
@@ -246,6 +263,53 @@ def headline_figures(criteria: CriteriaConfig, metrics: Mapping[str, Any], paths
     return out
 
 
+def scoring_evidence(per_piece: Any, ledger_path: Path, git: Mapping[str, Any]) -> Evidence:
+    """What the registration is checked against beside params: the pieces the per-piece table
+    scored, the digest of its test scores, the ledger and git's facts."""
+    scored, results = None, None
+    if per_piece is not None and {"sha256", "split"} <= set(per_piece.columns):
+        scored = {s: sorted(set(per_piece.loc[per_piece["split"] == s, "sha256"].astype(str)))
+                  for s in ("val", "test")}
+        rows = ledger.test_rows(per_piece)
+        results = ledger.results_digest(rows) if len(rows) else None
+    return Evidence(scored, results, ledger.read(ledger_path), git)
+
+
+def looks_section(reg: Check, registered: Any) -> list[Any]:
+    """Every earlier look at the registered test pieces, what differed from the registration
+    then, and what to do about a spent test set."""
+    rows = []
+    n_test = len(((registered.get("identity") or {}).get("pieces") or {}).get("test") or [])
+    for look in reg.looks:
+        rec, then = look.record, look.registration
+        changes = ledger.changes_since(look, registered)
+        differs = ("no registration" if then is None else "; ".join(
+            part for part in (
+                ", ".join(changes["sections"]) and f"params {', '.join(changes['sections'])}",
+                changes["criteria"] and f"criteria: {', '.join(changes['criteria'])}",
+                "; ".join(changes["split"])) if part) or "nothing frozen")
+        rows.append([str(look.index), str(rec.get("time") or "unknown"),
+                     str(rec.get("commit") or "")[:12] or "none", str(rec.get("source")),
+                     f"{look.overlap} of {n_test}",
+                     str((then or {}).get("identity_hash") or "none")[:12], differs])
+    n = reg.n_looks
+    listed = len(rows)
+    return [
+        Heading("Earlier looks at the test pieces"),
+        Para(f"The test-access ledger (reports/ledger.jsonl) shows the registered test pieces "
+             f"scored {n} time{'s' * (n != 1)} before these results"
+             + ("" if listed == n else f" ({listed} of them listed in the ledger; the "
+                "registration records the others)")
+             + ". Each look showed test results that could shape what was registered next, so "
+             "the decision below is exploratory, not a confirmatory test. This test set is "
+             "spent: for a confirmatory result, re-run the experiment with a fresh test split "
+             "(pieces the ledger has never seen scored; `symkit ledger` tells how many of a "
+             "split's test pieces were), register it with `symkit preregister` before any "
+             "look, and commit the registration before `dvc repro`.", "warn"),
+        Table(["look", "time (UTC)", "commit", "source", "test pieces", "registration",
+               "differs from this registration"], rows)]
+
+
 def _registration_cell(reg: Check, git: Mapping[str, Any]) -> str:
     """The registration status with where git shows it, in a few words."""
     if not reg.registered:
@@ -276,8 +340,13 @@ def _registration_sentence(reg: Check, registered: Any, git: Mapping[str, Any]) 
     if reg.deviations:
         head += "The experiment differs from its registration (see below). "
     else:
-        head += ("The split, the params that shape results and the package versions all match "
-                 "the registration. ")
+        head += ("The split, the val and test pieces scored, the params that shape results and "
+                 "the package versions all match the registration. ")
+    if reg.n_looks:
+        head += (f"The ledger shows {reg.n_looks} earlier look{'s' * (reg.n_looks != 1)} at "
+                 "these test pieces (see below). ")
+    elif not reg.deviations:
+        head += "The ledger shows no earlier look at these test pieces. "
     return head + _order_sentence(git)
 
 
@@ -310,7 +379,8 @@ def main(args: argparse.Namespace) -> int:
     paths = ReportPaths(**{f.name: getattr(args, f"path_{f.name}") for f in fields(ReportPaths)})
     artifacts.write_sidecar(paths.env, {
         "git_commit": head_commit(), "params_sha256": artifacts.sha256_json(params),
-        "git": registration_order(paths.preregistration, paths.eval)})
+        "git": {**registration_order(paths.preregistration, paths.eval),
+                "ledger_rewritten": ledger.rewritten(paths.ledger)}})
     s = run(cfg, params, paths)
     print(f"report: decision {s.decision}, {s.n_deviations} deviation(s), {s.n_metrics} metrics "
           f"-> {paths.html_out}")

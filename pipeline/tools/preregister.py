@@ -2,21 +2,26 @@
 set is scored.
 
 Pre-registration is an explicit act, not a pipeline stage: run it after ``split`` (it needs the
-split hash) and before ``evaluate`` has scored the test split, then commit
+split) and before ``evaluate`` has scored the test split, then commit
 ``reports/preregistration.json`` on its own, before the results. The record
 (:mod:`pipeline.report.registration`) holds:
 
-- ``identity.split_hash``: from ``reports/split.json``;
+- ``identity.split_hash``: computed from ``data/splits.parquet`` (and checked against
+  ``reports/split.json``);
+- ``identity.pieces``: the sorted sha256s of the val and test pieces;
 - ``identity.params``: the params sections that shape results, as written (``tokenize``,
   ``ngram``, ``transformer``, ``evaluate``, ``generate``, ``audit``, ``criteria``);
 - ``identity.packages``: the installed versions of the packages results depend on;
 - ``identity_hash``: the hash of ``identity`` (the report recomputes it);
-- ``registered_after_scoring`` and ``eval_report_sha256``: set only by ``--force`` when test
-  scores of this split already existed, which the report counts as a deviation.
+- ``forced`` and ``looks_before``: set only by ``--force``, which registers although test scores
+  of these pieces exist; the report then reads ``FOLLOWED AFTER n LOOKS`` at best.
 
-The report judges with the registered rules; any difference is a deviation, and the decision is
-then DEVIATED. No timestamps: the commit that adds the file dates it, and the report says whether
-that commit precedes the results.
+It refuses when test scores of any of the test pieces exist anywhere symkit can see: the
+test-access ledger (``reports/ledger.jsonl``), the workspace's per-piece table and eval.json,
+every committed version of them on any git ref (DVC experiments included), and the DVC cache
+(:func:`pipeline.report.ledger.scan_history`). Looks found there are appended to the ledger.
+No timestamps: the commit that adds the file dates it, and the report's status says whether that
+commit precedes the results.
 
 The planned comparisons between runs (params.yaml's ``compare`` section) are frozen into a file of
 their own, ``reports/preregistration_compare.json`` (:mod:`pipeline.report.comparisons`), so that
@@ -35,36 +40,92 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core import artifacts
+from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import load_section, parse_section, read_params
-from pipeline.core.splits import split_hash_of
-from pipeline.report import comparisons
+from pipeline.core.splits import split_hash, split_hash_of
+from pipeline.report import comparisons, ledger
 from pipeline.report.comparisons import CompareConfig
 from pipeline.report.criteria import CriteriaConfig
-from pipeline.report.registration import build, identity, power_note, test_scores_exist
+from pipeline.report.registration import (
+    BOUND_SPLITS,
+    build,
+    identity,
+    power_note,
+    test_scores_exist,
+)
 
 
 class AlreadyScored(RuntimeError):
-    """Test scores of this split exist: registering now would not be pre-registration."""
+    """Test scores of these pieces exist: registering now would not be pre-registration."""
+
+
+def split_pieces(splits: Path, split_report: Path) -> tuple[str, dict[str, list[str]]]:
+    """The split hash of ``data/splits.parquet`` and its val and test pieces; refuses when
+    ``reports/split.json`` names another split (the two come from one run of the split stage)."""
+    table = artifacts.read_parquet(splits, columns=["sha256", "split"])
+    digest = split_hash(table["sha256"].astype(str), table["split"].astype(str))
+    reported = split_hash_of(artifacts.read_json_or_none(split_report))
+    if reported is not None and reported != digest:
+        raise ArtifactError(f"{split_report} names split {reported[:12]} but {splits} hashes to "
+                            f"{digest[:12]}: re-run `dvc repro split`")
+    pieces = {s: sorted(table.loc[table["split"] == s, "sha256"].astype(str))
+              for s in BOUND_SPLITS}
+    return digest, pieces
+
+
+def existing_looks(test_pieces: list[str], *, ledger_path: Path, per_piece: Path,
+                   registration: Path) -> list[dict[str, Any]]:
+    """Every record of test scores of any of ``test_pieces``: the ledger's, git history's, the
+    DVC cache's and the workspace's, one per look."""
+    found = ledger.read(ledger_path) + ledger.scan_history(per_piece)
+    here = ledger.workspace_look(per_piece, registration, known=found)
+    found += [here] if here is not None else []
+    out, seen = [], set()
+    for look in ledger.looks_at(found, test_pieces):
+        if ledger.look_key(look.record) not in seen:
+            seen.add(ledger.look_key(look.record))
+            out.append(look.record)
+    return out
+
+
+def _where(records: list[dict[str, Any]], eval_scored: bool, eval_report: Path) -> str:
+    parts = [f"{r.get('source')} {str(r.get('commit') or '')[:12]}".strip()
+             + f" ({r.get('time') or 'time unknown'})" for r in records[:5]]
+    if len(records) > 5:
+        parts.append(f"{len(records) - 5} more")
+    if eval_scored and not records:
+        parts.append(str(eval_report))
+    return "; ".join(parts)
 
 
 def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
-        force: bool = False) -> dict[str, Any]:
-    """Write the registration; refuse when test scores of this split already exist, unless
-    ``force`` (which the record then states)."""
+        splits: Path = Path("data/splits.parquet"), per_piece: Path = ledger.PER_PIECE,
+        ledger_path: Path = ledger.LEDGER, force: bool = False) -> dict[str, Any]:
+    """Write the registration; refuse when test scores of these test pieces already exist,
+    unless ``force`` (which the record then states, with the looks it registered over)."""
     load_section("criteria", params, CriteriaConfig)  # the rules must be valid to be frozen
-    split_hash = split_hash_of(artifacts.read_json_or_none(split_report))
-    ident = identity(read_params(params), split_hash, artifacts.package_versions())
-    scored = test_scores_exist(artifacts.read_json_or_none(eval_report), split_hash)
+    digest, pieces = split_pieces(splits, split_report)
+    ident = identity(read_params(params), digest, artifacts.package_versions(), pieces)
     old = artifacts.read_json_or_none(out)
-    if scored and isinstance(old, dict) and old.get("identity") == ident \
-            and not old.get("registered_after_scoring"):
+    if isinstance(old, dict) and old.get("identity") == ident:
         return old  # the same registration again: nothing to change
-    if scored and not force:
+    looks = existing_looks(pieces["test"], ledger_path=ledger_path, per_piece=per_piece,
+                           registration=out)
+    ledger.append(looks, ledger_path)  # looks found elsewhere are looks: the ledger keeps them
+    eval_scored = test_scores_exist(artifacts.read_json_or_none(eval_report), digest)
+    if (looks or eval_scored) and not force:
+        n = len(looks) or 1
         raise AlreadyScored(
-            f"{eval_report} already holds test scores of split {split_hash}: a registration made "
-            "now would not precede them. Register before `dvc repro evaluate`, or pass --force "
-            "(the report will then say the rules were registered after scoring).")
-    record = build(ident, artifacts.sha256_file(eval_report) if scored else None)
+            f"test scores of these {len(pieces['test'])} test pieces already exist ({n} "
+            f"look{'s' * (n != 1)}: {_where(looks, eval_scored, eval_report)}): a registration "
+            "made now would not precede them. Register a fresh test split (`symkit ledger` "
+            "says which test pieces were scored), or pass --force (the report will read "
+            "FOLLOWED AFTER n LOOKS at best)")
+    if eval_scored and not looks:
+        looks = [{"source": "workspace", "commit": None, "time": None,
+                  "n_pieces": len(pieces["test"]),
+                  "results_sha256": artifacts.sha256_file(eval_report)}]
+    record = build(ident, looks)
     artifacts.write_json(out, record)
     return record
 
@@ -85,7 +146,11 @@ def register_comparisons(params: Path, out: Path) -> dict[str, Any] | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split-report", type=Path, default=Path("reports/split.json"))
+    parser.add_argument("--splits", type=Path, default=Path("data/splits.parquet"))
     parser.add_argument("--eval-report", type=Path, default=Path("reports/eval.json"))
+    parser.add_argument("--per-piece", type=Path, default=ledger.PER_PIECE)
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
+                        help="the test-access ledger (looks found elsewhere are appended)")
     parser.add_argument("--out", type=Path, default=Path("reports/preregistration.json"))
     parser.add_argument("--force", action="store_true",
                         help="register although test scores exist (recorded as a deviation)")
@@ -119,7 +184,8 @@ def main(args: argparse.Namespace) -> int:
 def _register_experiment(args: argparse.Namespace) -> int:
     try:
         rec = run(args.params, split_report=args.split_report, eval_report=args.eval_report,
-                  out=args.out, force=args.force)
+                  out=args.out, splits=args.splits, per_piece=args.per_piece,
+                  ledger_path=args.ledger, force=args.force)
     except AlreadyScored as e:
         print(f"symkit preregister: {e}", file=sys.stderr)
         print("symkit preregister: to register the planned comparisons alone: symkit "
@@ -127,17 +193,18 @@ def _register_experiment(args: argparse.Namespace) -> int:
         return 1
     ident = rec["identity"]
     rules = (ident["params"].get("criteria") or {}).get("rules") or []
-    print(f"preregister: {len(rules)} criteria, split {ident['split_hash']}, "
-          f"identity {rec['identity_hash'][:12]} -> {args.out} (commit it before the results)")
-    if ident["split_hash"] is None:
-        print(f"preregister: warning: no split_hash in {args.split_report}; run `dvc repro "
-              "split` and register again so the split can be verified", file=sys.stderr)
+    counts = ", ".join(f"{len(ident['pieces'][s])} {s}" for s in BOUND_SPLITS)
+    print(f"preregister: {len(rules)} criteria, split {ident['split_hash'][:12]} ({counts} "
+          f"pieces), identity {rec['identity_hash'][:12]} -> {args.out} (commit it before the "
+          "results)")
     criteria = load_section("criteria", args.params, CriteriaConfig)
     level = ((rec["identity"]["params"].get("evaluate") or {}).get("ci_level") or 0.95)
     note = power_note(criteria, artifacts.read_json_or_none(args.eval_report), float(level))
     print(f"preregister: {note}" if note else "preregister: the power of the comparison rule is "
           "stated in the report once val is scored (from val's per-group spread)")
-    if rec["registered_after_scoring"]:
-        print("preregister: warning: registered after test scores existed; the report will "
-              "show this as a deviation", file=sys.stderr)
+    if rec["forced"]:
+        n = len(rec["looks_before"])
+        print(f"preregister: warning: registered over {n} earlier look{'s' * (n != 1)} at these "
+              "test pieces (--force); the report will read FOLLOWED AFTER "
+              f"{n} LOOK{'S' * (n != 1)} at best", file=sys.stderr)
     return 0

@@ -1,0 +1,62 @@
+"""``symkit ledger``: the looks at the test pieces, and ``--rebuild`` from git history.
+
+Without flags it lists every look in ``reports/ledger.jsonl`` that scored any of the current
+split's test pieces (``data/splits.parquet``; the per-piece table's when there is no split), so a
+user can tell, before registering, whether a test set is fresh. ``--rebuild`` first appends the
+looks that git history (every ref, DVC experiments included), the DVC cache and the workspace's
+per-piece table hold and the ledger lacks; it never changes or removes a line.
+(:mod:`pipeline.report.ledger` holds the format and the scans.)
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.core import artifacts
+from pipeline.report import ledger
+
+
+def current_test_pieces(splits: Path, per_piece: Path) -> tuple[list[str], str]:
+    """The test pieces looks are counted against, and where they come from."""
+    if splits.is_file():
+        table = artifacts.read_parquet(splits, columns=["sha256", "split"])
+        return sorted(table.loc[table["split"] == "test", "sha256"].astype(str)), str(splits)
+    here = ledger.workspace_look(per_piece)
+    return (here["pieces"], str(per_piece)) if here is not None else ([], "none")
+
+
+def rebuild(path: Path, per_piece: Path) -> list[dict]:
+    """Append the looks found in git history, the DVC cache and the workspace."""
+    found = ledger.read(path) + ledger.scan_history(per_piece)
+    here = ledger.workspace_look(per_piece, known=found)
+    return ledger.append(found + ([here] if here is not None else []), path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER)
+    parser.add_argument("--splits", type=Path, default=Path("data/splits.parquet"))
+    parser.add_argument("--per-piece", type=Path, default=ledger.PER_PIECE)
+    parser.add_argument("--rebuild", action="store_true",
+                        help="append the looks that git history, the DVC cache and the "
+                             "workspace hold and the ledger lacks")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.rebuild:
+        added = rebuild(args.ledger, args.per_piece)
+        print(f"ledger: {len(added)} look{'s' * (len(added) != 1)} added to {args.ledger}"
+              + (" (commit it: the ledger lives in git)" if added else ""))
+    pieces, source = current_test_pieces(args.splits, args.per_piece)
+    looks = ledger.looks_at(ledger.read(args.ledger), pieces)
+    print(f"ledger: {len(looks)} look{'s' * (len(looks) != 1)} at the {len(pieces)} test pieces "
+          f"of {source}")
+    for look in looks:
+        reg = (look.registration or {}).get("identity_hash")
+        print(f"  {look.label()}: {look.record.get('source')}, {look.overlap} of {len(pieces)} "
+              f"test pieces, registration {str(reg)[:12] if reg else 'none'}")
+    if looks:
+        print("ledger: these test pieces have been scored; a registration made now reads "
+              "FOLLOWED AFTER n LOOKS at best. For a confirmatory test, register a split whose "
+              "test pieces show no look.")
+    return 0

@@ -287,7 +287,7 @@ def looks_section(reg: Check, registered: Any) -> list[Any]:
             part for part in (
                 ", ".join(changes["sections"]) and f"params {', '.join(changes['sections'])}",
                 changes["criteria"] and f"criteria: {', '.join(changes['criteria'])}",
-                "; ".join(changes["split"])) if part) or "nothing frozen")
+                "; ".join(changes["split"])) if part) or "same params and criteria")
         rows.append([str(look.index), str(rec.get("time") or "unknown"),
                      str(rec.get("commit") or "")[:12] or "none", str(rec.get("source")),
                      f"{look.overlap} of {n_test}",

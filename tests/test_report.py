@@ -219,7 +219,7 @@ def _deviations(tmp_path: Path, change) -> tuple[str, list[str], str]:
     s = report(tmp_path, params, p)
     md = p.md_out.read_text()
     devs = [line for line in md.splitlines() if line and line in
-            md.split("## Deviations from the registration")[-1].split("## Decision")[0]]
+            md.split("## Deviations from the registration")[-1].split("\n## ")[0]]
     return s.decision, devs, md
 
 
@@ -236,7 +236,10 @@ def test_a_criterion_loosened_after_registration_is_deviated_and_not_used(tmp_pa
     # the registered rule judges: an excess of 0.3 fails "<= 0.05" (it would pass "<= 0.5")
     row = next(line for line in md.splitlines() if line.startswith("| memorisation_at_human"))
     assert "<= 0.05" in row and "FAIL" in row
-    assert md.index("Deviations") < md.index("## Decision")  # prominent: before the decision
+    # prominent: named by the decision sentence, listed right after the verdicts, before the
+    # figures and the criteria (the verdicts stay on the first screen)
+    assert md.index("Decision: DEVIATED.") < md.index("## Decision") \
+        < md.index("## Deviations from the registration") < md.index("## The criteria")
 
 
 @pytest.mark.parametrize(("section", "key", "value", "named"), [

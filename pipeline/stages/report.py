@@ -151,20 +151,22 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                 _registration_cell(reg, git))),
             Para(decision_sentence(decision, verdicts, rules),
                  "p" if decision == "PASS" else "warn"))
+    # the verdicts first (the decision sentence above already names a deviation), then why the
+    # registration is not followed, before anything else
+    doc.add(Heading("Decision"),
+            Table(["criterion", "verdict", "evidence"],
+                  [[v.name, v.status, plain_evidence(v, metrics, params, level)]
+                   for v in verdicts], status_col=1),
+            Para(_registration_sentence(reg, registered, git), "note"))
     if reg.deviations:
         doc.add(Heading("Deviations from the registration"),
-                Para(f"{len(reg.deviations)} deviation(s). The verdicts below use the registered "
+                Para(f"{len(reg.deviations)} deviation(s). The verdicts above use the registered "
                      "rules, but the experiment is not the one that was registered, so the "
                      "decision is DEVIATED.", "warn"),
                 *[Para(d, "warn") for d in reg.deviations])
     if reg.n_looks:
         doc.add(*looks_section(reg, registered))
-    doc.add(Heading("Decision"),
-            Table(["criterion", "verdict", "evidence"],
-                  [[v.name, v.status, plain_evidence(v, metrics, params, level)]
-                   for v in verdicts], status_col=1),
-            Para(_registration_sentence(reg, registered, git), "note"),
-            *headline_figures(criteria, metrics, paths, level))
+    doc.add(*headline_figures(criteria, metrics, paths, level))
     power = power_note(criteria, reports["eval"], level)
     doc.add(Heading("The criteria"),
             Table(["criterion", "metric", "rule", "value", f"{level:.0%} CI", "verdict",
@@ -301,7 +303,7 @@ def looks_section(reg: Check, registered: Any) -> list[Any]:
              + ("" if listed == n else f" ({listed} of them listed in the ledger; the "
                 "registration records the others)")
              + ". Each look showed test results that could shape what was registered next, so "
-             "the decision below is exploratory, not a confirmatory test. This test set is "
+             "the decision above is exploratory, not a confirmatory test. This test set is "
              "spent: for a confirmatory result, re-run the experiment with a fresh test split "
              "(pieces the ledger has never seen scored; `symkit ledger` tells how many of a "
              "split's test pieces were), register it with `symkit preregister` before any "
@@ -320,7 +322,9 @@ def _registration_cell(reg: Check, git: Mapping[str, Any]) -> str:
         if git.get("registration_precedes_results"):
             where += " before the results"
     n = len(reg.deviations)
-    return f"{reg.status}{where}" + (f"; {n} deviation{'s' * (n > 1)}" if n else "")
+    looks = (f"; {reg.n_looks} earlier look{'s' * (reg.n_looks > 1)} at the test pieces"
+             if reg.n_looks and reg.deviations else "")
+    return f"{reg.status}{where}" + (f"; {n} deviation{'s' * (n > 1)}" if n else "") + looks
 
 
 def ci_level(params: Mapping[str, Any]) -> float:
@@ -338,7 +342,7 @@ def _registration_sentence(reg: Check, registered: Any, git: Mapping[str, Any]) 
     head = (f"Judged with the rules registered in reports/preregistration.json (identity "
             f"{str(ident)[:12]}). ")
     if reg.deviations:
-        head += "The experiment differs from its registration (see below). "
+        head += "The experiment differs from its registration (see the deviations below). "
     else:
         head += ("The split, the val and test pieces scored, the params that shape results and "
                  "the package versions all match the registration. ")

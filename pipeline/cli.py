@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "freeze the decision criteria before scoring test"),
     "ledger": ("pipeline.tools.looks",
                "the test-access ledger: every look at the test pieces (--rebuild from git)"),
+    "controls": ("pipeline.tools.controls",
+                 "how often each criterion passes a good and a bad model at the default sizes"),
     "estimate": ("pipeline.tools.estimate", "memory and compute estimate for a transformer config"),
     "doctor": ("pipeline.tools.doctor", "fast checks that tell a data bug from a model bug"),
     "check-params": ("pipeline.tools.check_params", "validate every section of params.yaml"),

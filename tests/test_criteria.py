@@ -102,6 +102,28 @@ def test_interval_judging_applies_the_threshold_to_the_bounds(lo, hi, op, status
     assert evaluate(r, {"m": 0.04}).status == "INCONCLUSIVE"  # no interval, no verdict
 
 
+@pytest.mark.parametrize(("lo", "hi", "op", "status"), [
+    (-0.3, -0.1, ">=", "FAIL"),    # the whole interval below 0: the data refute "not negative"
+    (-0.3, 0.1, ">=", "PASS"),     # straddles: not refuted
+    (0.1, 0.3, ">=", "PASS"),
+    (0.6, 0.9, "<=", "FAIL"),      # as an upper bound of 0.5
+    (0.4, 0.9, "<=", "PASS"),
+])
+def test_a_refute_rule_fails_only_when_the_whole_interval_does(lo, hi, op, status):
+    r = rule(op=op, threshold=0.0 if op == ">=" else 0.5, judge="refute")
+    v = evaluate(r, {"m": (lo + hi) / 2, "m.ci_low": lo, "m.ci_high": hi})
+    assert v.status == status, v.evidence
+    assert ("refute" in v.evidence) and v.judge == "refute"
+    assert evaluate(r, {"m": 0.1}).status == "INCONCLUSIVE"  # no interval, no verdict
+
+
+def test_quality_margin_is_the_score_minus_its_calibrated_band():
+    metrics = build_metrics({"audit": {"judged": {"transformer": {"quality": {
+        "score": 5 / 7, "score_band_low": 6 / 7}}}}})
+    assert metrics["quality.transformer.margin"] == pytest.approx(-1 / 7)
+    assert "quality.ngram.margin" not in metrics
+
+
 def test_a_zero_width_interval_never_passes_but_a_failing_value_still_fails():
     # extraction at 0 of 64 train and 0 of 45 test pieces resampled to [0, 0]: it would pass
     # "<= 0.05" although 0 of 64 alone allows a rate up to 5.7%
@@ -189,7 +211,7 @@ def test_planted_leak_fails_the_leakage_criterion(tmp_path):
     assert results["grouped"]["no_test_near_copies"].status == "PASS"
 
 
-def _judged(flag=(-0.1, -0.15, -0.05), auc=(0.52, 0.45, 0.58), extraction=(0.0, 0.0, 0.02),
+def _judged(flag=(-0.1, -0.15, -0.05), auc=(0.52, 0.45, 0.58), extraction=(0.0, -0.03, 0.02),
             quality=1.0) -> dict:
     def ci(v):
         return {"value": v[0], "ci_low": v[1], "ci_high": v[2]}
@@ -197,7 +219,8 @@ def _judged(flag=(-0.1, -0.15, -0.05), auc=(0.52, 0.45, 0.58), extraction=(0.0, 
     return {"judged": {"transformer": {"flag_rate": {"excess": ci(flag)},
                                        "membership_auc": ci(auc),
                                        "extraction_rate": {"excess": ci(extraction)},
-                                       "quality": {"score": quality}}}}
+                                       "quality": {"score": quality,
+                                                   "score_band_low": 6 / 7}}}}
 
 
 def _eval(rel=(0.06, 0.04, 0.08), gap=(0.2, 0.1, 0.3)) -> dict:

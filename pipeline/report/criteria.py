@@ -11,7 +11,11 @@ threshold, optionally a confidence-interval requirement, and why it is there::
       ci_metric: test.nll_per_note.diff # reads <ci_metric>.ci_low / <ci_metric>.ci_high
       rationale: ...
 
-A rule with ``judge: interval`` compares the metric's whole interval (``<metric>.ci_low`` and
+A rule with ``judge: refute`` is a guard that the data must *contradict* to fail: FAIL when no
+value in the metric's interval meets the rule, PASS otherwise (e.g. "the gap is not negative"
+fails only when the whole interval lies below 0, so a model with a true gap of 0 passes at the
+interval's coverage, not at its tail). A rule with ``judge: interval`` compares the metric's
+whole interval (``<metric>.ci_low`` and
 ``.ci_high``) with the threshold: PASS when the whole interval meets it (for ``>=``, the lower
 bound), FAIL when no value in it does, INCONCLUSIVE when it straddles the threshold. An interval
 of zero width (a resampling that saw no variation: no events, perfect separation) cannot show a
@@ -21,6 +25,10 @@ apart). A rule with
 ``judge: point`` (the default) compares the point value, then checks the optional ``ci`` sign
 requirement. A missing metric or interval is INCONCLUSIVE. Each verdict carries one plain sentence
 of evidence. Overall: FAIL if any criterion fails, PASS if all pass, otherwise INCONCLUSIVE.
+
+``quality.<model>.margin`` is derived: the quality score minus ``score_band_low``, the score
+that held-out human sets of the samples' size reach in ``1 − audit.quality_alpha`` of draws
+(``>= 0`` judges quality by its calibrated band).
 
 ``METRIC_ALIASES`` maps the canonical keys that criteria use to the keys each stage report may
 write; :func:`build_metrics` flattens all stage reports and fills the canonical keys from the
@@ -54,19 +62,19 @@ class Criterion(StageConfig):
     metric: str = Field(min_length=1)
     op: Op
     threshold: float
-    judge: Literal["point", "interval"] = "point"
+    judge: Literal["point", "interval", "refute"] = "point"
     ci: CiRule | None = None
     ci_metric: str | None = None
     rationale: str = Field(min_length=1)
 
     @model_validator(mode="after")
     def _interval_needs_an_order(self) -> Criterion:
-        if self.judge == "interval" and self.op == "==":
-            raise ValueError("judge: interval needs op <, <=, > or >= (an interval cannot equal "
-                             "a threshold)")
-        if self.judge == "interval" and self.ci is not None:
-            raise ValueError("judge: interval already judges the metric's own interval; drop ci "
-                             "and ci_metric")
+        if self.judge != "point" and self.op == "==":
+            raise ValueError(f"judge: {self.judge} needs op <, <=, > or >= (an interval cannot "
+                             "equal a threshold)")
+        if self.judge != "point" and self.ci is not None:
+            raise ValueError(f"judge: {self.judge} already judges the metric's own interval; "
+                             "drop ci and ci_metric")
         return self
 
     @model_validator(mode="after")
@@ -166,6 +174,7 @@ def _judged_aliases(models: tuple[str, ...] = ("ngram", "transformer")) -> dict[
             out[f"{name}.ci_low"] = (f"{judged}.{path}.ci_low",)
             out[f"{name}.ci_high"] = (f"{judged}.{path}.ci_high",)
         out[f"quality.{m}.score"] = (f"{judged}.quality.score",)
+        out[f"quality.{m}.score_band_low"] = (f"{judged}.quality.score_band_low",)
     return out
 
 
@@ -219,6 +228,11 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
     diff = number(flat.get("test.nll_per_note.diff"))
     if number(flat.get("test.nll_per_note.rel_improvement")) is None and diff is not None and ng:
         flat["test.nll_per_note.rel_improvement"] = diff / ng  # no interval: none is honest
+    for m in ("ngram", "transformer"):  # the quality score against its calibrated band
+        score = number(flat.get(f"quality.{m}.score"))
+        band = number(flat.get(f"quality.{m}.score_band_low"))
+        if score is not None and band is not None:
+            flat[f"quality.{m}.margin"] = score - band
     return dict(sorted(flat.items()))
 
 
@@ -239,6 +253,8 @@ class Verdict:
     ci_high: float | None
     evidence: str
     """One plain sentence: the value, its interval when used, and why that gives ``status``."""
+    judge: str = "point"
+    """The rule's ``judge`` (point, interval or refute)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -262,7 +278,7 @@ def evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float = 0.95
 
     def verdict(status: Any, evidence: str) -> Verdict:
         return Verdict(rule.name, status, rule.metric, value, rule.op, rule.threshold, ci_key,
-                       lo, hi, evidence)
+                       lo, hi, evidence, rule.judge)
 
     if value is None:
         raw = metrics.get(rule.metric)
@@ -270,6 +286,17 @@ def evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float = 0.95
         return verdict("INCONCLUSIVE", f"{rule.metric} {why}, so the rule cannot be judged.")
     rule_text = f"{rule.op} {_fmt(rule.threshold)}"
     meets = _OPS[rule.op]
+    if rule.judge == "refute":
+        if lo is None or hi is None:
+            return verdict("INCONCLUSIVE", f"{rule.metric} is {_fmt(value)}, but its interval is "
+                                           "not available, and this rule judges the interval.")
+        said = f"{rule.metric} is {_fmt(value)} ({level} {_fmt(lo)} to {_fmt(hi)})"
+        best = lo if rule.op in ("<", "<=") else hi
+        if not meets(best, rule.threshold):
+            return verdict("FAIL", f"{said}: no value in the interval meets {rule_text}, so the "
+                                   "data refute the rule.")
+        return verdict("PASS", f"{said}: values in the interval meet {rule_text}, so the data "
+                               "do not refute the rule.")
     if rule.judge == "interval":
         if lo is None or hi is None:
             return verdict("INCONCLUSIVE", f"{rule.metric} is {_fmt(value)}, but its interval is "

@@ -136,6 +136,10 @@ def _points_ci(v: Verdict, level: float) -> str:
 
 
 def _interval_reason(v: Verdict, judge_interval: bool) -> str:
+    if judge_interval and v.judge == "refute":
+        return {"PASS": "values in the interval meet the rule, so the data do not refute it",
+                "FAIL": "no value in the interval meets the rule, so the data refute it",
+                "INCONCLUSIVE": "its interval is not available"}[v.status]
     if not judge_interval:
         return {"PASS": "it meets the rule", "FAIL": "it fails the rule",
                 "INCONCLUSIVE": "its interval leaves the rule undecided"}[v.status]
@@ -249,6 +253,24 @@ def _quality(v: Verdict, m: Metrics, level: float) -> str | None:
     return f"{text}; the rule needs at least {need}: {_interval_reason(v, False)}."
 
 
+def _quality_band(v: Verdict, m: Metrics) -> str | None:
+    model = v.metric.split(".")[1]
+    n_stats = _int(m, f"audit.judged.{model}.quality.n_stats")
+    score, band = _num(m, f"quality.{model}.score"), _num(m, f"quality.{model}.score_band_low")
+    prefix = f"audit.judged.{model}.quality.stats."
+    outside = sorted({k[len(prefix):].rsplit(".", 1)[0] for k, x in m.items()
+                      if k.startswith(prefix) and k.endswith(".inside") and x is False})
+    if v.value is None or n_stats is None or score is None or band is None:
+        return None
+    text = (f"{round(score * n_stats)} of {n_stats} music statistics of the {model}'s samples "
+            "lie inside the band of held-out human music")
+    if outside:
+        text += f" (outside: {', '.join(o.replace('_', ' ') for o in outside)})"
+    return (f"{text}; held-out human sets of the same size have at least "
+            f"{round(band * n_stats)} inside in all but the calibrated share of draws, and the "
+            f"rule needs as many: {_interval_reason(v, False)}.")
+
+
 def _gap(v: Verdict, m: Metrics, level: float) -> str | None:
     if v.value is None:
         return None
@@ -279,6 +301,8 @@ def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],
             parts[2], lambda: None)
     if len(parts) == 3 and parts[0] == "quality" and parts[2] == "score":
         makers[v.metric] = lambda: _quality(v, metrics, level)
+    if len(parts) == 3 and parts[0] == "quality" and parts[2] == "margin":
+        makers[v.metric] = lambda: _quality_band(v, metrics)
     text = makers.get(v.metric, lambda: None)()
     return text or v.evidence
 

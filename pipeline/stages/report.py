@@ -172,7 +172,8 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
             Table(["criterion", "metric", "rule", "value", f"{level:.0%} CI", "verdict",
                    "rationale"],
                   [[v.name, v.metric, f"{v.op} {fmt(v.threshold, cfg.digits)}"
-                    + (" (whole interval)" if r.judge == "interval" else ""),
+                    + {"interval": " (whole interval)",
+                       "refute": " (fails only if the whole interval fails)"}.get(r.judge, ""),
                     fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, r.rationale]
                    for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
             *([Para(power)] if power else []))

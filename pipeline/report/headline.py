@@ -236,12 +236,17 @@ def _extraction(v: Verdict, m: Metrics, level: float, params: Mapping[str, Any])
             f"points: {_interval_reason(v, bool(ci))}.")
 
 
+def _outside(m: Metrics, model: str) -> list[str]:
+    """The music statistics of ``model``'s samples outside the human band."""
+    prefix = f"audit.judged.{model}.quality.stats."
+    return sorted({k[len(prefix):].rsplit(".", 1)[0] for k, x in m.items()
+                   if k.startswith(prefix) and k.endswith(".inside") and x is False})
+
+
 def _quality(v: Verdict, m: Metrics, level: float) -> str | None:
     model = v.metric.split(".")[1]
     n_stats = _int(m, f"audit.judged.{model}.quality.n_stats")
-    prefix = f"audit.judged.{model}.quality.stats."
-    outside = sorted({k[len(prefix):].rsplit(".", 1)[0] for k, x in m.items()
-                      if k.startswith(prefix) and k.endswith(".inside") and x is False})
+    outside = _outside(m, model)
     if v.value is None or n_stats is None:
         return None
     inside = round(v.value * n_stats)
@@ -257,9 +262,7 @@ def _quality_band(v: Verdict, m: Metrics) -> str | None:
     model = v.metric.split(".")[1]
     n_stats = _int(m, f"audit.judged.{model}.quality.n_stats")
     score, band = _num(m, f"quality.{model}.score"), _num(m, f"quality.{model}.score_band_low")
-    prefix = f"audit.judged.{model}.quality.stats."
-    outside = sorted({k[len(prefix):].rsplit(".", 1)[0] for k, x in m.items()
-                      if k.startswith(prefix) and k.endswith(".inside") and x is False})
+    outside = _outside(m, model)
     if v.value is None or n_stats is None or score is None or band is None:
         return None
     text = (f"{round(score * n_stats)} of {n_stats} music statistics of the {model}'s samples "

@@ -143,8 +143,13 @@ def test_judged_blocks_have_the_documented_keys(judged):
     assert {"value", "ci_low", "ci_high", "n_windows", "n_pieces"} <= set(fr["human"])
     assert fr["n"] == 24 + 8 and fr["human"]["n_pieces"] == 10 < fr["human"]["n_windows"]
     assert fr["ci_low"] <= fr["value"] <= fr["ci_high"]
-    assert {"value", "ci_low", "ci_high", "chance", "n_train", "n_test"} <= set(
-        judged["copier"]["membership_auc"])
+    mem = judged["copier"]["membership_auc"]
+    assert {"value", "ci_low", "ci_high", "chance", "n_train", "n_heldout", "n_train_groups",
+            "n_heldout_groups", "tpr"} <= set(mem)
+    assert {"fpr", "value", "ci_low", "ci_high", "chance"} <= set(mem["tpr"])
+    # membership_pieces=10 caps each side: 10 of 24 train pieces, 10 of the 20 val and test ones
+    assert mem["n_train"] == 10 and mem["n_heldout"] == 10
+    assert mem["n_heldout_groups"] == mem["n_heldout"]  # no splits table: a piece per group
     assert set(judged["copier"]["extraction_rate"]) == {"train", "test", "excess"}
     q = judged["fresh"]["quality"]
     assert {"score", "n_stats", "n_outside", "decode_rate", "n", "score_band_low",

@@ -228,7 +228,7 @@ def _eval(rel=(0.06, 0.04, 0.08), gap=(0.2, 0.1, 0.3)) -> dict:
         return {"value": v[0], "ci_low": v[1], "ci_high": v[2]}
 
     return {"paired": {"ngram_minus_transformer": {"test": {"rel_improvement": ci(rel)}}},
-            "gap": {"transformer": {"nats_per_token": ci(gap)}}}
+            "gap": {"transformer": {"nats_per_token": ci(gap), "nats_per_note": ci(gap)}}}
 
 
 @pytest.mark.parametrize(("planted", "reports", "failing"), [

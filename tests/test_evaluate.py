@@ -425,7 +425,9 @@ def test_train_rows_leave_val_and_test_unchanged(tmp_path):
     paths = write_corpus(root / "data", n_groups=24, n_eval=6)
     _fit_and_save(paths, root / "data" / "ngram", order=3)
     _fit_and_save(paths, root / "data" / "unigram", order=1, smoothing="unigram")
-    _, report, table = evaluate(paths, root, two_models(root), out="with", seed=3)
+    # train_pieces=0: as many as val's scored pieces
+    _, report, table = evaluate(paths, root, two_models(root), out="with", seed=3,
+                                train_pieces=0)
     rows = pq.read_table(paths["tokens"]).to_pylist()
     no_train = {**paths, "tokens": root / "no_train" / "tokens.parquet"}
     write_parquet(no_train["tokens"], tokens_table([r for r in rows if r["split"] != "train"]))
@@ -448,6 +450,15 @@ def test_train_rows_leave_val_and_test_unchanged(tmp_path):
         assert report["models"][name]["train_subset"]["n_pieces"] == n_val == 12
     assert report["train_subset"] == {"n_pieces": 12, "n_wanted": 12, "n_usable": 24,
                                       "n_excluded": 0}
+    # evaluate.train_pieces asks for more (all of train when it has fewer), nested in the draw
+    _, more, more_table = evaluate(paths, root, two_models(root), out="more", seed=3,
+                                   train_pieces=20)
+    assert more["train_subset"]["n_pieces"] == 20 and more["gap"]["ngram"]["n_pieces_train"] == 20
+    part = more_table[(more_table["model"] == "ngram") & (more_table["split"] == "train")]
+    assert set(draw_train_subset(train, 12, seed=3)) <= set(part["sha256"])
+    assert more_table[more_table["split"] != "train"].reset_index(drop=True).equals(before_table)
+    _, every, _ = evaluate(paths, root, two_models(root), out="every", seed=3, train_pieces=500)
+    assert every["train_subset"]["n_pieces"] == 24
 
 
 def _fit_on(paths: dict[str, Path], out: Path, splits: set[str]) -> None:
@@ -469,7 +480,7 @@ def test_gap_flags_overfitting_and_leakage(tmp_path):
     _fit_on(paths, root / "data" / "overfit", {"train"})
     _fit_on(paths, root / "data" / "leak", {"train", "val"})
     specs = [ModelSpec(n, root / "data" / n, load_ngram) for n in ("leak", "overfit")]
-    _, report, table = evaluate(paths, root, specs, seed=0)
+    _, report, table = evaluate(paths, root, specs, seed=0, train_pieces=0)
     over, leak = report["gap"]["overfit"]["nats_per_token"], report["gap"]["leak"]["nats_per_token"]
     assert over["ci_low"] > 0.5 and leak["ci_high"] < 0.05
     assert leak["ci_low"] < 0 and over["ci_low"] > leak["ci_high"] + 1.0

@@ -24,6 +24,7 @@ from pipeline.scoring.memorisation import (
     novelty,
     resampled_rate,
     suffix_array,
+    tpr_at_fpr,
     wilson_interval,
     window_offsets,
 )
@@ -267,3 +268,51 @@ def test_audit_params_errors_name_the_key():
         parse_section("audit", {"flag_metrics": ["lcs"]}, AuditConfig)
     with pytest.raises(ParamsError, match=r"audit\.flag_quantile"):
         parse_section("audit", {"flag_quantile": 1.5}, AuditConfig)
+
+
+def test_tpr_at_fpr_reads_the_attack_at_its_false_alarm_rate():
+    held = np.arange(1.0, 11.0)  # 10 held-out losses 1..10
+    # at most 10% of held-out called members: only losses below 2 (held-out 1.0 is the one
+    # false alarm), so train losses 0.5 and 1.5 are caught and 2.5 is not
+    assert tpr_at_fpr(np.array([0.5, 1.5, 2.5, 9.0]), held, 0.1)[0] == 0.5
+    assert tpr_at_fpr(np.array([0.5, 1.5, 2.5, 9.0]), held, 0.3)[0] == 0.75  # below 4
+    # weights: a held-out piece drawn twice moves the threshold
+    w = np.ones((1, 10))
+    w[0, 0] = 2.0  # held-out loss 1.0 drawn twice is 2 of 11 > 10%: only below 1 is allowed
+    assert tpr_at_fpr(np.array([0.5, 1.5, 2.5]), held, 0.1, None, w)[0] == pytest.approx(1 / 3)
+
+
+def test_membership_resamples_whole_groups_and_reports_the_tpr():
+    rng = np.random.default_rng(5)
+    # 10 groups of 6 pieces sharing their difficulty: a group bootstrap must see 10 units, not 60
+    shared = np.repeat(rng.normal(size=10), 6)
+    a = shared + 0.01 * rng.normal(size=60)
+    b = np.repeat(rng.normal(size=10), 6) + 0.01 * rng.normal(size=60)
+    ga, gb = np.repeat(np.arange(10), 6), np.repeat(np.arange(10, 20), 6)
+    pieces = judge_membership(a, b, n_boot=400, level=0.95, rng=np.random.default_rng(1))
+    groups = judge_membership(a, b, n_boot=400, level=0.95, rng=np.random.default_rng(1),
+                              train_groups=ga, heldout_groups=gb)
+    width = lambda j: j["ci_high"] - j["ci_low"]  # noqa: E731
+    assert groups["value"] == pieces["value"]
+    assert width(groups) > 1.8 * width(pieces)  # about sqrt(6) wider
+    assert groups["n_train_groups"] == 10 and pieces["n_train_groups"] == 60
+    t = groups["tpr"]
+    assert t["fpr"] == t["chance"] == 0.1 and t["ci_low"] <= t["value"] <= t["ci_high"]
+    with pytest.raises(ValueError, match="group labels"):
+        judge_membership(a, b, n_boot=10, level=0.95, rng=rng, train_groups=ga[:5])
+
+
+def test_membership_scores_per_note_so_dense_tokenising_is_not_a_signal():
+    """Train pieces tokenised with more ids per note cost more nats per piece's ids but not per
+    note: per_note_nll divides the summed NLL by the notes."""
+    import pandas as pd
+
+    from pipeline.stages.audit import per_note_nll
+
+    class PerId:
+        def token_nll(self, seqs):
+            return [np.full(len(s) + 1, 0.5) for s in seqs]  # 0.5 nats per target, EOS too
+
+    rows = pd.DataFrame({"ids": [[1] * 9, [1] * 19, [1] * 5], "n_notes": [5, 10, 0]})
+    got = per_note_nll(PerId(), rows)
+    assert got[0] == got[1] == 1.0 and np.isnan(got[2])

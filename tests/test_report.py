@@ -429,7 +429,7 @@ def test_long_metric_names_may_wrap_in_html_only():
     assert "<wbr>" not in md and "memorisation.transformer.flag_excess" in md
 
 
-def test_power_note_warns_when_the_threshold_is_below_the_mde(tmp_path):
+def test_power_note_states_the_mde_above_the_threshold(tmp_path):
     from pipeline.report.criteria import CriteriaConfig
     from pipeline.report.registration import power_note
 
@@ -438,9 +438,12 @@ def test_power_note_warns_when_the_threshold_is_below_the_mde(tmp_path):
     criteria = CriteriaConfig.model_validate({"rules": [rule]})
     small = {"power": {"ngram_minus_transformer": {"se": 0.005, "n_groups": 36, "power": 0.8}}}
     large = {"power": {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36, "power": 0.8}}}
-    assert not power_note(criteria, small, 0.95).startswith("Warning")  # mde 1.4% < 2%
-    assert power_note(criteria, large, 0.95).startswith(
-        "Warning: the threshold 2.00% is below the minimum detectable effect 3.81%")
+    # the MDE is a margin above the threshold, not a number to compare the threshold with
+    assert "Warning" not in power_note(criteria, large, 0.95)
+    assert "the true gain must be about 5.81% (the minimum detectable effect, 3.81%, above " \
+           "the threshold)" in power_note(criteria, large, 0.95)
+    assert "about 3.40% (the minimum detectable effect, 1.40%" in power_note(criteria, small,
+                                                                             0.95)
     assert power_note(criteria, {}, 0.95) is None  # val not scored yet
     assert "training seeds" not in power_note(criteria, small, 0.95)
     seeds = {"power": {"ngram_minus_transformer": {
@@ -667,3 +670,32 @@ def test_contamination_section_says_what_was_checked_and_found(tmp_path):
     assert [r[1:4] for r in matches.rows] == [["a.mid", "note", "1"],
                                               ["b.mid", "near (excerpt)", "0.91"]]
     assert "matches.parquet" in more.text
+
+
+def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_path):
+    """`symkit preregister` simulates each rule's controls at the registered sizes (nothing
+    trained, nothing scored) and the report shows the same rates; without it, it says so."""
+    p = make_inputs(tmp_path)
+    interval = {**RULES[0], "judge": "interval"}
+    interval.pop("ci"), interval.pop("ci_metric")
+    params = write_params(tmp_path, rules=[interval, *RULES[1:]])
+    rec = register(tmp_path, params, p, before_scores=True, power_draws=40)
+    power = rec["power"]
+    assert power["draws"] == 40 and "stated" in power["assumptions"]
+    # the registered split's sizes, not the default experiment's
+    counts = SPLITS.groupby("split")["sha256"].nunique()
+    assert power["sizes"]["human_pieces"] == counts["test"]
+    assert power["sizes"]["extraction_test"] == min(counts["test"], 256)
+    gain = next(r for r in power["rules"] if r["metric"] == "test.nll_per_note.rel_improvement")
+    assert gain["controls"] and gain["resolved_at_80_percent"] > 0.02 + 2.8 * 0.0082  # 1 group
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    assert "### Power at registration" in md
+    first = gain["controls"][0]
+    assert f"| {gain['name']} | {first['case']} | {first['truth']} | " \
+           f"{first['pass_rate']:.1%} |" in md
+    # the same registration without the statement: the report says it is missing
+    rec.pop("power")
+    artifacts.write_json(p.preregistration, rec)
+    report(tmp_path, params, p)
+    assert "Power at registration: not stated" in p.md_out.read_text()

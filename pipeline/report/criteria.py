@@ -149,10 +149,17 @@ METRIC_ALIASES: dict[str, tuple[str, ...]] = {
     "leakage.test_near_train_share": ("leakage.independent.test_near_train_share",),
     "leakage.random_split_test_near_train_share": (
         "leakage.independent.random_split.test_near_train_share",),
-    # val NLL − NLL of a same-sized train subset, both scored by evaluate (eval mode)
+    # val NLL − NLL of a train subset (evaluate.train_pieces), both scored by evaluate (eval
+    # mode), per token and per note: BPE fitted on train tokenises train more densely than
+    # held-out pieces, so the gap per token mixes the tokenizer with the model
     "generalisation.gap.transformer": ("eval.gap.transformer.nats_per_token.value",),
     "generalisation.gap.transformer.ci_low": ("eval.gap.transformer.nats_per_token.ci_low",),
     "generalisation.gap.transformer.ci_high": ("eval.gap.transformer.nats_per_token.ci_high",),
+    "generalisation.gap_per_note.transformer": ("eval.gap.transformer.nats_per_note.value",),
+    "generalisation.gap_per_note.transformer.ci_low": (
+        "eval.gap.transformer.nats_per_note.ci_low",),
+    "generalisation.gap_per_note.transformer.ci_high": (
+        "eval.gap.transformer.nats_per_note.ci_high",),
     "train.best_val_loss": ("train.best_val_loss",),
     "train.final_train_loss": ("train.final_train_loss",),
     "memorisation.flag_rate_samples": ("audit.flag_rate.samples",),
@@ -169,6 +176,7 @@ def _judged_aliases(models: tuple[str, ...] = ("ngram", "transformer")) -> dict[
         judged = f"audit.judged.{m}"
         for name, path in ((f"memorisation.{m}.flag_excess", "flag_rate.excess"),
                            (f"memorisation.{m}.membership_auc", "membership_auc"),
+                           (f"memorisation.{m}.membership_tpr", "membership_auc.tpr"),
                            (f"memorisation.{m}.extraction_excess", "extraction_rate.excess")):
             out[name] = (f"{judged}.{path}.value",)
             out[f"{name}.ci_low"] = (f"{judged}.{path}.ci_low",)

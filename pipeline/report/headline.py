@@ -195,14 +195,25 @@ def _near_copies(v: Verdict, m: Metrics, level: float) -> str | None:
 
 def _membership(v: Verdict, m: Metrics, level: float) -> str | None:
     model = v.metric.split(".")[1]
-    n_train = _int(m, f"audit.judged.{model}.membership_auc.n_train")
-    n_test = _int(m, f"audit.judged.{model}.membership_auc.n_test")
+    key = f"audit.judged.{model}.membership_auc"
+    n_train = _int(m, f"{key}.n_train")
+    n_held = _int(m, f"{key}.n_heldout")
+    held = (f"{n_held} unseen val and test pieces" if n_held is not None
+            else f"{_int(m, f'{key}.n_test')} unseen test pieces")
     if v.value is None:
         return None
     ci = (f" ({level:.0%} CI {_g(v.ci_low)} to {_g(v.ci_high)})"
           if v.ci_low is not None and v.ci_high is not None else "")
-    return (f"The {model}'s loss tells {n_train} training pieces from {n_test} unseen test "
-            f"pieces with AUC {_g(v.value)}{ci}, where 0.5 is chance; the rule allows "
+    tpr, fpr = _num(m, f"{key}.tpr.value"), _num(m, f"{key}.tpr.fpr")
+    if v.metric.endswith("membership_tpr"):
+        return (f"At a false-alarm rate of {_g(fpr)} on {held}, the {model}'s loss picks out "
+                f"{_g(v.value)} of {n_train} training pieces{ci}, where {_g(fpr)} is chance; "
+                f"the rule allows {OP_WORDS[v.op]} {v.threshold:g}: "
+                f"{_interval_reason(v, bool(ci))}.")
+    extra = (f"; at a false-alarm rate of {_g(fpr)} it picks out {_g(tpr)} of them"
+             if tpr is not None and fpr is not None else "")
+    return (f"The {model}'s loss per note tells {n_train} training pieces from {held} with AUC "
+            f"{_g(v.value)}{ci}, where 0.5 is chance{extra}; the rule allows "
             f"{OP_WORDS[v.op]} {v.threshold:g}: {_interval_reason(v, bool(ci))}.")
 
 
@@ -281,8 +292,9 @@ def _gap(v: Verdict, m: Metrics, level: float) -> str | None:
           if v.ci_low is not None and v.ci_high is not None else "")
     more = "more" if v.value >= 0 else "less"
     rule = (f"at most {v.threshold:g}" if v.op in ("<", "<=") else f"at least {v.threshold:g}")
-    return (f"Val tokens cost {abs(v.value):.2f} nats {more} than training tokens of the same "
-            f"amount{ci}; the rule asks for {rule}: {_interval_reason(v, bool(ci))}.")
+    unit = "notes" if "gap_per_note" in v.metric else "tokens"
+    return (f"Val {unit} cost {abs(v.value):.2f} nats {more} than training {unit} of the same "
+            f"number of pieces{ci}; the rule asks for {rule}: {_interval_reason(v, bool(ci))}.")
 
 
 def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],
@@ -294,10 +306,12 @@ def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],
         "val.nll_per_note.rel_improvement": lambda: _gain(v, metrics, level),
         "leakage.test_near_train": lambda: _near_copies(v, metrics, level),
         "generalisation.gap.transformer": lambda: _gap(v, metrics, level),
+        "generalisation.gap_per_note.transformer": lambda: _gap(v, metrics, level),
     }
     parts = v.metric.split(".")
     if len(parts) == 3 and parts[0] == "memorisation":
         makers[v.metric] = {"membership_auc": lambda: _membership(v, metrics, level),
+                            "membership_tpr": lambda: _membership(v, metrics, level),
                             "flag_excess": lambda: _flags(v, metrics, level),
                             "extraction_excess": lambda: _extraction(v, metrics, level,
                                                                      params)}.get(

@@ -275,8 +275,9 @@ def power_note(criteria: CriteriaConfig, eval_report: Any, level: float) -> str 
     if s is None:
         return None
     at_threshold = pass_probability(rule.threshold, s.se, rule.threshold, level)
-    warn = (f"Warning: the threshold {rule.threshold:.2%} is below the minimum detectable effect "
-            f"{s.mde:.2%} ({s.power:.0%} power). " if s.warning else "")
+    # the minimum detectable effect is a margin above the threshold, never a number to compare
+    # the threshold with: the gain must clear the threshold by it
+    warn = ""
     block = (eval_report.get("power") or {}).get(COMPARISON_PAIR) or {}
     seeds = int(block.get("n_seeds") or 1)
     source = (f"from val's per-group spread scaled to {s.n_groups} test groups"
@@ -285,6 +286,7 @@ def power_note(criteria: CriteriaConfig, eval_report: Any, level: float) -> str 
     return (f"{warn}Power of {rule.name}: {source}, the relative improvement has a standard "
             f"error of about {s.se:.2g}. For "
             f"its {level:.0%} interval's lower bound to clear {rule.threshold:.2%} with "
-            f"{s.power:.0%} probability, the true gain must be about {s.effect_for_power:.2%}; "
+            f"{s.power:.0%} probability, the true gain must be about {s.effect_for_power:.2%} "
+            f"(the minimum detectable effect, {s.mde:.2%}, above the threshold); "
             f"a true gain of exactly {rule.threshold:.2%} passes with probability "
             f"{at_threshold:.1%}. This assumes test groups vary like val's.")

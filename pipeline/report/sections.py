@@ -566,8 +566,10 @@ def memorisation(doc: Document, cfg: ReportConfig, audit: Any,
                                                     "train_token_match", "test_token_match")]]
                    for m, e in sorted(ext.items())]))
     mem = audit.get("membership") or {}
-    doc.add(Table(["model", "membership AUC (0.5 = no signal)", "train pieces", "test pieces"],
-                  [[m, fmt(e.get("auc"), d), fmt(e.get("n_train")), fmt(e.get("n_test"))]
+    doc.add(Table(["model", "membership AUC (0.5 = no signal)", "TPR at the FPR (chance = FPR)",
+                   "FPR", "train pieces", "held-out pieces"],
+                  [[m, fmt(e.get("auc"), d), fmt(e.get("tpr"), d), fmt(e.get("fpr"), d),
+                    fmt(e.get("n_train")), fmt(e.get("n_heldout", e.get("n_test")))]
                    for m, e in sorted(mem.items())]))
     table = read_table_or_none(inputs["per_sample"])
     if table is not None and {"lcs_tokens", "model", "kind"} <= set(table.columns):

@@ -3,8 +3,8 @@
 From ``reports/eval/per_piece.parquet``'s rows (one per piece, model and training seed): each
 model's ratios of sums per split, its NLL averaged over its seeds, with intervals from a bootstrap
 over groups and seeds (``models``), paired differences and the relative
-improvement on the same replicates (``paired``), the generalisation gap against a same-sized
-train subset (``gap``) and the minimum detectable effect (``power``). Every random draw comes from
+improvement on the same replicates (``paired``), the generalisation gap against a subset of
+train pieces (``gap``) and the minimum detectable effect (``power``). Every random draw comes from
 a Generator seeded by (``evaluate.seed``, a fixed label), so each block is a pure function of the
 table and the plan.
 """

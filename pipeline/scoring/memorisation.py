@@ -28,6 +28,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -382,23 +383,74 @@ def judge_extraction(train: Extraction, test: Extraction, *, level: float
     return out
 
 
-def judge_membership(train_loss: Sequence[float], heldout_loss: Sequence[float], *, n_boot: int,
-                     level: float, rng: np.random.Generator) -> dict[str, float]:
-    """Membership-inference AUC ("lower loss ⇒ training member") with a percentile interval
-    from resampling train and held-out pieces independently; ``chance`` = 0.5.
+def _group_weights(groups: Sequence | None, n: int, n_boot: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    """``(n_boot, n)`` draw counts of ``n`` units, whole groups drawn together (a unit its own
+    group when ``groups`` is None)."""
+    if groups is None:
+        return bootstrap_weights(n, n_boot, rng)
+    codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
+    if codes.size != n:
+        raise ValueError(f"{codes.size} group labels for {n} pieces")
+    return bootstrap_weights(int(codes.max()) + 1 if n else 0, n_boot, rng)[:, codes]
 
-    All replicates come from one pairwise matrix ``C[i, j]`` (1 when train piece ``i`` has the
-    lower loss than held-out piece ``j``, 0.5 on ties): a replicate's AUC is
-    ``w_train @ C @ w_heldout / (n_train n_heldout)`` with its draw counts.
+
+def tpr_at_fpr(train_loss: np.ndarray, heldout_loss: np.ndarray, fpr: float,
+               w_train: np.ndarray | None = None, w_heldout: np.ndarray | None = None
+               ) -> np.ndarray:
+    """True-positive rate of the loss attack ("member when the loss is below t") at the
+    threshold ``t`` that calls at most ``fpr`` of the held-out pieces members: ``t`` is the
+    smallest held-out loss with more than ``fpr`` of the held-out weight at or below it, so
+    held-out pieces strictly below ``t`` are the false positives. One row per row of the weight
+    matrices (draw counts; None = each piece once), a 1-d array either way."""
+    a = np.asarray(train_loss, dtype=np.float64)
+    b = np.asarray(heldout_loss, dtype=np.float64)
+    wa = np.ones((1, a.size)) if w_train is None else np.atleast_2d(w_train)
+    wb = np.ones((1, b.size)) if w_heldout is None else np.atleast_2d(w_heldout)
+    order = np.argsort(b, kind="stable")
+    cum = np.cumsum(wb[:, order], axis=1)
+    first = np.argmax(cum > fpr * cum[:, -1:] * (1 + 1e-12), axis=1)
+    t = b[order][first]
+    return safe_ratio((wa * (a[None, :] < t[:, None])).sum(axis=1), wa.sum(axis=1))
+
+
+def judge_membership(train_loss: Sequence[float], heldout_loss: Sequence[float], *, n_boot: int,
+                     level: float, rng: np.random.Generator,
+                     train_groups: Sequence | None = None,
+                     heldout_groups: Sequence | None = None,
+                     fpr: float = 0.1) -> dict[str, float]:
+    """Membership inference by the loss attack ("lower loss ⇒ training member"): the AUC
+    (``value``, ``chance`` = 0.5) and ``tpr`` = the true-positive rate at a false-positive rate
+    of at most ``fpr`` (:func:`tpr_at_fpr`; chance = ``fpr``), each with a percentile interval.
+
+    Replicates resample train and held-out pieces independently, and whole groups together
+    when ``train_groups`` / ``heldout_groups`` are given (pieces of one tune family are not
+    independent evidence, as in evaluate's bootstrap). All AUC replicates come from one
+    pairwise matrix ``C[i, j]`` (1 when train piece ``i`` has the lower loss than held-out piece
+    ``j``, 0.5 on ties): a replicate's AUC is ``w_train @ C @ w_heldout / (Σw_train Σw_heldout)``
+    with its draw counts.
     """
     a = np.asarray(train_loss, dtype=np.float64)
     b = np.asarray(heldout_loss, dtype=np.float64)
-    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
-    out: dict[str, float] = {"chance": 0.5, "n_train": int(a.size), "n_test": int(b.size)}
+    for name, g, x in (("train", train_groups, a), ("held-out", heldout_groups, b)):
+        if g is not None and len(g) != x.size:
+            raise ValueError(f"{len(g)} {name} group labels for {x.size} pieces")
+    keep_a, keep_b = np.isfinite(a), np.isfinite(b)
+    ga = None if train_groups is None else np.asarray(train_groups)[keep_a]
+    gb = None if heldout_groups is None else np.asarray(heldout_groups)[keep_b]
+    a, b = a[keep_a], b[keep_b]
+    out: dict[str, Any] = {
+        "chance": 0.5, "n_train": int(a.size), "n_heldout": int(b.size),
+        "n_train_groups": int(np.unique(ga).size) if ga is not None else int(a.size),
+        "n_heldout_groups": int(np.unique(gb).size) if gb is not None else int(b.size)}
     if a.size == 0 or b.size == 0:
-        return {**out, "value": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+        nan = float("nan")
+        return {**out, "value": nan, "ci_low": nan, "ci_high": nan,
+                "tpr": {"fpr": fpr, "chance": fpr, "value": nan, "ci_low": nan, "ci_high": nan}}
     c = (a[:, None] < b[None, :]) + 0.5 * (a[:, None] == b[None, :])
-    wa = bootstrap_weights(a.size, n_boot, rng)
-    wb = bootstrap_weights(b.size, n_boot, rng)
-    reps = ((wa @ c) * wb).sum(axis=1) / (a.size * b.size)
-    return {**out, **value_interval(float(c.mean()), reps, level)}
+    wa = _group_weights(ga, a.size, n_boot, rng)
+    wb = _group_weights(gb, b.size, n_boot, rng)
+    reps = ((wa @ c) * wb).sum(axis=1) / (wa.sum(axis=1) * wb.sum(axis=1))
+    tpr = value_interval(float(tpr_at_fpr(a, b, fpr)[0]), tpr_at_fpr(a, b, fpr, wa, wb), level)
+    return {**out, **value_interval(float(c.mean()), reps, level),
+            "tpr": {"fpr": fpr, "chance": fpr, **tpr}}

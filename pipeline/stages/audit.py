@@ -12,7 +12,8 @@ calibration thresholds quantiles of many values rather than the maximum of a few
 of one piece are correlated, so every human interval resamples pieces, not windows.
 
 Inputs: ``data/samples/samples.parquet``, ``data/tokens/tokens.parquet``, ``data/tokens/info.json``,
-``data/tokenizer.json``, the models (extraction test and membership inference).
+``data/tokenizer.json``, ``data/splits.parquet`` (the groups membership resamples), the models
+(extraction test and membership inference).
 Outputs:
 
 - ``reports/audit/per_sample.parquet``: one row per audited sequence, sorted by (source, model,
@@ -34,8 +35,10 @@ Outputs:
 
 Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
 ``flag_quantile`` of the val human windows. :func:`judge` then judges each model against its
-baseline, with intervals: the flag rate against the test windows' rate, membership AUC against
-0.5, extraction on train against test pieces, and the quality guard
+baseline, with intervals: the flag rate against the test windows' rate, membership inference
+(the loss attack on NLL per note, train pieces against every held-out val and test piece,
+whole groups resampled; AUC against 0.5 and the true-positive rate at ``membership_fpr``),
+extraction on train against test pieces, and the quality guard
 (:func:`pipeline.music.stats.quality_guard`), which fails silence, noise and undecodable output.
 Every random draw comes from a ``numpy.random.Generator`` seeded by (``seed``, purpose, model).
 """
@@ -67,8 +70,8 @@ from pipeline.scoring.memorisation import (
     judge_extraction,
     judge_flag_rate,
     judge_membership,
-    mean_token_nll,
     membership_auc,
+    tpr_at_fpr,
     window_offsets,
 )
 from pipeline.scoring.overlap import (
@@ -97,10 +100,11 @@ class AuditConfig(StageConfig):
     flag_metrics: list[FlagMetric] = Field(
         default_factory=lambda: ["lcs_tokens", "nn_jaccard"], min_length=1)
     flag_quantile: float = Field(0.95, gt=0.0, le=1.0)
-    extraction_pieces: int = Field(64, ge=1)
+    extraction_pieces: int = Field(256, ge=1)
     extraction_prefix: int = Field(32, ge=1)
     extraction_tokens: int = Field(32, ge=1)
-    membership_pieces: int = Field(64, ge=2)
+    membership_pieces: int = Field(256, ge=2)
+    membership_fpr: float = Field(0.1, gt=0.0, lt=1.0)
     beats_per_bar: int = Field(4, ge=1)
     groove_resolution: int = Field(4, ge=1)
     n_boot: int = Field(2000, ge=100, le=100000)
@@ -166,10 +170,16 @@ def _schema(columns: Sequence[str]) -> pa.Schema:
                        else pa.bool_() if c in bools else pa.float64()) for c in columns])
 
 
-def _pick(df: pd.DataFrame, n: int, rng: np.random.Generator, min_len: int) -> list[np.ndarray]:
+def _pick_rows(df: pd.DataFrame, n: int, rng: np.random.Generator, min_len: int
+               ) -> pd.DataFrame:
+    """``n`` rows (all when fewer) of at least ``min_len`` ids, drawn by ``rng``, in table order."""
     df = df[df["n_tokens"] >= min_len]
     rows = np.sort(rng.choice(len(df), size=min(n, len(df)), replace=False)) if len(df) else []
-    return [np.asarray(df["ids"].iloc[int(r)], dtype=np.int64) for r in rows]
+    return df.iloc[np.asarray(rows, dtype=np.int64)]
+
+
+def _ids(df: pd.DataFrame) -> list[np.ndarray]:
+    return [np.asarray(v, dtype=np.int64) for v in df["ids"]]
 
 
 def _rng(cfg: AuditConfig, purpose: str, name: str = "") -> np.random.Generator:
@@ -184,30 +194,56 @@ class ModelCheck:
     extraction_train: Extraction
     extraction_test: Extraction
     nll_train: np.ndarray
-    nll_test: np.ndarray
+    """Membership: NLL per note of each train piece (nats, summed over its ids / its notes)."""
+    nll_heldout: np.ndarray
+    """... and of each held-out (val and test) piece."""
+    groups_train: np.ndarray
+    groups_heldout: np.ndarray
 
 
-def model_checks(models: Mapping[str, SequenceModel], train: pd.DataFrame, test: pd.DataFrame,
-                 cfg: AuditConfig, forbid: Sequence[int]) -> dict[str, ModelCheck]:
-    """Extraction test and per-piece mean NLL per model (same seeded pieces for every model)."""
+def per_note_nll(model: SequenceModel, rows: pd.DataFrame) -> np.ndarray:
+    """NLL per note of each row: the summed NLL of its ids over its ``n_notes`` (evaluate's unit,
+    so the membership signal is on the scale of the generalisation gap and not tied to how
+    densely BPE, fitted on train, tokenises train against held-out pieces); NaN without
+    notes."""
+    seqs = _ids(rows)
+    if not seqs:
+        return np.zeros(0)
+    sums = np.asarray([float(np.sum(v)) for v in model.token_nll(seqs)])
+    notes = rows["n_notes"].to_numpy(dtype=np.float64)
+    return np.where(notes > 0, sums / np.where(notes > 0, notes, 1.0), np.nan)
+
+
+def model_checks(models: Mapping[str, SequenceModel], train: pd.DataFrame, heldout: pd.DataFrame,
+                 test: pd.DataFrame, cfg: AuditConfig, forbid: Sequence[int],
+                 groups: Mapping[str, Any] | None = None) -> dict[str, ModelCheck]:
+    """Extraction test (train against test pieces) and membership inference (train against
+    held-out val and test pieces, NLL per note), the same seeded pieces for every model;
+    ``groups`` maps sha256 to the split's group (absent: each piece its own group)."""
     need = cfg.extraction_prefix + cfg.extraction_tokens
     rng = np.random.default_rng([cfg.seed, stable_int("extraction")])
-    ext_train, ext_test = _pick(train, cfg.extraction_pieces, rng, need), \
-        _pick(test, cfg.extraction_pieces, rng, need)
+    ext_train, ext_test = _ids(_pick_rows(train, cfg.extraction_pieces, rng, need)), \
+        _ids(_pick_rows(test, cfg.extraction_pieces, rng, need))
     rng = np.random.default_rng([cfg.seed, stable_int("membership")])
-    mem_train, mem_test = _pick(train, cfg.membership_pieces, rng, 1), \
-        _pick(test, cfg.membership_pieces, rng, 1)
+    mem_train = _pick_rows(train, cfg.membership_pieces, rng, 1)
+    mem_held = _pick_rows(heldout, cfg.membership_pieces, rng, 1)
+
+    def group_of(rows: pd.DataFrame) -> np.ndarray:
+        shas = rows["sha256"].astype(str)
+        return np.asarray([groups.get(h, h) if groups else h for h in shas], dtype=object)
+
     out = {}
     for name in sorted(models):
         m = models[name]
         out[name] = ModelCheck(
             extraction_test(m, ext_train, cfg.extraction_prefix, cfg.extraction_tokens, forbid),
             extraction_test(m, ext_test, cfg.extraction_prefix, cfg.extraction_tokens, forbid),
-            mean_token_nll(m, mem_train), mean_token_nll(m, mem_test))
+            per_note_nll(m, mem_train), per_note_nll(m, mem_held),
+            group_of(mem_train), group_of(mem_held))
     return out
 
 
-def checks_json(checks: Mapping[str, ModelCheck]) -> tuple[dict, dict]:
+def checks_json(checks: Mapping[str, ModelCheck], fpr: float) -> tuple[dict, dict]:
     """The ``extraction`` and ``membership`` blocks of audit.json (point values)."""
     extraction, membership = {}, {}
     for name, c in sorted(checks.items()):
@@ -216,8 +252,13 @@ def checks_json(checks: Mapping[str, ModelCheck]) -> tuple[dict, dict]:
                             "test_exact": b.exact_rate, "exact_gap": a.exact_rate - b.exact_rate,
                             "train_token_match": a.token_match, "test_token_match": b.token_match,
                             "token_match_gap": a.token_match - b.token_match}
-        membership[name] = {"n_train": len(c.nll_train), "n_test": len(c.nll_test),
-                            "auc": membership_auc(c.nll_train, c.nll_test)}
+        membership[name] = {"n_train": len(c.nll_train), "n_heldout": len(c.nll_heldout),
+                            "heldout": "val+test", "unit": "nats per note",
+                            "auc": membership_auc(c.nll_train, c.nll_heldout), "fpr": fpr,
+                            "tpr": float(tpr_at_fpr(c.nll_train[np.isfinite(c.nll_train)],
+                                                    c.nll_heldout[np.isfinite(c.nll_heldout)],
+                                                    fpr)[0])
+                            if len(c.nll_train) and len(c.nll_heldout) else float("nan")}
     return extraction, membership
 
 
@@ -251,7 +292,9 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
         if name in checks:
             c = checks[name]
             block["membership_auc"] = judge_membership(
-                c.nll_train, c.nll_test, rng=_rng(cfg, "membership_auc", name), **boot)
+                c.nll_train, c.nll_heldout, rng=_rng(cfg, "membership_auc", name),
+                train_groups=c.groups_train, heldout_groups=c.groups_heldout,
+                fpr=cfg.membership_fpr, **boot)
             block["extraction_rate"] = judge_extraction(
                 c.extraction_train, c.extraction_test, level=cfg.ci_level)
         out[name] = block
@@ -260,10 +303,11 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
 
 def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
         info: Path, tokenizer: Path, per_sample: Path, report: Path, spans: Path,
-        shingling: Shingling | None = None) -> AuditSummary:
+        shingling: Shingling | None = None, splits: Path | None = None) -> AuditSummary:
     """Audit every sample and every val/test human window; write the table and audit.json."""
     tok = load_tokenizer(tokenizer)
-    table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens"])
+    table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens",
+                                                   "n_notes"])
     table = table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True)
     split = {s: table[table["split"] == s].reset_index(drop=True) for s in ("train", "val", "test")}
     index = build_training_index(tok, split["train"], shingling or Shingling())
@@ -306,8 +350,13 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     artifacts.write_parquet(spans, shared_spans(tok, df, gen, split["train"]))
 
     forbid = never_sampled(TokenInfo.read(info), tok)
-    checks = model_checks(models, split["train"], split["test"], cfg, forbid)
-    result = audit_json(df, cols, limits, *checks_json(checks))
+    groups = None
+    if splits is not None:
+        sp = artifacts.read_parquet(splits, columns=["sha256", "group_id"])
+        groups = dict(zip(sp["sha256"].astype(str), sp["group_id"].astype(str), strict=True))
+    heldout = pd.concat([split["val"], split["test"]], ignore_index=True)
+    checks = model_checks(models, split["train"], heldout, split["test"], cfg, forbid, groups)
+    result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
     result["judged"] = judge(df, checks, cfg)
     artifacts.write_json(report, result)
     fr = result["flag_rate"]
@@ -407,6 +456,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-sample", type=Path, default=Path("reports/audit/per_sample.parquet"))
     parser.add_argument("--report", type=Path, default=Path("reports/audit.json"))
     parser.add_argument("--spans", type=Path, default=Path("reports/audit/spans.parquet"))
+    parser.add_argument("--splits", type=Path, default=Path("data/splits.parquet"),
+                        help="the split's groups, resampled whole in membership's interval")
     parser.add_argument("--fingerprint", type=Path, default=Path("data/dedupe/fingerprint.json"),
                         help="dedupe's shingle settings, reused for nearest-neighbour similarity")
 
@@ -423,7 +474,8 @@ def main(args: argparse.Namespace) -> int:
         return 1
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
             tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
-            spans=args.spans, shingling=Shingling.read(args.fingerprint))
+            spans=args.spans, shingling=Shingling.read(args.fingerprint),
+            splits=args.splits if args.splits.exists() else None)
     print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
           f"human test {s.human_flag_rate} -> {args.report}")
     return 0

@@ -22,10 +22,11 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
   per seed; aggregates average each piece's NLL over its seeds, and the bootstrap resamples the
   seeds with the groups, so every interval includes training variance
   (:mod:`pipeline.scoring.aggregate`).
-- Generalisation gap: every model also scores a fixed subset of train pieces, as many as val's
-  (:func:`draw_train_subset`), by the same scorers (the transformer's is in eval mode: no
-  dropout). ``gap.<model>`` is val minus that subset, per note and per token, with an interval
-  from independent group bootstraps of the two sets (:func:`generalisation`).
+- Generalisation gap: every model also scores a fixed subset of train pieces, ``train_pieces``
+  of them, or as many as val's when 0 (:func:`draw_train_subset`), by the same scorers (the
+  transformer's is in eval mode: no dropout). ``gap.<model>`` is val minus that subset, per
+  note and per token, with an interval from independent group bootstraps of the two sets
+  (:func:`generalisation`).
 - ``power.<a>_minus_<b>``: the minimum detectable effect of the relative improvement on the test
   groups, estimated from val's per-group sums (:func:`pipeline.scoring.power.detectable_effect`).
 
@@ -106,6 +107,7 @@ class EvaluateConfig(StageConfig):
     seed: int = Field(0, ge=0)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     stride: int = Field(64, ge=1)
+    train_pieces: int = Field(128, ge=0)
 
     @field_validator("splits")
     @classmethod
@@ -133,7 +135,9 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
                           "piece's NLL over the seeds, and each bootstrap replicate also draws "
                           "the seeds with replacement (group counts first, then each replicated "
                           "model's seed counts in model-name order)",
-        "train_subset": "as many train pieces as val's scored pieces (all when train has fewer): "
+        "train_subset": f"{cfg.train_pieces or 'as many'} train pieces"
+                        f"{'' if cfg.train_pieces else ' as val' + chr(39) + 's scored pieces'} "
+                        "(all when train has fewer): "
                         "the first of a permutation of the sorted usable train sha256s drawn "
                         "by default_rng([seed, 'train_subset' label, 0]); bootstrap replicates "
                         "from [seed, label, 1], independent of val's",
@@ -228,7 +232,8 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     pieces = facts[facts["sha256"].isin(set(rows["sha256"]))]
     n_val = rows.loc[rows["split"] == "val", "sha256"].nunique()
     train, train_block = _train_subset(all_rows[is_train].reset_index(drop=True), tok_info,
-                                       facts, n_val, cfg.seed)
+                                       facts, (cfg.train_pieces or n_val) if n_val else 0,
+                                       cfg.seed)
     train_pieces = facts[facts["sha256"].isin(set(train["sha256"]))]
 
     specs = [r for spec in specs for r in replicate_specs(spec)]

@@ -1,8 +1,9 @@
 """``symkit generate``: sample music from every trained model.
 
 Per model: ``n_samples`` unconditional samples (the unit the audit judges memorisation and
-quality on: 64 by default, enough for an interval) and ``n_continuations`` continuations of the
-first ``prompt_tokens`` ids of seeded test pieces (at most one per test piece).
+quality on: 240 by default, so the flag rate's interval resolves its margin) and
+``n_continuations`` continuations of the first ``prompt_tokens`` ids of seeded test pieces (at
+most one per test piece).
 
 Inputs: ``data/tokens/tokens.parquet`` (test-piece prompts), ``data/tokens/info.json`` (special
 ids), ``data/tokenizer.json`` (decoding), the models (``data/ngram/``, ``data/transformer/``).
@@ -13,8 +14,10 @@ Outputs:
   unconditional), ``prompt_len``, ``ids`` (list<int32>: prompt ids followed by generated ids),
   ``n_tokens`` (= len(ids)), ``decode_ok``, ``decode_error`` (null when ok). The generated part
   is ``ids[prompt_len:]``.
-- ``reports/samples/<model>_<kind>_<index>.mid`` and ``.png`` (piano roll) for every sample that
-  decodes. A sample that fails to decode keeps its row with ``decode_ok = false`` and is counted.
+- ``reports/samples/<model>_<kind>_<index>.mid`` and ``.png`` (piano roll) for the first
+  ``files_per_kind`` samples of each model and kind that decode (every sample's ids are in the
+  table, and the audit judges them all). A sample that fails to decode keeps its row with
+  ``decode_ok = false`` and is counted.
 
 Each sample has its own generator seeded by (seed, model name, kind, index), so adding a model or
 a sample leaves the other samples unchanged.
@@ -58,7 +61,7 @@ class GenerateConfig(StageConfig):
 
     models: list[Literal["ngram", "transformer"]] = Field(
         default_factory=lambda: ["ngram", "transformer"], min_length=1)
-    n_samples: int = Field(64, ge=1, le=10000)
+    n_samples: int = Field(240, ge=1, le=10000)
     n_continuations: int = Field(16, ge=0, le=10000)
     max_new_tokens: int = Field(128, ge=1, le=100000)
     prompt_tokens: int = Field(64, ge=1, le=100000)
@@ -67,6 +70,7 @@ class GenerateConfig(StageConfig):
     top_p: float = Field(0.95, gt=0.0, le=1.0)
     seed: int = Field(1234, ge=0)
     batch_size: int = Field(8, ge=1, le=4096)
+    files_per_kind: int = Field(32, ge=0, le=10000)
     device: str = "cpu"
 
     @model_validator(mode="after")
@@ -142,7 +146,8 @@ def prompt_notes(tok: Any, row: Mapping[str, Any],
 
 def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,
         tokenizer: Path, samples_out: Path, samples_dir: Path) -> GenerateSummary:
-    """Sample, decode and write samples.parquet plus one MIDI and one PNG per decodable sample."""
+    """Sample, decode and write samples.parquet plus one MIDI and one PNG per decodable sample
+    among the first ``cfg.files_per_kind`` of its model and kind."""
     from pipeline.report.figures import piano_roll_png
 
     tok_info = TokenInfo.read(info)
@@ -163,6 +168,8 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
         row["decode_ok"], row["decode_error"] = err is None, err
         if err is not None:
             failures += 1
+            continue
+        if row["index"] >= cfg.files_per_kind:
             continue
         stem = f"{row['model']}_{row['kind']}_{row['index']}"
         artifacts.write_bytes(samples_dir / f"{stem}.mid", score.dumps_midi())

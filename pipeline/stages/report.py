@@ -176,7 +176,8 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                        "refute": " (fails only if the whole interval fails)"}.get(r.judge, ""),
                     fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, r.rationale]
                    for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
-            *([Para(power)] if power else []))
+            *([Para(power)] if power else []),
+            *registered_power(registered))
     inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
     add_sections(doc, cfg, reports, metrics, inputs, registered, env, params)
 
@@ -186,6 +187,32 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                                                                 with_captions(doc.blocks))))
     artifacts.write_text(paths.html_out, render_html(doc))
     return ReportSummary(decision, len(reg.deviations), len(metrics))
+
+
+def registered_power(registered: Any) -> list[Any]:
+    """The registration's power statement (``symkit preregister``, before any training): each
+    rule's control pass rates at the registered sizes, as a table with its assumptions."""
+    block = registered.get("power") if isinstance(registered, dict) else None
+    if not isinstance(block, dict) or not block.get("rules"):
+        return [Para("Power at registration: not stated (registered without it; `symkit "
+                     "preregister` states it unless --power-draws 0).", "note")]
+    std = block.get("standard") or {}
+    rows = []
+    for r in block["rules"]:
+        for c in r.get("controls") or []:
+            want = (f">= {std.get('good_at_least', 0.8):.0%}" if c["case"] == "good"
+                    else f"<= {std.get('bad_at_most', 0.05):.0%}")
+            rows.append([r["name"], c["case"], c["truth"], f"{c['pass_rate']:.1%}",
+                         f"{want}: {'met' if c['meets_standard'] else 'MISSED'}"])
+        if r.get("resolved_at_80_percent") is not None:
+            rows.append([r["name"], "80% power", f"{r['resolves']} "
+                         f"{r['resolved_at_80_percent']:.3g}", "-", "-"])
+    return [Heading("Power at registration", 3),
+            Para(f"Stated by `symkit preregister` before any training: how often each rule "
+                 f"passes a planted good and bad model at the registered sizes "
+                 f"({block.get('draws')} simulated experiments each; "
+                 f"{block.get('assumptions')}).", "note"),
+            Table(["criterion", "control", "planted truth", "passes", "standard"], rows)]
 
 
 def _slug(text: str, words: int = 5) -> str:

@@ -13,6 +13,10 @@ split) and before ``evaluate`` has scored the test split, then commit
   ``ngram``, ``transformer``, ``evaluate``, ``generate``, ``audit``, ``criteria``);
 - ``identity.packages``: the installed versions of the packages results depend on;
 - ``identity_hash``: the hash of ``identity`` (the report recomputes it);
+- ``power``: before any training, each rule's pass rates under its planted good and bad
+  controls at the registered sizes (split counts, audit and generate params; spreads stated,
+  :mod:`pipeline.report.controls`), and for the gain and the gap the true value each resolves at
+  80% power; the report repeats it;
 - ``forced`` and ``looks_before``: set only by ``--force``, which registers although test scores
   of these pieces exist; the report then reads ``FOLLOWED AFTER n LOOKS`` at best.
 
@@ -45,6 +49,7 @@ from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash, split_hash_of
 from pipeline.report import comparisons, ledger
 from pipeline.report.comparisons import CompareConfig
+from pipeline.report.controls import design_sizes, power_block, power_lines
 from pipeline.report.criteria import CriteriaConfig
 from pipeline.report.registration import (
     BOUND_SPLITS,
@@ -100,10 +105,13 @@ def _where(records: list[dict[str, Any]], eval_scored: bool, eval_report: Path) 
 
 def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
         splits: Path = Path("data/splits.parquet"), per_piece: Path = ledger.PER_PIECE,
-        ledger_path: Path = ledger.LEDGER, force: bool = False) -> dict[str, Any]:
+        ledger_path: Path = ledger.LEDGER, force: bool = False,
+        power_draws: int = 0) -> dict[str, Any]:
     """Write the registration; refuse when test scores of these test pieces already exist,
-    unless ``force`` (which the record then states, with the looks it registered over)."""
-    load_section("criteria", params, CriteriaConfig)  # the rules must be valid to be frozen
+    unless ``force`` (which the record then states, with the looks it registered over).
+    ``power_draws`` > 0 adds ``power``: every rule's control pass rates at the registered sizes
+    (:func:`design_power`), stated before any training."""
+    criteria = load_section("criteria", params, CriteriaConfig)  # valid rules only are frozen
     digest, pieces = split_pieces(splits, split_report)
     ident = identity(read_params(params), digest, artifacts.package_versions(), pieces)
     old = artifacts.read_json_or_none(out)
@@ -126,8 +134,24 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
                   "n_pieces": len(pieces["test"]),
                   "results_sha256": artifacts.sha256_file(eval_report)}]
     record = build(ident, looks)
+    if power_draws > 0:
+        record["power"] = design_power(criteria, read_params(params), splits, power_draws)
     artifacts.write_json(out, record)
     return record
+
+
+def split_counts(splits: Path) -> dict[str, tuple[int, int]]:
+    """Pieces and groups per split of ``data/splits.parquet``."""
+    table = artifacts.read_parquet(splits, columns=["sha256", "group_id", "split"])
+    return {str(s): (int(part["sha256"].nunique()), int(part["group_id"].nunique()))
+            for s, part in table.groupby("split", sort=True)}
+
+
+def design_power(criteria: CriteriaConfig, params: dict[str, Any], splits: Path,
+                 draws: int) -> dict[str, Any]:
+    """The registration's ``power`` block: :func:`pipeline.report.controls.power_block` at the
+    sizes of this split and these params (:func:`~pipeline.report.controls.design_sizes`)."""
+    return power_block(criteria, design_sizes(params, split_counts(splits)), draws)
 
 
 def register_comparisons(params: Path, out: Path) -> dict[str, Any] | None:
@@ -152,6 +176,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
                         help="the test-access ledger (looks found elsewhere are appended)")
     parser.add_argument("--out", type=Path, default=Path("reports/preregistration.json"))
+    parser.add_argument("--power-draws", type=int, default=400,
+                        help="simulated experiments per control for the power statement "
+                             "(0: none; default 400)")
     parser.add_argument("--force", action="store_true",
                         help="register although test scores exist (recorded as a deviation)")
     parser.add_argument("--compare-out", type=Path,
@@ -185,7 +212,7 @@ def _register_experiment(args: argparse.Namespace) -> int:
     try:
         rec = run(args.params, split_report=args.split_report, eval_report=args.eval_report,
                   out=args.out, splits=args.splits, per_piece=args.per_piece,
-                  ledger_path=args.ledger, force=args.force)
+                  ledger_path=args.ledger, force=args.force, power_draws=args.power_draws)
     except AlreadyScored as e:
         print(f"symkit preregister: {e}", file=sys.stderr)
         print("symkit preregister: to register the planned comparisons alone: symkit "
@@ -197,6 +224,8 @@ def _register_experiment(args: argparse.Namespace) -> int:
     print(f"preregister: {len(rules)} criteria, split {ident['split_hash'][:12]} ({counts} "
           f"pieces), identity {rec['identity_hash'][:12]} -> {args.out} (commit it before the "
           "results)")
+    for line in power_lines(rec.get("power") or {}):
+        print(f"preregister: power: {line}")
     criteria = load_section("criteria", args.params, CriteriaConfig)
     level = ((rec["identity"]["params"].get("evaluate") or {}).get("ci_level") or 0.95)
     note = power_note(criteria, artifacts.read_json_or_none(args.eval_report), float(level))

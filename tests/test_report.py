@@ -573,6 +573,22 @@ def test_plain_evidence_for_each_kind_of_criterion():
                            0.89, 0.98), m, {}, 0.95)
     assert "64 training pieces from 52 unseen test pieces with AUC 0.94" in auc
     assert "at most 0.6: no value in the interval meets the rule" in auc
+    held = {**m, "audit.judged.transformer.membership_auc.n_heldout": 72,
+            "audit.judged.transformer.membership_auc.tpr.value": 0.71,
+            "audit.judged.transformer.membership_auc.tpr.fpr": 0.1}
+    auc = plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
+                           0.81, 0.9), held, {}, 0.95)
+    assert "from 72 unseen val and test pieces with AUC 0.86" in auc
+    assert "calling at most 10% of the unseen pieces members, it picks out 71%" in auc
+    tpr = plain_evidence(v("memorisation.transformer.membership_tpr", 0.71, "FAIL", "<=", 0.3,
+                           0.55, 0.79), held, {}, 0.95)
+    assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")
+    gap = plain_evidence(v("generalisation.gap_per_note.transformer", 0.66, "INCONCLUSIVE",
+                           "<=", 0.5, 0.35, 1.0),
+                         {**m, "eval.gap.transformer.n_pieces_val": 27,
+                          "eval.gap.transformer.n_pieces_train": 128}, {}, 0.95)
+    assert gap.startswith("Val music costs 0.66 nats per note more than training music (27 val "
+                          "against 128 training pieces; 95% CI 0.35 to 1.00)")
     quality = plain_evidence(v("quality.transformer.score", 4 / 7, "FAIL", ">=", 0.7), m, {},
                              0.95)
     assert quality.startswith("4 of 7 music statistics") and "(outside: polyphony)" in quality

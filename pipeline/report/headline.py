@@ -205,13 +205,13 @@ def _membership(v: Verdict, m: Metrics, level: float) -> str | None:
     ci = (f" ({level:.0%} CI {_g(v.ci_low)} to {_g(v.ci_high)})"
           if v.ci_low is not None and v.ci_high is not None else "")
     tpr, fpr = _num(m, f"{key}.tpr.value"), _num(m, f"{key}.tpr.fpr")
-    if v.metric.endswith("membership_tpr"):
-        return (f"At a false-alarm rate of {_g(fpr)} on {held}, the {model}'s loss picks out "
-                f"{_g(v.value)} of {n_train} training pieces{ci}, where {_g(fpr)} is chance; "
+    if v.metric.endswith("membership_tpr") and fpr is not None:
+        return (f"Calling at most {fpr:.0%} of {held} members, the {model}'s loss picks out "
+                f"{v.value:.0%} of {n_train} training pieces{ci}, where {fpr:.0%} is chance; "
                 f"the rule allows {OP_WORDS[v.op]} {v.threshold:g}: "
                 f"{_interval_reason(v, bool(ci))}.")
-    extra = (f"; at a false-alarm rate of {_g(fpr)} it picks out {_g(tpr)} of them"
-             if tpr is not None and fpr is not None else "")
+    extra = (f"; calling at most {fpr:.0%} of the unseen pieces members, it picks out "
+             f"{tpr:.0%} of the training ones" if tpr is not None and fpr is not None else "")
     return (f"The {model}'s loss per note tells {n_train} training pieces from {held} with AUC "
             f"{_g(v.value)}{ci}, where 0.5 is chance{extra}; the rule allows "
             f"{OP_WORDS[v.op]} {v.threshold:g}: {_interval_reason(v, bool(ci))}.")
@@ -288,13 +288,18 @@ def _quality_band(v: Verdict, m: Metrics) -> str | None:
 def _gap(v: Verdict, m: Metrics, level: float) -> str | None:
     if v.value is None:
         return None
-    ci = (f" ({level:.0%} CI {v.ci_low:.2f} to {v.ci_high:.2f})"
-          if v.ci_low is not None and v.ci_high is not None else "")
+    has_ci = v.ci_low is not None and v.ci_high is not None
     more = "more" if v.value >= 0 else "less"
     rule = (f"at most {v.threshold:g}" if v.op in ("<", "<=") else f"at least {v.threshold:g}")
-    unit = "notes" if "gap_per_note" in v.metric else "tokens"
-    return (f"Val {unit} cost {abs(v.value):.2f} nats {more} than training {unit} of the same "
-            f"number of pieces{ci}; the rule asks for {rule}: {_interval_reason(v, bool(ci))}.")
+    unit = "note" if "gap_per_note" in v.metric else "token"
+    n_val = _int(m, "eval.gap.transformer.n_pieces_val")
+    n_train = _int(m, "eval.gap.transformer.n_pieces_train")
+    parts = ([f"{n_val} val against {n_train} training pieces"]
+             if n_val is not None and n_train is not None else [])
+    parts += [f"{level:.0%} CI {v.ci_low:.2f} to {v.ci_high:.2f}"] if has_ci else []
+    detail = f" ({'; '.join(parts)})" if parts else ""
+    return (f"Val music costs {abs(v.value):.2f} nats per {unit} {more} than training "
+            f"music{detail}; the rule asks for {rule}: {_interval_reason(v, has_ci)}.")
 
 
 def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],

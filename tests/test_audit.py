@@ -13,6 +13,7 @@ undecodable output and pass both models that make human music.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,15 @@ def planted_models(world: dict[str, Path], seed: int) -> dict[str, Any]:
             "noise": Uniform(vocab), "silent": Silent(vocab)}
 
 
-def audit(root: Path, world: dict[str, Path], models: dict[str, Any], seed: int) -> None:
+def audit(root: Path, world: dict[str, Path], models: dict[str, Any], seed: int,
+          seeds: dict[str, dict[int, Any]] | None = None) -> None:
     """Audit root/samples.parquet; extraction and membership for the models that score."""
     cfg = AuditConfig(human_window=64, human_stride=32, human_windows=4, extraction_pieces=8,
                       membership_pieces=10, n_boot=500, seed=seed)
     run_audit(cfg, {k: models[k] for k in ("copier", "fresh", "noise")},
               samples=root / "samples.parquet", tokens=world["tokens"], info=world["info"],
               tokenizer=world["tokenizer"], per_sample=root / "audit" / "per_sample.parquet",
-              report=root / "audit.json", spans=root / "audit" / "spans.parquet")
+              report=root / "audit.json", spans=root / "audit" / "spans.parquet", seeds=seeds)
 
 
 def planted_audit(root: Path, seed: int = 0, n_samples: int = 24) -> dict[str, Any]:
@@ -226,3 +228,28 @@ def test_the_longest_shared_span_is_located_in_both_sequences(audit_dir):
 def test_planted_outcomes_hold_for_other_worlds_and_seeds(tmp_path, seed):
     """The fast test's outcomes are not one lucky draw: other worlds, samples and bootstraps."""
     check_planted(planted_audit(tmp_path, seed=seed, n_samples=32)["judged"])
+
+
+def test_every_training_seed_gets_membership_and_extraction_on_the_same_pieces(audit_dir):
+    """A model trained over several seeds: each seed's membership and extraction, on the pieces
+    the judged model was measured on. Planted: seed 1 is the copier itself (the same values as
+    the judged block), seed 2 a model that never saw training (at chance)."""
+    root = audit_dir / "seeds"
+    root.mkdir()
+    shutil.copy(audit_dir / "samples.parquet", root / "samples.parquet")
+    w = make_world(audit_dir / "seeds_world", seed=0)
+    models = planted_models(w, 0)
+    audit(root, w, models, 0, seeds={"copier": {1: models["copier"], 2: models["fresh"]},
+                                     "silent": {1: models["silent"], 2: models["silent"]}})
+    judged = artifacts.read_json(root / "audit.json")["judged"]
+    per_seed = judged["copier"]["per_seed"]
+    assert sorted(per_seed) == ["1", "2"]
+    one, two = per_seed["1"], per_seed["2"]
+    assert one["membership_auc"]["value"] == judged["copier"]["membership_auc"]["value"]
+    assert one["extraction_rate"] == judged["copier"]["extraction_rate"]
+    assert one["membership_auc"]["ci_low"] > 0.5  # the copier is caught on its seed ...
+    auc = two["membership_auc"]
+    assert auc["ci_low"] <= 0.5 <= auc["ci_high"]  # ... and the other seed is at chance
+    assert auc["n_train"] == one["membership_auc"]["n_train"]
+    assert "per_seed" not in judged["fresh"]
+    assert "per_seed" not in judged["silent"]  # sampled, but not among the measured models

@@ -580,6 +580,11 @@ def test_plain_evidence_for_each_kind_of_criterion():
                            0.81, 0.9), held, {}, 0.95)
     assert "from 72 unseen val and test pieces with AUC 0.86" in auc
     assert "calling at most 10% of the unseen pieces members, it picks out 71%" in auc
+    seeds = {**held, **{f"audit.judged.transformer.per_seed.{s}.membership_auc.value": a
+                        for s, a in ((1234, 0.86), (1235, 0.84), (1236, 0.88))}}
+    assert "its 3 training seeds give AUC 0.86, 0.84 and 0.88 (the first is judged)" in \
+        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
+                         0.81, 0.9), seeds, {}, 0.95)
     tpr = plain_evidence(v("memorisation.transformer.membership_tpr", 0.71, "FAIL", "<=", 0.3,
                            0.55, 0.79), held, {}, 0.95)
     assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")

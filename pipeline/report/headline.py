@@ -212,6 +212,13 @@ def _membership(v: Verdict, m: Metrics, level: float) -> str | None:
                 f"{_interval_reason(v, bool(ci))}.")
     extra = (f"; calling at most {fpr:.0%} of the unseen pieces members, it picks out "
              f"{tpr:.0%} of the training ones" if tpr is not None and fpr is not None else "")
+    prefix = f"audit.judged.{model}.per_seed."
+    seeds = sorted({k[len(prefix):].split(".")[0] for k in m if k.startswith(prefix)}, key=int)
+    aucs = [_num(m, f"{prefix}{s}.membership_auc.value") for s in seeds]
+    if len(seeds) > 1 and None not in aucs:
+        extra += (f"; its {len(seeds)} training seeds give AUC "
+                  + ", ".join(_g(a) for a in aucs[:-1]) + f" and {_g(aucs[-1])} (the first "
+                  "is judged)")
     return (f"The {model}'s loss per note tells {n_train} training pieces from {held} with AUC "
             f"{_g(v.value)}{ci}, where 0.5 is chance{extra}; the rule allows "
             f"{OP_WORDS[v.op]} {v.threshold:g}: {_interval_reason(v, bool(ci))}.")

@@ -571,6 +571,22 @@ def memorisation(doc: Document, cfg: ReportConfig, audit: Any,
                   [[m, fmt(e.get("auc"), d), fmt(e.get("tpr"), d), fmt(e.get("fpr"), d),
                     fmt(e.get("n_train")), fmt(e.get("n_heldout", e.get("n_test")))]
                    for m, e in sorted(mem.items())]))
+    seed_rows = []
+    for m, block in sorted((audit.get("judged") or {}).items()):
+        per_seed = (block or {}).get("per_seed") or {}
+        for seed, c in sorted(per_seed.items(), key=lambda x: int(x[0])):
+            auc, ext = c.get("membership_auc") or {}, (c.get("extraction_rate") or {})
+            excess = ext.get("excess") or {}
+            seed_rows.append([m, seed, fmt(auc.get("value"), d),
+                              f"{fmt(auc.get('ci_low'), d)} to {fmt(auc.get('ci_high'), d)}",
+                              fmt((auc.get("tpr") or {}).get("value"), d),
+                              fmt((ext.get("train") or {}).get("value"), d),
+                              f"{fmt(excess.get('ci_low'), d)} to {fmt(excess.get('ci_high'), d)}"])
+    if seed_rows:
+        doc.add(Para("Membership and extraction of every training seed, on the same pieces (the "
+                     "criteria judge the first seed, whose samples are audited):"),
+                Table(["model", "seed", "membership AUC", "AUC CI", "TPR at the FPR",
+                       "train exact", "extraction excess CI"], seed_rows))
     table = read_table_or_none(inputs["per_sample"])
     if table is not None and {"lcs_tokens", "model", "kind"} <= set(table.columns):
         hist = {"human test": table[(table["model"] == "human") & (table["kind"] == "test")]}

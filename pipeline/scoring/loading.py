@@ -167,6 +167,14 @@ def load_named(names: Sequence[str], *, ngram_dir: Path, transformer_dir: Path, 
     return models
 
 
+def load_seeds(spec: ModelSpec, device: str, info: TokenInfo) -> dict[int, SequenceModel]:
+    """Every training seed of ``spec``'s model (:func:`replicate_specs`), loaded strictly, by
+    seed; empty for a model trained once (its one folder has no replicates index)."""
+    specs = [s for s in replicate_specs(spec) if s.seed is not None]
+    models, _ = load_models(specs, device, info, strict=True)
+    return {int(s.seed): models[s.key] for s in specs}
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--ngram-dir`` and ``--transformer-dir``, defaulting to the training stages' outputs."""
     parser.add_argument("--ngram-dir", type=Path, default=Path("data/ngram"))

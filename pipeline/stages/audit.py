@@ -31,7 +31,9 @@ Outputs:
   report's side-by-side piano rolls.
 - ``reports/audit.json``: thresholds, summaries per group, flag rates, extraction test,
   membership AUC, music statistics, and ``judged.<model>``: each judged quantity with its
-  interval and baseline (see docs/report.md for the keys).
+  interval and baseline, and for a model trained over several seeds ``per_seed.<seed>``:
+  membership and extraction of every seed on the same pieces (see docs/report.md for the keys).
+  The criteria judge the first seed; samples come from it alone.
 
 Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
 ``flag_quantile`` of the val human windows. :func:`judge` then judges each model against its
@@ -63,7 +65,14 @@ from pipeline.core.artifacts import stable_int
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.music.midi import score_notes
 from pipeline.music.stats import STATS, quality_guard
-from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
+from pipeline.scoring.loading import (
+    ModelSpec,
+    ModelUnavailable,
+    add_model_arguments,
+    load_named,
+    load_seeds,
+    load_transformer,
+)
 from pipeline.scoring.memorisation import (
     Extraction,
     extraction_test,
@@ -301,9 +310,33 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
     return out
 
 
+def per_seed_checks(by_seed: Mapping[int, SequenceModel], train: pd.DataFrame,
+                    heldout: pd.DataFrame, test: pd.DataFrame, cfg: AuditConfig,
+                    forbid: Sequence[int], groups: Mapping[str, Any] | None
+                    ) -> dict[str, dict[str, Any]]:
+    """Membership and extraction for every training seed of one model, on the same pieces as the
+    judged (first-seed) model, each with its own interval: how much the memorisation verdicts
+    depend on the seed. The criteria still judge the first seed."""
+    checks = model_checks({str(s): m for s, m in by_seed.items()}, train, heldout, test, cfg,
+                          forbid, groups)
+    boot = {"n_boot": cfg.n_boot, "level": cfg.ci_level}
+    out = {}
+    for key in sorted(checks, key=int):
+        c = checks[key]
+        out[key] = {
+            "membership_auc": judge_membership(
+                c.nll_train, c.nll_heldout, rng=_rng(cfg, "membership_auc", f"seed-{key}"),
+                train_groups=c.groups_train, heldout_groups=c.groups_heldout,
+                fpr=cfg.membership_fpr, **boot),
+            "extraction_rate": judge_extraction(c.extraction_train, c.extraction_test,
+                                                level=cfg.ci_level)}
+    return out
+
+
 def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
         info: Path, tokenizer: Path, per_sample: Path, report: Path, spans: Path,
-        shingling: Shingling | None = None, splits: Path | None = None) -> AuditSummary:
+        shingling: Shingling | None = None, splits: Path | None = None,
+        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None) -> AuditSummary:
     """Audit every sample and every val/test human window; write the table and audit.json."""
     tok = load_tokenizer(tokenizer)
     table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens",
@@ -358,6 +391,10 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     checks = model_checks(models, split["train"], heldout, split["test"], cfg, forbid, groups)
     result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
     result["judged"] = judge(df, checks, cfg)
+    for name, by_seed in sorted((seeds or {}).items()):
+        if name in checks and len(by_seed) > 1:  # a model the audit measures, with seeds
+            result["judged"][name]["per_seed"] = per_seed_checks(
+                by_seed, split["train"], heldout, split["test"], cfg, forbid, groups)
     artifacts.write_json(report, result)
     fr = result["flag_rate"]
     return AuditSummary(len(df), fr["samples"], fr["human_test"])
@@ -472,10 +509,19 @@ def main(args: argparse.Namespace) -> int:
     except ModelUnavailable as e:
         print(f"symkit audit: cannot use a model listed in audit.models: {e}", file=sys.stderr)
         return 1
+    seeds = {}
+    if "transformer" in cfg.models:
+        spec = ModelSpec("transformer", args.transformer_dir, load_transformer)
+        try:
+            seeds["transformer"] = load_seeds(spec, cfg.device, TokenInfo.read(args.info))
+        except ModelUnavailable as e:
+            print(f"symkit audit: cannot use a training seed of the transformer: {e}",
+                  file=sys.stderr)
+            return 1
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
             tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
             spans=args.spans, shingling=Shingling.read(args.fingerprint),
-            splits=args.splits if args.splits.exists() else None)
+            splits=args.splits if args.splits.exists() else None, seeds=seeds)
     print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
           f"human test {s.human_flag_rate} -> {args.report}")
     return 0

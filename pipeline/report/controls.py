@@ -216,19 +216,14 @@ def _controls() -> list[Control]:
                     _flags(0.30)),
             Control(f"memorisation.{m}.flag_excess", "bad",
                     "20% of samples flagged (3 times the human rate)", _flags(0.20)),
-            Control(f"quality.{m}.score", "good", "human-like: each statistic outside its "
-                    "band with the calibrated 5%", _quality(0.05, margin=False)),
-            Control(f"quality.{m}.score", "bad", "each statistic outside its band with 50%",
-                    _quality(0.5, margin=False)),
-            Control(f"quality.{m}.score", "bad", "each statistic outside its band with 60%",
-                    _quality(0.6, margin=False)),
-            Control(f"quality.{m}.margin", "good", "human-like: each statistic outside its "
-                    "band with the calibrated 5%", _quality(0.05, margin=True)),
-            Control(f"quality.{m}.margin", "bad", "each statistic outside its band with 50%",
-                    _quality(0.5, margin=True)),
-            Control(f"quality.{m}.margin", "bad", "each statistic outside its band with 60%",
-                    _quality(0.6, margin=True)),
         ]
+        for key, margin in (("score", False), ("margin", True)):
+            out += [
+                Control(f"quality.{m}.{key}", "good", "human-like: each statistic outside its "
+                        "band with the calibrated 5%", _quality(0.05, margin=margin)),
+                *[Control(f"quality.{m}.{key}", "bad", f"each statistic outside its band with "
+                          f"{p:.0%}", _quality(p, margin=margin)) for p in (0.5, 0.6)],
+            ]
     return out
 
 

@@ -75,7 +75,8 @@ class Sizes:
     """Held-out pieces of membership inference: val and test (27 + 45)."""
     membership_train_groups: int = 148
     membership_test_groups: int = 54
-    """The split's groups among those pieces (train 148; val 21 + test 33), resampled whole."""
+    """The groups those pieces fall in, resampled whole: train's 148 (the audit's 256 train
+    pieces fall in 145 of them), val's 21 and test's 33."""
     extraction_train: int = 256
     extraction_test: int = 45
     samples: int = 256

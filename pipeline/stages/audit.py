@@ -38,8 +38,9 @@ Outputs:
 Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
 ``flag_quantile`` of the val human windows. :func:`judge` then judges each model against its
 baseline, with intervals: the flag rate against the test windows' rate, membership inference
-(the loss attack on NLL per note, train pieces against every held-out val and test piece,
-whole groups resampled; AUC against 0.5 and the true-positive rate at ``membership_fpr``),
+(the loss attack on NLL per note, up to ``membership_pieces`` train pieces against as many
+held-out val and test pieces, whole groups resampled; AUC against 0.5 and the true-positive
+rate at ``membership_fpr``),
 extraction on train against test pieces, and the quality guard
 (:func:`pipeline.music.stats.quality_guard`), which fails silence, noise and undecodable output.
 Every random draw comes from a ``numpy.random.Generator`` seeded by (``seed``, purpose, model).

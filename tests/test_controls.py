@@ -108,6 +108,9 @@ def test_design_sizes_follow_the_registered_split_and_params():
     assert (default.membership_train, default.membership_test, default.extraction_train,
             default.samples, default.human_pieces) == (256, 72, 256, 256, 45)
     assert default.gap_per_note_se == pytest.approx(Sizes().gap_per_note_se, rel=0.01)
+    # sections left out of params take the stages' own defaults (evaluate.train_pieces 128)
+    bare = design_sizes({}, {"train": (276, 148), "val": (27, 21), "test": (45, 33)})
+    assert bare == default
     small = design_sizes(params, {"train": (40, 30), "val": (8, 8), "test": (12, 12)})
     assert (small.membership_train, small.membership_test, small.extraction_train) == (40, 20, 40)
     assert small.gain_se > default.gain_se and small.gap_se > default.gap_se

@@ -390,8 +390,6 @@ def _group_weights(groups: Sequence | None, n: int, n_boot: int,
     if groups is None:
         return bootstrap_weights(n, n_boot, rng)
     codes = np.unique(np.asarray(groups), return_inverse=True)[1].reshape(-1)
-    if codes.size != n:
-        raise ValueError(f"{codes.size} group labels for {n} pieces")
     return bootstrap_weights(int(codes.max()) + 1 if n else 0, n_boot, rng)[:, codes]
 
 

@@ -135,9 +135,9 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
                           "piece's NLL over the seeds, and each bootstrap replicate also draws "
                           "the seeds with replacement (group counts first, then each replicated "
                           "model's seed counts in model-name order)",
-        "train_subset": f"{cfg.train_pieces or 'as many'} train pieces"
-                        f"{'' if cfg.train_pieces else ' as val' + chr(39) + 's scored pieces'} "
-                        "(all when train has fewer): "
+        "train_subset": (f"{cfg.train_pieces} train pieces" if cfg.train_pieces
+                         else "as many train pieces as val's scored pieces")
+                        + " (all when train has fewer): "
                         "the first of a permutation of the sorted usable train sha256s drawn "
                         "by default_rng([seed, 'train_subset' label, 0]); bootstrap replicates "
                         "from [seed, label, 1], independent of val's",

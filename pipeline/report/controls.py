@@ -316,21 +316,20 @@ def design_sizes(params: Mapping[str, Any], counts: Mapping[str, tuple[int, int]
     """The :class:`Sizes` of a registered design: ``counts`` maps each split to its (pieces,
     groups); the audit's and generate's params give the audited counts. Spreads are
     :class:`Sizes`' stated ones, rescaled to these counts (see :data:`ASSUMPTIONS`)."""
-    from pipeline.core.config import parse_section
-    from pipeline.stages.audit import AuditConfig
-    from pipeline.stages.evaluate import EvaluateConfig
-    from pipeline.stages.generate import GenerateConfig
-
     base = Sizes()
-    audit = parse_section("audit", params.get("audit"), AuditConfig)  # the stages' own defaults
-    gen = parse_section("generate", params.get("generate"), GenerateConfig)
-    evaluate = parse_section("evaluate", params.get("evaluate"), EvaluateConfig)
+    # the stages' own defaults for keys a params file leaves out (library code may not import
+    # the stage modules; tests/test_controls.py checks that a bare params file gives the sizes
+    # of params.yaml, whose values tests/test_params.py holds equal to the stages' defaults)
+    audit = {"membership_pieces": 256, "extraction_pieces": 256, "quality_alpha": 0.05,
+             **(params.get("audit") or {})}
+    gen = {"n_samples": 240, "n_continuations": 16, **(params.get("generate") or {})}
+    evaluate = {"train_pieces": 128, "ci_level": 0.95, **(params.get("evaluate") or {})}
     train_n, train_g = counts.get("train", (0, 0))
     val_n, val_g = counts.get("val", (0, 0))
     test_n, test_g = counts.get("test", (0, 0))
-    mem_train = min(audit.membership_pieces, train_n)
-    held = min(audit.membership_pieces, val_n + test_n)
-    subset = min(evaluate.train_pieces or val_n, train_n)
+    mem_train = min(int(audit["membership_pieces"]), train_n)
+    held = min(int(audit["membership_pieces"]), val_n + test_n)
+    subset = min(int(evaluate["train_pieces"]) or val_n, train_n)
     per_test_piece = base.human_windows / base.human_pieces
     return Sizes(
         gain_se=base.gain_se * math.sqrt(33 / max(test_g, 1)),
@@ -339,11 +338,11 @@ def design_sizes(params: Mapping[str, Any], counts: Mapping[str, tuple[int, int]
         membership_train=mem_train, membership_test=held,
         membership_train_groups=max(1, round(mem_train / max(train_n, 1) * train_g)),
         membership_test_groups=max(1, round(held / max(val_n + test_n, 1) * (val_g + test_g))),
-        extraction_train=min(audit.extraction_pieces, train_n),
-        extraction_test=min(audit.extraction_pieces, test_n),
-        samples=gen.n_samples + min(gen.n_continuations, test_n),
+        extraction_train=min(int(audit["extraction_pieces"]), train_n),
+        extraction_test=min(int(audit["extraction_pieces"]), test_n),
+        samples=int(gen["n_samples"]) + min(int(gen["n_continuations"]), test_n),
         human_windows=max(1, round(per_test_piece * test_n)), human_pieces=max(1, test_n),
-        level=evaluate.ci_level, quality_alpha=audit.quality_alpha)
+        level=float(evaluate["ci_level"]), quality_alpha=float(audit["quality_alpha"]))
 
 
 def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float | None:

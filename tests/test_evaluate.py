@@ -23,6 +23,7 @@ from pipeline.scoring.bootstrap import (
     paired_diff_ci,
     paired_rel_ci,
     ratio_ci,
+    seed_half_width,
 )
 from pipeline.scoring.loading import (
     ModelSpec,
@@ -425,7 +426,7 @@ def test_train_rows_leave_val_and_test_unchanged(tmp_path):
     paths = write_corpus(root / "data", n_groups=24, n_eval=6)
     _fit_and_save(paths, root / "data" / "ngram", order=3)
     _fit_and_save(paths, root / "data" / "unigram", order=1, smoothing="unigram")
-    # train_pieces=0: as many as val's scored pieces
+    # train_pieces=0: as many as the held-out (val and test) scored pieces
     _, report, table = evaluate(paths, root, two_models(root), out="with", seed=3,
                                 train_pieces=0)
     rows = pq.read_table(paths["tokens"]).to_pylist()
@@ -443,12 +444,13 @@ def test_train_rows_leave_val_and_test_unchanged(tmp_path):
         assert "train_subset" not in before["models"][name]
     assert before["gap"] == {} and report["gap"] != {}
     train = sorted({r["sha256"] for r in rows if r["split"] == "train"})
-    n_val = report["models"]["ngram"]["val"]["n_pieces"]
+    n_held = sum(report["models"]["ngram"][s]["n_pieces"] for s in ("val", "test"))
     for name in ("ngram", "unigram"):
         part = table[(table["model"] == name) & (table["split"] == "train")]
-        assert list(part["sha256"]) == draw_train_subset(train, n_val, seed=3)
-        assert report["models"][name]["train_subset"]["n_pieces"] == n_val == 12
-    assert report["train_subset"] == {"n_pieces": 12, "n_wanted": 12, "n_usable": 24,
+        assert list(part["sha256"]) == draw_train_subset(train, n_held, seed=3)
+        assert report["models"][name]["train_subset"]["n_pieces"] == n_held == 24
+        assert report["gap"][name]["n_pieces_heldout"] == 24
+    assert report["train_subset"] == {"n_pieces": 24, "n_wanted": 24, "n_usable": 24,
                                       "n_excluded": 0}
     # evaluate.train_pieces asks for more (all of train when it has fewer), nested in the draw
     _, more, more_table = evaluate(paths, root, two_models(root), out="more", seed=3,
@@ -458,7 +460,7 @@ def test_train_rows_leave_val_and_test_unchanged(tmp_path):
     assert set(draw_train_subset(train, 12, seed=3)) <= set(part["sha256"])
     assert more_table[more_table["split"] != "train"].reset_index(drop=True).equals(before_table)
     _, every, _ = evaluate(paths, root, two_models(root), out="every", seed=3, train_pieces=500)
-    assert every["train_subset"]["n_pieces"] == 24
+    assert every["train_subset"]["n_pieces"] == 24 and every["train_subset"]["n_wanted"] == 500
 
 
 def _fit_on(paths: dict[str, Path], out: Path, splits: set[str]) -> None:
@@ -472,36 +474,42 @@ def _fit_on(paths: dict[str, Path], out: Path, splits: set[str]) -> None:
 
 
 def test_gap_flags_overfitting_and_leakage(tmp_path):
-    """A memorising model fitted on train has a val − train gap far above a 0.5-nat bound; the
-    same model fitted on train *and* val (it has seen val: leakage) has none. Each assertion
-    fails for the other model."""
+    """A memorising model fitted on train has a held-out − train gap far above a 0.5-nat bound;
+    the same model fitted on train *and* the held-out pieces (leakage) has none, and one that saw
+    val only sits between them (the pooled gap dilutes a val leak by test's share). Each
+    assertion fails for the other model."""
     root = tmp_path
     paths = write_corpus(root / "data", n_groups=40, n_eval=10)
     _fit_on(paths, root / "data" / "overfit", {"train"})
-    _fit_on(paths, root / "data" / "leak", {"train", "val"})
-    specs = [ModelSpec(n, root / "data" / n, load_ngram) for n in ("leak", "overfit")]
+    _fit_on(paths, root / "data" / "leak", {"train", "val", "test"})
+    _fit_on(paths, root / "data" / "valleak", {"train", "val"})
+    specs = [ModelSpec(n, root / "data" / n, load_ngram) for n in ("leak", "overfit", "valleak")]
     _, report, table = evaluate(paths, root, specs, seed=0, train_pieces=0)
     over, leak = report["gap"]["overfit"]["nats_per_token"], report["gap"]["leak"]["nats_per_token"]
     assert over["ci_low"] > 0.5 and leak["ci_high"] < 0.05
     assert leak["ci_low"] < 0 and over["ci_low"] > leak["ci_high"] + 1.0
     assert report["gap"]["overfit"]["nats_per_note"]["ci_low"] > 0.5
+    half = report["gap"]["valleak"]["nats_per_token"]["value"]
+    assert leak["value"] + 0.5 < half < over["value"] - 0.5
 
-    # The value is val minus the train subset; the interval resamples each set's groups with its
-    # own documented generator: val's replicates (shared with models.<m>.val) and the subset's.
+    # The value is the pooled held-out pieces minus the train subset; the interval resamples
+    # each set's groups with its own documented generator.
     m = report["models"]["overfit"]
     assert set(m["train_subset"]) == set(m["val"])
-    assert over["value"] == pytest.approx(m["val"]["nats_per_token"]["value"]
-                                          - m["train_subset"]["nats_per_token"]["value"])
-    assert report["gap"]["overfit"]["n_pieces_val"] == report["gap"]["overfit"]["n_pieces_train"]
+    gap = report["gap"]["overfit"]
+    assert gap["heldout"] == ["val", "test"]
+    assert gap["n_pieces_heldout"] == gap["n_pieces_train"] == 40
 
-    def sums(split: str, rng: np.random.Generator):
-        part = table[(table["model"] == "overfit") & (table["split"] == split)]
+    def sums(split: str | tuple[str, ...], rng: np.random.Generator):
+        splits = (split,) if isinstance(split, str) else split
+        part = table[(table["model"] == "overfit") & table["split"].isin(splits)]
+        part = part.sort_values("sha256")
         names, codes = np.unique(part["group_id"].to_numpy(dtype=str), return_inverse=True)
         w = bootstrap_weights(len(names), 500, rng)
         return (group_sums(codes, part["nll_nats"], len(names)),
                 group_sums(codes, part["n_tokens"], len(names)), w)
 
-    va = sums("val", np.random.default_rng([0, 0]))
+    va = sums(("val", "test"), np.random.default_rng([0, TRAIN_SUBSET_STREAM, 2]))
     tr = sums("train", np.random.default_rng([0, TRAIN_SUBSET_STREAM, 1]))
     assert over == pytest.approx(independent_diff_ci(*va, *tr, 0.95), rel=1e-12)
     assert ratio_ci(tr[0], tr[1], tr[2], 0.95) == pytest.approx(
@@ -532,8 +540,8 @@ def test_power_block_is_estimated_from_val(tmp_path):
     block = val_only["power"]["ngram_minus_unigram"]
     assert (block["n_groups"], block["n_groups_of"]) == (6, "test (data/splits.parquet)")
     _, test_only, t = evaluate(paths, root, two_models(root), out="test_only", splits=["test"])
-    assert test_only["power"] == {} and test_only["gap"] == {}
-    assert set(t["split"]) == {"test"}  # no val to size the train subset by
+    assert test_only["power"] == {} and test_only["gap"]["ngram"]["heldout"] == ["test"]
+    assert set(t["split"]) == {"test", "train"}  # test alone is a held-out side
 
 
 # -- training-seed replicates --------------------------------------------------------------------
@@ -572,9 +580,21 @@ def test_every_replicate_is_scored_and_averaged(setup):
     assert rel["per_seed"]["8"] == pytest.approx(1 - uni["nll_nats"].sum()
                                                  / by_seed[8]["nll_nats"].sum())
     assert rel["value"] == pytest.approx(1 - uni["nll_nats"].sum() / mean_nll.sum())
+    # the seeds enter as a Student-t term over the per-seed effects, added in quadrature to the
+    # group bootstrap of the seed-averaged model on each side
+    half = seed_half_width([list(rel["per_seed"].values())], 0.95)
+    assert rel["seed_half_width"] == pytest.approx(half) and half > 0
+    assert rel["ci_low"] == pytest.approx(rel["value"] - math.hypot(
+        rel["value"] - rel["groups_ci_low"], half))
+    assert rel["ci_high"] == pytest.approx(rel["value"] + math.hypot(
+        rel["groups_ci_high"] - rel["value"], half))
+    assert rel["groups_ci_low"] < rel["value"] < rel["groups_ci_high"]
     gap = report["gap"]["replicated"]["nats_per_token"]
     assert set(gap["per_seed"]) == {"7", "8"}
     assert min(gap["per_seed"].values()) <= gap["value"] <= max(gap["per_seed"].values())
+    assert gap["seed_half_width"] == pytest.approx(
+        seed_half_width([list(gap["per_seed"].values())], 0.95))
+    assert "seed_half_width" not in report["models"]["unigram"]["test"]["nats_per_note"]
     assert report["power"]["replicated_minus_unigram"]["n_seeds"] == 2
     assert report["power"]["replicated_minus_unigram"]["seed_sd"] > 0
 

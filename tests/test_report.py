@@ -590,10 +590,11 @@ def test_plain_evidence_for_each_kind_of_criterion():
     assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")
     gap = plain_evidence(v("generalisation.gap_per_note.transformer", 0.66, "INCONCLUSIVE",
                            "<=", 0.5, 0.35, 1.0),
-                         {**m, "eval.gap.transformer.n_pieces_val": 27,
-                          "eval.gap.transformer.n_pieces_train": 128}, {}, 0.95)
-    assert gap.startswith("Val music costs 0.66 nats per note more than training music (27 val "
-                          "against 128 training pieces; 95% CI 0.35 to 1.00)")
+                         {**m, "eval.gap.transformer.n_pieces_heldout": 72,
+                          "eval.gap.transformer.n_pieces_train": 256}, {}, 0.95)
+    assert gap.startswith("Held-out music costs 0.66 nats per note more than training music (72 "
+                          "held-out (val and test) against 256 training pieces; 95% CI 0.35 to "
+                          "1.00)")
     quality = plain_evidence(v("quality.transformer.score", 4 / 7, "FAIL", ">=", 0.7), m, {},
                              0.95)
     assert quality.startswith("4 of 7 music statistics") and "(outside: polyphony)" in quality

@@ -299,13 +299,13 @@ def _gap(v: Verdict, m: Metrics, level: float) -> str | None:
     more = "more" if v.value >= 0 else "less"
     rule = (f"at most {v.threshold:g}" if v.op in ("<", "<=") else f"at least {v.threshold:g}")
     unit = "note" if "gap_per_note" in v.metric else "token"
-    n_val = _int(m, "eval.gap.transformer.n_pieces_val")
+    n_held = _int(m, "eval.gap.transformer.n_pieces_heldout")
     n_train = _int(m, "eval.gap.transformer.n_pieces_train")
-    parts = ([f"{n_val} val against {n_train} training pieces"]
-             if n_val is not None and n_train is not None else [])
+    parts = ([f"{n_held} held-out (val and test) against {n_train} training pieces"]
+             if n_held is not None and n_train is not None else [])
     parts += [f"{level:.0%} CI {v.ci_low:.2f} to {v.ci_high:.2f}"] if has_ci else []
     detail = f" ({'; '.join(parts)})" if parts else ""
-    return (f"Val music costs {abs(v.value):.2f} nats per {unit} {more} than training "
+    return (f"Held-out music costs {abs(v.value):.2f} nats per {unit} {more} than training "
             f"music{detail}; the rule asks for {rule}: {_interval_reason(v, has_ci)}.")
 
 

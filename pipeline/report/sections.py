@@ -402,7 +402,7 @@ def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]
                         ("test.nll_per_note.rel_improvement",
                          "relative gain of the transformer"),
                         ("generalisation.gap.transformer",
-                         "val − train gap of the transformer (nats/token)")):
+                         "held-out − train gap of the transformer (nats/token)")):
         rows.append([label, fmt(metrics.get(name), d), fmt(metrics.get(f"{name}.ci_low"), d),
                      fmt(metrics.get(f"{name}.ci_high"), d)])
     level = metrics.get("eval.protocol.bootstrap.ci_level")  # evaluate.ci_level, as scored
@@ -511,13 +511,13 @@ def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any])
 
     per_note = get(ev, "models", "transformer", "test", "per_seed") or {}
     rel = get(ev, "paired", "ngram_minus_transformer", "test", "rel_improvement") or {}
-    gap = get(ev, "gap", "transformer", "nats_per_token", "per_seed") or {}
+    gap = get(ev, "gap", "transformer", "nats_per_note", "per_seed") or {}
     replicates = train.get("replicates") if isinstance(train.get("replicates"), dict) else {}
     columns = {
         "best val loss (nats/token)": {s: get(replicates, s, "best_val_loss") for s in seeds},
         "test NLL (nats/note)": {s: get(per_note, s, "nats_per_note") for s in seeds},
         "gain over n-gram (test)": {s: get(rel, "per_seed", s) for s in seeds},
-        "val − train gap (nats/token)": {s: gap.get(s) for s in seeds},
+        "held-out − train gap (nats/note)": {s: gap.get(s) for s in seeds},
     }
     rows = [[s, *(fmt(col[s], d) for col in columns.values())] for s in seeds]
     for label, fn in (("mean", np.mean), ("sd", lambda v: np.std(v, ddof=1))):
@@ -526,12 +526,22 @@ def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any])
             v = [x for x in col.values() if isinstance(x, int | float)]
             cells.append(fmt(float(fn(v)), d) if len(v) >= 2 else NA)
         rows.append([label, *cells])
+    split_terms = ""
+    if all(isinstance(rel.get(k), int | float) for k in ("groups_ci_low", "groups_ci_high",
+                                                         "seed_half_width")):
+        split_terms = (f" For the gain over the n-gram the groups alone give "
+                       f"{fmt(rel['groups_ci_low'], d)} to {fmt(rel['groups_ci_high'], d)}; the "
+                       f"seeds' term, ±{fmt(rel['seed_half_width'], d)}, widens it to "
+                       f"{fmt(rel.get('ci_low'), d)} to {fmt(rel.get('ci_high'), d)}.")
     doc.add(Para(f"The transformer was trained {len(seeds)} times, with seeds "
                  f"{', '.join(seeds)} (transformer.seed, transformer.replicates) on the same "
-                 "split. Its test NLL and the comparison with the n-gram average each piece's NLL "
-                 "over the seeds, and their intervals resample seeds together with groups, so "
-                 "they include training variance. Samples and the memorisation audit use the "
-                 f"first seed's model (seed {seeds[0]})."),
+                 "split. Its test NLL, the comparison with the n-gram and the gap average each "
+                 "piece's NLL over the seeds. Their intervals take the group bootstrap of that "
+                 "average and add, in quadrature on each side, a Student-t term over the "
+                 f"per-seed values ({len(seeds) - 1} degrees of freedom), so they include "
+                 f"training variance.{split_terms} Samples, copying and quality use the first "
+                 f"seed's model (seed {seeds[0]}); membership and extraction run on every seed "
+                 "and judge the first."),
             Table(["seed", *columns], rows))
 
 

@@ -1,10 +1,13 @@
 """Aggregates of the per-piece scores: the blocks of ``reports/eval.json``.
 
 From ``reports/eval/per_piece.parquet``'s rows (one per piece, model and training seed): each
-model's ratios of sums per split, its NLL averaged over its seeds, with intervals from a bootstrap
-over groups and seeds (``models``), paired differences and the relative
-improvement on the same replicates (``paired``), the generalisation gap against a subset of
-train pieces (``gap``) and the minimum detectable effect (``power``). Every random draw comes from
+model's ratios of sums per split, its NLL averaged over its seeds (``models``), paired
+differences and the relative improvement on the same replicates (``paired``), the generalisation
+gap of the held-out pieces against a subset of train pieces (``gap``) and the minimum detectable
+effect (``power``). Intervals: the group bootstrap of the seed-averaged model, widened for a
+model trained with several seeds by a Student-t term over its per-seed statistics
+(:func:`~pipeline.scoring.bootstrap.seed_half_width`,
+:func:`~pipeline.scoring.bootstrap.with_seed_term`). Every random draw comes from
 a Generator seeded by (``evaluate.seed``, a fixed label), so each block is a pure function of the
 table and the plan.
 """
@@ -29,8 +32,8 @@ from pipeline.scoring.bootstrap import (
     percentile_interval,
     ratio_summary,
     rel_summary,
-    replicate_sums,
-    seed_weights,
+    seed_half_width,
+    with_seed_term,
 )
 from pipeline.scoring.power import detectable_effect
 
@@ -45,9 +48,10 @@ class BootstrapPlan(Protocol):
 
 
 TRAIN_SUBSET_STREAM = int.from_bytes(b"train_subset", "big")
-"""Label of the train subset's random streams: ``default_rng([seed, TRAIN_SUBSET_STREAM, 0])``
-draws its pieces, ``[seed, TRAIN_SUBSET_STREAM, 1]`` its bootstrap replicates. The splits use
-``[seed, split index]``, so the train subset changes none of their draws."""
+"""Label of the gap's random streams: ``default_rng([seed, TRAIN_SUBSET_STREAM, 0])`` draws the
+train subset's pieces, ``[seed, TRAIN_SUBSET_STREAM, 1]`` its bootstrap replicates and ``[...,
+2]`` those of the pooled held-out pieces. The splits use ``[seed, split index]``, so the gap
+changes none of their draws."""
 MDE_POWER = 0.8
 """Power at which ``power.<pair>.mde`` is stated."""
 
@@ -69,16 +73,15 @@ class _Scores:
     ``pieces`` (S, n_pieces) per-piece NLL in the design's ``shas`` order, one row per seed
     (``seeds``; ``[None]`` for a model without training seeds, e.g. the n-gram); ``units`` the
     first seed's rows (tokens, notes, seconds: the same for every seed); ``groups`` (S, G) NLL
-    sums per group; ``rep`` (n_boot,) the replicate NLL totals, seeds resampled with the groups
-    (:func:`~pipeline.scoring.bootstrap.replicate_sums`) drawn with the seed counts ``seed_w``
-    (None for one seed). Means over one seed are that seed's values exactly."""
+    sums per group; ``rep`` (n_boot,) the replicate NLL totals of the seed-averaged model (the
+    groups resampled; the seeds enter as a t term). Means over one seed are that seed's values
+    exactly."""
 
     seeds: list[Any]
     pieces: np.ndarray
     units: pd.DataFrame
     groups: np.ndarray
     rep: np.ndarray
-    seed_w: np.ndarray | None
 
     @property
     def total(self) -> float:
@@ -92,6 +95,11 @@ class _Scores:
     @property
     def mean_groups(self) -> np.ndarray:
         return self.groups.mean(axis=0)
+
+    @property
+    def seed_sums(self) -> np.ndarray:
+        """Each seed's summed NLL, in ``seeds`` order."""
+        return self.groups.sum(axis=1)
 
     @property
     def seed_totals(self) -> dict[str, float]:
@@ -111,6 +119,23 @@ def seed_effects(a: _Scores, b: _Scores) -> tuple[str, dict[str, float]] | None:
     return None
 
 
+def _seeded(summary: dict[str, float], per_seed: Sequence[Sequence[float]],
+            level: float) -> dict[str, float]:
+    """``summary`` widened by the seeds' t term when any model in ``per_seed`` has several
+    seeds; unchanged otherwise (a model without training seeds keeps its group bootstrap)."""
+    if not any(len(x) > 1 for x in per_seed):
+        return summary
+    return with_seed_term(summary, seed_half_width(per_seed, level))
+
+
+def _per_seed_sets(a: _Scores, b: _Scores,
+                   stat: Callable[[float, float], float]) -> list[list[float]]:
+    """``stat(A, B)`` of summed NLL with each of A's seeds in turn (B at its seed average), and
+    with each of B's (A at its average): the spreads :func:`seed_half_width` combines."""
+    return [[float(stat(float(x), b.total)) for x in a.seed_sums],
+            [float(stat(a.total, float(y))) for y in b.seed_sums]]
+
+
 def split_metrics(sc: _Scores, weights: np.ndarray, codes: np.ndarray, n_groups: int,
                   level: float) -> dict[str, Any]:
     """Aggregates of one model on one split (seed-averaged NLL; ``per_seed`` when it has several
@@ -125,8 +150,10 @@ def split_metrics(sc: _Scores, weights: np.ndarray, codes: np.ndarray, n_groups:
     }
     for key, col in UNITS:
         den = group_sums(codes, pp[col], n_groups)
-        out[key] = ratio_summary(sc.total, float(den.sum()), sc.rep, weights @ den, level)
-    npt = out["nats_per_token"]
+        out[key] = _seeded(ratio_summary(sc.total, float(den.sum()), sc.rep, weights @ den,
+                                         level),
+                           [list(sc.seed_sums / den.sum())] if den.sum() > 0 else [], level)
+    npt = {k: out["nats_per_token"][k] for k in ("value", "ci_low", "ci_high")}
     out["bits_per_token"] = {k: v / math.log(2) for k, v in npt.items()}
     out["perplexity"] = {k: math.exp(v) if math.isfinite(v) else v for k, v in npt.items()}
     if len(sc.seeds) > 1:
@@ -145,12 +172,17 @@ def paired_metrics(a: _Scores, b: _Scores, weights: np.ndarray, codes: np.ndarra
     out: dict[str, Any] = {"n_pieces": len(a.units)}
     for key, col in UNITS:
         den = group_sums(codes, a.units[col], n_groups)
-        out[key] = diff_summary(a.total, b.total, float(den.sum()), a.rep, b.rep,
-                                weights @ den, level)
+        total = float(den.sum())
+        out[key] = _seeded(diff_summary(a.total, b.total, total, a.rep, b.rep, weights @ den,
+                                        level),
+                           _per_seed_sets(a, b, lambda x, y, d=total: (x - y) / d)
+                           if total > 0 else [], level)
     # Both models score the same pieces, so notes, seconds or tokens cancel in (A − B) / A:
     # one relative improvement serves every unit (per note is computed).
     den = group_sums(codes, a.units["n_notes"], n_groups)
-    rel = rel_summary(a.total, b.total, float(den.sum()), a.rep, b.rep, weights @ den, level)
+    rel = _seeded(rel_summary(a.total, b.total, float(den.sum()), a.rep, b.rep, weights @ den,
+                              level),
+                  _per_seed_sets(a, b, lambda x, y: 1.0 - y / x if x > 0 else math.nan), level)
     rel["median_piece_effect"] = median_piece_effect(a.mean_pieces, b.mean_pieces)
     top = effect_without_top_groups(a.mean_groups, b.mean_groups, k=3)
     rel["without_top3_groups"] = {"value": top["value"],
@@ -190,21 +222,20 @@ class _Design:
     def sums(self, df: pd.DataFrame, col: str) -> np.ndarray:
         return group_sums(self.codes, df[col], len(self.group_names))
 
-    def scores(self, name: str, seed_w: Callable[[int], np.ndarray | None]) -> _Scores:
-        """Model ``name``'s :class:`_Scores`; ``seed_w(S)`` gives its seed replicate counts."""
+    def scores(self, name: str) -> _Scores:
+        """Model ``name``'s :class:`_Scores` on this design's replicates."""
         seeds = self.seeds(name)
         rows = [self.aligned(name, s) for s in seeds]
         pieces = np.stack([r["nll_nats"].to_numpy(dtype=np.float64) for r in rows])
         groups = np.stack([self.sums(r, "nll_nats") for r in rows])
-        draws = seed_w(len(seeds))
-        return _Scores(seeds, pieces, rows[0], groups,
-                       replicate_sums(self.weights, groups, draws), draws)
+        return _Scores(seeds, pieces, rows[0], groups, self.weights @ groups.mean(axis=0))
 
 
-def _design(per_piece: pd.DataFrame, split: str, n_boot: int,
+def _design(per_piece: pd.DataFrame, split: str | Sequence[str], n_boot: int,
             rng: np.random.Generator | None) -> _Design:
-    """The split's design; no replicates (``weights`` of shape ``(0, G)``) when ``rng`` is None."""
-    part = per_piece[per_piece["split"] == split]
+    """The design of a split (or of several, pooled); no replicates (``weights`` of shape
+    ``(0, G)``) when ``rng`` is None."""
+    part = per_piece[per_piece["split"].isin([split] if isinstance(split, str) else split)]
     shas = sorted(set(part["sha256"]))
     groups = part.drop_duplicates("sha256").set_index("sha256").loc[shas, "group_id"]
     group_names, codes = np.unique(groups.to_numpy(dtype=str), return_inverse=True)
@@ -220,12 +251,10 @@ def _split_rng(cfg: BootstrapPlan, split: str) -> np.random.Generator:
 
 def _split_scores(per_piece: pd.DataFrame, cfg: BootstrapPlan, split: str,
                   names: Sequence[str]) -> tuple[_Design, dict[str, _Scores]]:
-    """A split's design and every model's scores, all replicates from the split's Generator:
-    the group counts first, then each model's seed counts in ``names`` order (models with one
-    seed draw none, so with no replicated model the draws are the plain group bootstrap's)."""
-    rng = _split_rng(cfg, split)
-    d = _design(per_piece, split, cfg.n_boot, rng)
-    return d, {n: d.scores(n, lambda s: seed_weights(s, cfg.n_boot, rng)) for n in names}
+    """A split's design and every model's scores: the group counts are the split's
+    Generator's only draw, shared by every model."""
+    d = _design(per_piece, split, cfg.n_boot, _split_rng(cfg, split))
+    return d, {n: d.scores(n) for n in names}
 
 
 def aggregate(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[str]
@@ -259,42 +288,52 @@ def draw_train_subset(train_shas: Sequence[str], n: int, seed: int) -> list[str]
     return sorted(shas[i] for i in order[:max(0, n)])
 
 
+HELDOUT = ("val", "test")
+"""The splits whose pieces, pooled, are the gap's held-out side (those ``evaluate.splits``
+scores)."""
+
+
 def generalisation(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[str]
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(train_subset metrics by model, gap block)`` from the val and ``train`` rows.
+    """``(train_subset metrics by model, gap block)`` from the held-out and ``train`` rows.
 
-    ``gap.<model>``: val minus train subset, per note and per token. Val reuses its replicates
-    (``[seed, val's index]``: the same group and seed counts as ``models.<m>.val``); the train
-    subset's groups are resampled by their own generator (``[seed, TRAIN_SUBSET_STREAM, 1]``),
-    independently: the two sets share no pieces, so there is nothing to pair. A model trained
-    with several seeds is a set of models, each with its own gap: a replicate draws the seeds once
-    and uses that draw on both sides, and ``per_seed`` lists each seed's gap. Both empty when val
-    is not scored or the train subset is empty.
+    ``gap.<model>``: the held-out pieces (val and test, those scored, pooled) minus the train
+    subset, per note and per token. Each side's groups are resampled by its own generator
+    (``[seed, TRAIN_SUBSET_STREAM, 2]`` and ``[seed, TRAIN_SUBSET_STREAM, 1]``), independently:
+    the two sets share no pieces, so there is nothing to pair, and no split's draws move. A model
+    trained with several seeds is a set of models, each with its own gap (``per_seed``: seed
+    ``s`` on both sides), and those gaps give the interval's t term. Both empty when no held-out
+    split is scored or the train subset is empty.
     """
-    if "val" not in cfg.splits or not (per_piece["split"] == "train").any():
+    heldout = [s for s in HELDOUT if s in cfg.splits]
+    if not heldout or not (per_piece["split"] == "train").any():
         return {}, {}
-    val, val_scores = _split_scores(per_piece, cfg, "val", names)  # as aggregate() draws them
-    if not val.shas:
+    held = _design(per_piece, heldout, cfg.n_boot,
+                   np.random.default_rng([cfg.seed, TRAIN_SUBSET_STREAM, 2]))
+    if not held.shas:
         return {}, {}
     trn = _design(per_piece, "train", cfg.n_boot,
                   np.random.default_rng([cfg.seed, TRAIN_SUBSET_STREAM, 1]))
     metrics, gap = {}, {}
     for n in names:
-        v = val_scores[n]
-        t = trn.scores(n, lambda _k, v=v: v.seed_w)
+        v, t = held.scores(n), trn.scores(n)
         metrics[n] = split_metrics(t, trn.weights, trn.codes, len(trn.group_names),
                                    cfg.ci_level)
-        gap[n] = {"n_pieces_val": len(v.units), "n_pieces_train": len(t.units)}
+        gap[n] = {"heldout": heldout, "n_pieces_heldout": len(v.units),
+                  "n_pieces_train": len(t.units)}
         for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes")):
-            den_v, den_t = val.sums(v.units, col), trn.sums(t.units, col)
+            den_v, den_t = held.sums(v.units, col), trn.sums(t.units, col)
             value = v.total / den_v.sum() - t.total / den_t.sum()
-            reps = v.rep / (val.weights @ den_v) - t.rep / (trn.weights @ den_t)
+            reps = v.rep / (held.weights @ den_v) - t.rep / (trn.weights @ den_t)
             lo, hi = percentile_interval(reps, cfg.ci_level)
-            gap[n][key] = {"value": float(value), "ci_low": lo, "ci_high": hi}
+            block = {"value": float(value), "ci_low": lo, "ci_high": hi}
             if len(v.seeds) > 1:
-                gap[n][key]["per_seed"] = {
-                    _seed_key(s): float(gv.sum() / den_v.sum() - gt.sum() / den_t.sum())
-                    for s, gv, gt in zip(v.seeds, v.groups, t.groups, strict=True)}
+                per_seed = v.seed_sums / den_v.sum() - t.seed_sums / den_t.sum()
+                block = {**with_seed_term(block, seed_half_width([list(per_seed)],
+                                                                 cfg.ci_level)),
+                         "per_seed": {_seed_key(s): float(g)
+                                      for s, g in zip(v.seeds, per_seed, strict=True)}}
+            gap[n][key] = block
     return metrics, gap
 
 
@@ -317,7 +356,7 @@ def power_blocks(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[st
     else:
         n_groups, source = val["group_id"].nunique(), "val"
     d = _design(per_piece, "val", 0, None)
-    scores = {n: d.scores(n, lambda _k: None) for n in names}
+    scores = {n: d.scores(n) for n in names}
     out = {}
     for a, b in itertools.combinations(names, 2):
         sa, sb = scores[a], scores[b]

@@ -19,14 +19,14 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
   two robustness summaries beside it (median piece effect, effect without the top 3 groups).
 - The transformer slides windows of ``max_seq_len`` tokens by ``evaluate.stride``.
 - A model trained over several seeds (``data/transformer/replicates/index.json``) is scored once
-  per seed; aggregates average each piece's NLL over its seeds, and the bootstrap resamples the
-  seeds with the groups, so every interval includes training variance
-  (:mod:`pipeline.scoring.aggregate`).
+  per seed; aggregates average each piece's NLL over its seeds, and every interval adds a
+  Student-t term over the per-seed statistics to the group bootstrap, so it includes training
+  variance (:mod:`pipeline.scoring.aggregate`).
 - Generalisation gap: every model also scores a fixed subset of train pieces, ``train_pieces``
-  of them, or as many as val's when 0 (:func:`draw_train_subset`), by the same scorers (the
-  transformer's is in eval mode: no dropout). ``gap.<model>`` is val minus that subset, per
-  note and per token, with an interval from independent group bootstraps of the two sets
-  (:func:`generalisation`).
+  of them, or as many as the held-out (val and test) pieces when 0 (:func:`draw_train_subset`),
+  by the same scorers (the transformer's is in eval mode: no dropout). ``gap.<model>`` is the
+  held-out pieces, pooled, minus that subset, per note and per token, with an interval from
+  independent group bootstraps of the two sets (:func:`generalisation`).
 - ``power.<a>_minus_<b>``: the minimum detectable effect of the relative improvement on the test
   groups, estimated from val's per-group sums (:func:`pipeline.scoring.power.detectable_effect`).
 
@@ -79,7 +79,13 @@ from pipeline.core.config import (
     parse_section,
 )
 from pipeline.report import ledger
-from pipeline.scoring.aggregate import aggregate, draw_train_subset, generalisation, power_blocks
+from pipeline.scoring.aggregate import (
+    HELDOUT,
+    aggregate,
+    draw_train_subset,
+    generalisation,
+    power_blocks,
+)
 from pipeline.scoring.loading import (
     ModelSpec,
     add_model_arguments,
@@ -107,7 +113,7 @@ class EvaluateConfig(StageConfig):
     seed: int = Field(0, ge=0)
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     stride: int = Field(64, ge=1)
-    train_pieces: int = Field(128, ge=0)
+    train_pieces: int = Field(256, ge=0)
 
     @field_validator("splits")
     @classmethod
@@ -132,15 +138,18 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
                       "n_boot": cfg.n_boot, "ci_level": cfg.ci_level, "seed": cfg.seed},
         "splits": list(cfg.splits),
         "training_seeds": "every training seed of a model is scored; its aggregates average each "
-                          "piece's NLL over the seeds, and each bootstrap replicate also draws "
-                          "the seeds with replacement (group counts first, then each replicated "
-                          "model's seed counts in model-name order)",
+                          "piece's NLL over the seeds; the group bootstrap's interval of that "
+                          "average is widened on each side, in quadrature, by a Student-t term "
+                          "over the per-seed statistics (t at S - 1 degrees of freedom times "
+                          "their standard deviation over sqrt(S); Welch-Satterthwaite when both "
+                          "models have seeds)",
+        "gap": "held-out pieces (val and test, those scored, pooled) minus the train subset",
         "train_subset": (f"{cfg.train_pieces} train pieces" if cfg.train_pieces
-                         else "as many train pieces as val's scored pieces")
+                         else "as many train pieces as held-out scored pieces")
                         + " (all when train has fewer): "
                         "the first of a permutation of the sorted usable train sha256s drawn "
                         "by default_rng([seed, 'train_subset' label, 0]); bootstrap replicates "
-                        "from [seed, label, 1], independent of val's",
+                        "from [seed, label, 1], the held-out side's from [seed, label, 2]",
         "vocab_size": info.vocab_size,
         "special_ids": {"bos_id": info.bos_id, "eos_id": info.eos_id, "pad_id": info.pad_id},
         "tokenizer_hash": info.tokenizer_hash,
@@ -230,9 +239,9 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     rows, more = _match_facts(rows, facts)
     excluded["pieces"] = sorted(excluded["pieces"] + more, key=lambda p: p["sha256"])
     pieces = facts[facts["sha256"].isin(set(rows["sha256"]))]
-    n_val = rows.loc[rows["split"] == "val", "sha256"].nunique()
+    n_held = rows.loc[rows["split"].isin(HELDOUT), "sha256"].nunique()
     train, train_block = _train_subset(all_rows[is_train].reset_index(drop=True), tok_info,
-                                       facts, (cfg.train_pieces or n_val) if n_val else 0,
+                                       facts, (cfg.train_pieces or n_held) if n_held else 0,
                                        cfg.seed)
     train_pieces = facts[facts["sha256"].isin(set(train["sha256"]))]
 
@@ -369,7 +378,7 @@ def main(args: argparse.Namespace) -> int:
     for name, by_split in summary.scored.items():
         figures = ", ".join(f"{s} {v:.4f}" for s, v in by_split.items())
         gap = summary.gap.get(name)
-        figures += "" if gap is None else f"; val - train subset {gap:+.4f}"
+        figures += "" if gap is None else f"; held-out - train subset {gap:+.4f}"
         print(f"evaluate: {name}: nats/token {figures}")
     for name, reason in summary.unavailable.items():
         print(f"evaluate: {name} not scored ({reason})", file=sys.stderr)

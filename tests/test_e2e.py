@@ -86,6 +86,8 @@ def project(tmp_path_factory) -> Path:
     for name in ("pipeline", "models"):
         shutil.copytree(ROOT / name, root / name, ignore=ignore)
     shutil.copy(ROOT / "dvc.yaml", root / "dvc.yaml")
+    (root / "data").mkdir()
+    shutil.copy(ROOT / "data/spent_test.txt", root / "data/spent_test.txt")  # a dep of split
     params = merge(yaml.safe_load((ROOT / "params.yaml").read_text()), TINY)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (root / "reports").mkdir()

@@ -1,6 +1,7 @@
 """The test-access ledger (pipeline.report.ledger), ``symkit ledger`` and what the registration's
 status makes of earlier looks: refused registrations, FOLLOWED AFTER n LOOKS, DEVIATED when the
-rules changed after a look, pieces bound to the registration, commit order in the status."""
+rules changed after a look, pieces bound to the registration, commit order in the status, and
+``symkit ledger --spent`` (the pieces ever scored, for ``split.exclude_test``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pipeline.cli import main as cli
 from pipeline.core import artifacts
 from pipeline.report import ledger
 from pipeline.report.history import registration_order
+from pipeline.stages.split import read_exclude_test
 from pipeline.tools.preregister import AlreadyScored
 from tests.test_report import (
     GIT_SHOWS_ORDER,
@@ -77,6 +79,25 @@ def test_earlier_looks_are_other_scores_or_other_registrations_of_these_pieces(t
     earlier, this = ledger.earlier_looks([*recs, recs[1]], TEST_PIECES, current)
     assert this is not None and this.index == 2
     assert [lk.index for lk in earlier] == [1, 3]
+
+
+def test_spent_writes_the_sorted_union_of_every_look_the_same_bytes_each_time(tmp_path, capsys):
+    a, b, c = ("a" * 64, "b" * 64, "c" * 64)
+    book = tmp_path / "ledger.jsonl"
+    book.write_text("".join(ledger.line(r) for r in (
+        {"pieces": [c, a]}, {"pieces": [b, a]}, {"source": "git"})))
+    out = tmp_path / "data" / "spent.txt"
+    args = ["ledger", "--ledger", str(book), "--splits", str(tmp_path / "none.parquet"),
+            "--per-piece", str(tmp_path / "none.parquet"), "--spent", str(out)]
+    assert cli(args) == 0
+    first = out.read_bytes()
+    assert "3 pieces scored in 3 looks written to" in capsys.readouterr().out
+    assert cli(args) == 0 and out.read_bytes() == first
+    lines = first.decode().splitlines()
+    assert lines[0].startswith("# ") and "symkit ledger --spent" in first.decode()
+    assert [x for x in lines if not x.startswith("#")] == [a, b, c]
+    assert str(tmp_path) not in first.decode() and read_exclude_test(out) == [a, b, c]
+    assert list(tmp_path.glob("data/.*")) == []  # no temp file left beside it
 
 
 # ---- registration and looks -------------------------------------------------------------------
@@ -188,10 +209,14 @@ def test_preregister_finds_test_scores_in_git_history_and_rebuild_records_them(r
         register(repo, params, p)
     assert [r["commit"] for r in ledger.read(p.ledger)] == [commit]  # kept in the ledger
     p.ledger.unlink()
-    with contextlib.chdir(repo):
-        assert cli(["ledger", "--rebuild"]) == 0
+    with contextlib.chdir(repo):  # --spent writes what --rebuild found
+        assert cli(["ledger", "--rebuild", "--spent", "spent.txt"]) == 0
     out = capsys.readouterr().out
     assert "1 look added" in out and "1 look at the 10 test pieces of data/splits.parquet" in out
+    assert "10 pieces scored in 1 look written to spent.txt" in out
+    assert "`symkit ledger --spent data/spent_test.txt`, set split.exclude_test" in out
+    lines = (repo / "spent.txt").read_text().splitlines()
+    assert [x for x in lines if not x.startswith("#")] == sorted(TEST_PIECES)
     assert ledger.read(p.ledger)[0]["source"] == "git"
 
 

@@ -1,5 +1,6 @@
-"""Split: groups never span splits, additions that merge nothing move nothing, k folds, and
-too few groups in val or test stop the stage."""
+"""Split: groups never span splits, additions that merge nothing move nothing, k folds, too few
+groups in val or test stop the stage, and groups holding a piece of ``split.exclude_test`` never
+go to test."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pipeline.stages.split import (
     check_invariants,
     check_min_groups,
     moved_pieces,
+    read_exclude_test,
     split_table,
 )
 from pipeline.stages.split import run as run_split
@@ -236,8 +238,9 @@ def test_stage_refuses_a_split_that_puts_one_group_in_two_splits(tmp_path, monke
     pieces, _ = planted_corpus(seed=2, families=4, singles=10)
     real = split_stage.split_table
 
-    def buggy(files, clusters, cfg):  # one piece of a multi-piece group moves to another split
-        table = real(files, clusters, cfg)
+    def buggy(files, clusters, cfg, exclude=()):
+        # one piece of a multi-piece group moves to another split
+        table = real(files, clusters, cfg, exclude)
         sizes = table["group_id"].map(table["group_id"].value_counts())
         i = int((sizes > 1).to_numpy().argmax())
         table.loc[i, "split"] = "val" if table.loc[i, "split"] != "val" else "test"
@@ -330,3 +333,125 @@ def test_the_stage_refuses_before_writing_and_the_cli_exits_non_zero(tmp_path, c
     err = capsys.readouterr().err
     assert rc == 1 and err.startswith("symkit split: 1 group split into")
     assert "split.min_groups" in err and not (tmp_path / "splits.parquet").exists()
+
+
+# ------------------------------------------------------------------ split.exclude_test
+FOLDED = {"folds": 5, "test_fold": 2}
+
+
+def _write_list(path, lines):
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def test_no_file_or_an_empty_one_gives_the_plain_split(tmp_path):
+    files, clusters = _labelled(100, per_group=2)
+    empty = _write_list(tmp_path / "spent.txt", ["# nothing scored yet", "", "  "])
+    assert read_exclude_test(None) == read_exclude_test(empty) == []
+    for raw in ({}, FOLDED):
+        cfg = parse_section("split", raw, SplitConfig)
+        plain = split_table(files, clusters, cfg)
+        with_file = parse_section("split", {**raw, "exclude_test": str(empty)}, SplitConfig)
+        pd.testing.assert_frame_equal(split_table(files, clusters, with_file,
+                                                  read_exclude_test(empty)), plain)
+
+
+@pytest.mark.parametrize("raw", [{}, FOLDED], ids=["plain", "folds"])
+def test_listed_groups_leave_test_for_train_and_val_and_nothing_else_moves(raw):
+    n = 3000  # groups of two pieces; the second piece of each is listed
+    shas = [_sha(i) for i in range(2 * n)]
+    files, clusters = _tables(shas, [f"g{i // 2}" for i in range(2 * n)], list(range(2 * n)),
+                              [True] * (2 * n))
+    cfg = parse_section("split", raw, SplitConfig)
+    plain = split_table(files, clusters, cfg).set_index("sha256")
+    listed = set(shas[1::4]) | {_sha(0, "not in the corpus")}  # every other group
+    table = split_table(files, clusters, cfg, listed).set_index("sha256")
+    held = table.loc[sorted(listed & set(shas)), "group_id"]
+    in_held = table["group_id"].isin(held)
+    assert in_held.sum() == 2 * len(held) == n  # both pieces of each listed group
+    assert not (table.loc[in_held, "split"] == "test").any()
+    assert (table.loc[~in_held, "split"] == "test").any()
+    pd.testing.assert_frame_equal(table[~in_held], plain[~in_held])  # the rest as before
+    assert (table["fold"] == plain["fold"]).all()  # a moved group keeps its fold
+    moved = table[in_held & (plain["split"] == "test")].drop_duplicates("group_id")
+    stayed = in_held & (plain["split"] != "test")
+    assert (table.loc[stayed, "split"] == plain.loc[stayed, "split"]).all()
+    share = (moved["split"] == "train").mean()
+    assert len(moved) > 100 and set(moved["split"]) == {"train", "val"}
+    assert abs(share - cfg.train / (cfg.train + cfg.val)) < 0.06
+    again = split_table(files, clusters, cfg, sorted(listed, reverse=True)).set_index("sha256")
+    pd.testing.assert_frame_equal(again, table)  # a pure function of the listed set
+
+
+def test_a_listed_dropped_copy_keeps_its_whole_group_out_of_test():
+    shas = [_sha(i) for i in range(400)]
+    # pieces 2k and 2k+1 are near-copies (one cluster); the second is dropped
+    files, clusters = _tables(shas, [""] * 400, [i // 2 for i in range(400)],
+                              [i % 2 == 0 for i in range(400)])
+    plain = split_table(files, clusters, CFG)
+    dropped = [shas[2 * k + 1] for k in range(200)]
+    table = split_table(files, clusters, CFG, dropped)
+    assert (plain["split"] == "test").any() and not (table["split"] == "test").any()
+
+
+@pytest.mark.parametrize("lines, match", [
+    (["# spent", "", "A" * 64], r"line 3 is 'AAAA"),
+    (["a" * 63], "line 1"),
+    (["sha256:" + "a" * 64], "line 1"),
+])
+def test_a_bad_line_names_the_key_the_file_and_the_line(tmp_path, lines, match):
+    path = _write_list(tmp_path / "spent.txt", lines)
+    with pytest.raises(ValueError, match=r"split\.exclude_test = .*spent\.txt.*" + match) as err:
+        read_exclude_test(path)
+    assert "64 lowercase hex" in str(err.value)
+
+
+def test_a_missing_file_names_the_key_and_the_path(tmp_path):
+    with pytest.raises(ValueError, match=r"split\.exclude_test = .*nowhere\.txt.*not found"):
+        read_exclude_test(tmp_path / "nowhere.txt")
+    with pytest.raises(ParamsError, match="exclude_test needs train"):
+        parse_section("split", {"train": 0.0, "val": 0.0, "test": 1.0, "exclude_test": "x"},
+                      SplitConfig)
+
+
+def test_the_stage_draws_a_test_set_without_the_pieces_the_ledger_shows_scored(tmp_path):
+    from pipeline.report import ledger
+
+    pieces, _ = planted_corpus(seed=3, families=6, singles=60)
+    _, paths = _stage(tmp_path / "spent", pieces)
+    first = artifacts.read_parquet(paths["splits"])
+    report = artifacts.read_json(paths["report"])
+    assert {report[f"exclude_test_{k}"] for k in ("listed", "pieces", "groups", "moved")} == {None}
+    scored = sorted(first.loc[first["split"] == "test", "sha256"])
+    book, spent = tmp_path / "ledger.jsonl", tmp_path / "spent.txt"
+    book.write_text(ledger.line({"pieces": scored[1:]}) + ledger.line({"pieces": scored[:2]}))
+    assert cli_main(["ledger", "--ledger", str(book), "--splits", str(paths["splits"]),
+                     "--spent", str(spent)]) == 0
+    empty = _write_list(tmp_path / "empty.txt", ["# none"])
+    _, same = _stage(tmp_path / "empty", pieces,
+                     cfg=SplitConfig(exclude_test=str(empty)))  # an empty list: the same split
+    assert same["splits"].read_bytes() == paths["splits"].read_bytes()
+    # the same seed: the listed groups leave test, nothing comes in
+    _, old_seed = _stage(tmp_path / "same-seed", pieces,
+                         cfg=SplitConfig(min_groups=0, exclude_test=str(spent)))
+    assert not (artifacts.read_parquet(old_seed["splits"])["split"] == "test").any()
+    _, fresh = _stage(tmp_path / "fresh", pieces,
+                      cfg=SplitConfig(seed=7, exclude_test=str(spent)))
+    table = artifacts.read_parquet(fresh["splits"])
+    test = table.loc[table["split"] == "test"]
+    assert len(test) and not test["sha256"].isin(scored).any()
+    assert not test["group_id"].isin(first.loc[first["sha256"].isin(scored), "group_id"]).any()
+    report = artifacts.read_json(fresh["report"])
+    assert report["exclude_test_listed"] == report["exclude_test_pieces"] == len(scored)
+    assert report["exclude_test_groups"] == first.loc[first["split"] == "test",
+                                                      "group_id"].nunique()
+    plain = split_table_of(tmp_path / "fresh", SplitConfig(seed=7))
+    moved = plain[plain["sha256"].isin(scored) & (plain["split"] == "test")]
+    assert report["exclude_test_moved"] == moved["group_id"].nunique() > 0
+
+
+def split_table_of(root, cfg):
+    """The split of the corpus written under ``root``, without the listed set."""
+    man = artifacts.read_parquet(root / "manifest.parquet", columns=["sha256", "status", "group"])
+    files = man[man["status"].isin(["ok", "duplicate"])].fillna({"group": ""})
+    return split_table(files, artifacts.read_parquet(root / "dedupe" / "clusters.parquet"), cfg)

@@ -19,6 +19,14 @@ folds — but assigns folds by the same kind of hash instead of greedy size bala
 stable under additions. Test = ``test_fold``; val/train split the rest by ``val / (train + val)``.
 ``fold`` is -1 when folds are off.
 
+Excluded from test (``split.exclude_test``, a file of sha256s, one a line, ``#`` comments): a
+group holding a listed piece (kept or a dropped copy) never goes to test. Where the hash says test
+(with folds: the group is in the test fold, and keeps its fold number) it goes to train when
+``sha256(seed, "exclude_test", key) / 2**256 < train / (train + val)``, else to val, so the
+train:val ratio holds in expectation. Every other group is assigned exactly as without the file,
+and the split stays a pure function of (key, seed, the listed set). Drawing a fresh test set from
+the ledger: ``symkit ledger --spent data/spent_test.txt`` lists every piece ever scored as test.
+
 Minimum groups: a hash split of a few groups can leave val or test (the held-out fold, with folds)
 empty or nearly so, and every later stage would run for nothing. Unless ``split.min_groups`` is 0,
 the stage refuses, before writing anything, a split where val or test has fewer than
@@ -41,8 +49,10 @@ old.parquet && symkit split --previous old.parquet``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +65,7 @@ from scipy.sparse.csgraph import connected_components
 
 from pipeline.core import artifacts
 from pipeline.core.arrays import isin
-from pipeline.core.config import RuntimeConfig, StageConfig, load_section
+from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
 from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_hash
 from pipeline.music import fingerprints as fp
 from pipeline.music import leakage
@@ -76,6 +86,7 @@ class SplitConfig(StageConfig):
     test_fold: int = Field(0, ge=0)
     audit_max_test: int = Field(2000, ge=1)
     min_groups: int = Field(2, ge=0)
+    exclude_test: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SplitConfig:
@@ -89,7 +100,37 @@ class SplitConfig(StageConfig):
             raise ValueError(f"test_fold must be in 0..{self.folds - 1}, got {self.test_fold}")
         if self.folds >= 2 and self.train + self.val <= 0:
             raise ValueError("k-fold mode needs train + val > 0")
+        if self.exclude_test is not None and self.train + self.val <= 0:
+            raise ValueError("exclude_test needs train + val > 0 (excluded groups go there)")
         return self
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def read_exclude_test(path: str | Path | None) -> list[str]:
+    """The distinct sha256s listed in ``path`` (``split.exclude_test``), sorted; [] for None.
+
+    One sha256 (64 lowercase hex characters) a line; blank lines and lines starting with ``#``
+    are skipped. A missing file or any other line is a :class:`ParamsError` naming the key."""
+    if path is None:
+        return []
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"split.exclude_test = {str(path)!r}: file not found (a text file of "
+                          "piece sha256s, one a line; write one with `symkit ledger --spent "
+                          f"{path}`, or set split.exclude_test to null)")
+    listed = set()
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if not SHA256.fullmatch(text):
+            raise ParamsError(f"split.exclude_test = {str(path)!r}: line {i} is {text[:80]!r}; "
+                              "allowed: a sha256 (64 lowercase hex characters), a blank line "
+                              "or a line starting with '#'")
+        listed.add(text)
+    return sorted(listed)
 
 
 class SplitInvariantError(RuntimeError):
@@ -189,10 +230,14 @@ def group_keys(files: pd.DataFrame, clusters: pd.DataFrame) -> pd.Series:
     return pd.Series([key_of_comp[c] for c in comp[:n_s]], index=shas, name="group_id")
 
 
-def assign(group_ids: np.ndarray, cfg: SplitConfig) -> tuple[np.ndarray, np.ndarray]:
-    """``(split, fold)`` of each group key; a pure function of the key and the config."""
+def assign(group_ids: np.ndarray, cfg: SplitConfig,
+           held: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(split, fold)`` of each group key; a pure function of the key, the config and ``held``
+    (one bool per key: the group holds a piece of ``split.exclude_test``; such a group never
+    goes to test, see the module docstring)."""
     splits = np.empty(group_ids.size, dtype=object)
     folds = np.full(group_ids.size, -1, dtype=np.int16)
+    held = np.zeros(group_ids.size, dtype=bool) if held is None else held
     for n, key in enumerate(group_ids.tolist()):
         u = unit_hash(cfg.seed, key)
         if cfg.folds >= 2:
@@ -204,18 +249,46 @@ def assign(group_ids: np.ndarray, cfg: SplitConfig) -> tuple[np.ndarray, np.ndar
         else:
             splits[n] = ("train" if u < cfg.train else
                          "val" if u < cfg.train + cfg.val else "test")
+        if held[n] and splits[n] == "test":
+            w = unit_hash(cfg.seed, key, "exclude_test")
+            splits[n] = "train" if w < cfg.train / (cfg.train + cfg.val) else "val"
     return splits, folds
 
 
-def split_table(files: pd.DataFrame, clusters: pd.DataFrame, cfg: SplitConfig) -> pd.DataFrame:
-    """The split of every kept piece, sorted by sha256."""
+def held_groups(keys: pd.Series, exclude: Collection[str]) -> np.ndarray:
+    """Sorted keys of the groups holding a piece in ``exclude`` (``keys``: from
+    :func:`group_keys`, so dropped copies count)."""
+    return np.unique(keys[isin(keys.index.to_numpy().astype(str), exclude)].to_numpy()
+                     .astype(str))
+
+
+def split_table(files: pd.DataFrame, clusters: pd.DataFrame, cfg: SplitConfig,
+                exclude: Collection[str] = ()) -> pd.DataFrame:
+    """The split of every kept piece, sorted by sha256. ``exclude``: sha256s whose groups never
+    go to test (:func:`read_exclude_test`)."""
     keys = group_keys(files, clusters)
     kept = np.sort(clusters.loc[clusters["keep"], "sha256"].to_numpy().astype(str))
     group_id = keys[kept].to_numpy()
     uniq, inverse = np.unique(group_id.astype(str), return_inverse=True)
-    splits, folds = assign(uniq.astype(object), cfg)
+    held = isin(uniq, held_groups(keys, exclude)) if len(exclude) else None
+    splits, folds = assign(uniq.astype(object), cfg, held)
     return pd.DataFrame({"sha256": kept, "group_id": group_id, "split": splits[inverse],
                          "fold": folds[inverse]})
+
+
+def exclusion_counts(files: pd.DataFrame, clusters: pd.DataFrame, table: pd.DataFrame,
+                     exclude: Collection[str], cfg: SplitConfig) -> dict[str, int | None]:
+    """``reports/split.json``'s ``exclude_test_*`` keys: sha256s listed, kept pieces listed,
+    groups holding a listed piece, and those of them the hash alone would put in test (all None
+    when ``split.exclude_test`` is null)."""
+    names = ("listed", "pieces", "groups", "moved")
+    if cfg.exclude_test is None:
+        return {f"exclude_test_{k}": None for k in names}
+    held = held_groups(group_keys(files, clusters), exclude) if len(exclude) else np.array([])
+    plain, _ = assign(held.astype(object), cfg)
+    counts = (len(exclude), int(isin(table["sha256"], exclude).sum()), held.size,
+              int((plain == "test").sum()))
+    return {f"exclude_test_{k}": v for k, v in zip(names, counts, strict=True)}
 
 
 def moved_pieces(previous: pd.DataFrame | None, table: pd.DataFrame) -> list[str]:
@@ -246,9 +319,10 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     pairs = artifacts.read_parquet(dedupe_dir / "pairs.parquet")
     settings = artifacts.read_json(dedupe_dir / "fingerprint.json")
 
+    exclude = read_exclude_test(cfg.exclude_test)
     prev_path = previous if previous is not None else (splits if splits.exists() else None)
     prev = artifacts.read_parquet(prev_path) if prev_path is not None else None
-    table = split_table(files, clusters, cfg)
+    table = split_table(files, clusters, cfg, exclude)
     labels = files.drop_duplicates("sha256").set_index("sha256")["group"]
     pieces = table.assign(group=labels.reindex(table["sha256"]).fillna("").to_numpy(),
                           cluster_id=clusters.set_index("sha256")["cluster_id"]
@@ -268,7 +342,8 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
                  "moved": moved[:MAX_MOVED_LISTED], "compared_with_previous": prev is not None,
                  # ok pieces dedupe did not see (a stale data/dedupe): reported, never split
                  "ok_missing_from_dedupe": int((~isin(man.loc[man["status"] == "ok", "sha256"],
-                                                      clusters["sha256"])).sum())}
+                                                      clusters["sha256"])).sum()),
+                 **exclusion_counts(files, clusters, table, exclude, cfg)}
     if prev is not None:  # pieces that entered or left (e.g. a new, fuller copy was kept instead)
         out["pieces_added"] = int((~isin(table["sha256"], prev["sha256"])).sum())
         out["pieces_removed"] = int((~isin(prev["sha256"], table["sha256"])).sum())
@@ -292,6 +367,8 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
         sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, digests, cache_dir, inputs)
         context = cfg.model_dump(include={"seed", "train", "val", "test", "folds", "test_fold",
                                           "audit_max_test"})
+        if exclude:  # the listed set moves groups out of test: keep its state apart
+            context["exclude_test"] = artifacts.sha256_bytes("\n".join(exclude).encode())
         cache = AuditCache(cache_dir, cache_key(rule, ioi, context), digests)
     else:
         sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, [], None, inputs)

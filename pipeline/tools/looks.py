@@ -5,6 +5,9 @@ split's test pieces (``data/splits.parquet``; the per-piece table's when there i
 user can tell, before registering, whether a test set is fresh. ``--rebuild`` first appends the
 looks that git history (every ref, DVC experiments included), the DVC cache and the workspace's
 per-piece table hold and the ledger lacks; it never changes or removes a line.
+``--spent FILE`` (after ``--rebuild``, when both are given) writes every piece any look scored,
+sorted, one sha256 a line under a ``#`` header: the file ``split.exclude_test`` reads to draw a
+test set no look has seen. The same ledger gives the same bytes.
 (:mod:`pipeline.report.ledger` holds the format and the scans.)
 """
 
@@ -33,6 +36,22 @@ def rebuild(path: Path, per_piece: Path) -> list[dict]:
     return ledger.append(found + ([here] if here is not None else []), path)
 
 
+def spent_pieces(records: list[dict]) -> list[str]:
+    """The sorted, distinct sha256s of every look's ``pieces``."""
+    return sorted({str(p) for r in records for p in r.get("pieces") or []})
+
+
+def spent_text(records: list[dict]) -> str:
+    """``--spent``'s file: a header, then :func:`spent_pieces`, one a line."""
+    pieces = spent_pieces(records)
+    header = (f"# Test pieces scored at least once: the union of the pieces of the {len(records)} "
+              f"look{'s' * (len(records) != 1)}\n"
+              "# in the test-access ledger, one sha256 a line, for split.exclude_test.\n"
+              "# Written by `symkit ledger --spent FILE`. Written again after the next look,\n"
+              "# it lists that test set too, and a split reading it draws yet another one.\n")
+    return header + "".join(f"{p}\n" for p in pieces)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", type=Path, default=ledger.LEDGER)
     parser.add_argument("--splits", type=Path, default=Path("data/splits.parquet"))
@@ -40,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rebuild", action="store_true",
                         help="append the looks that git history, the DVC cache and the "
                              "workspace hold and the ledger lacks")
+    parser.add_argument("--spent", type=Path, default=None, metavar="FILE",
+                        help="write every piece any look scored to FILE, one sha256 a line, "
+                             "for split.exclude_test (after --rebuild)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -47,6 +69,12 @@ def main(args: argparse.Namespace) -> int:
         added = rebuild(args.ledger, args.per_piece)
         print(f"ledger: {len(added)} look{'s' * (len(added) != 1)} added to {args.ledger}"
               + (" (commit it: the ledger lives in git)" if added else ""))
+    if args.spent is not None:
+        records = ledger.read(args.ledger)
+        artifacts.write_text(args.spent, spent_text(records))
+        n = len(spent_pieces(records))
+        print(f"ledger: {n} piece{'s' * (n != 1)} scored in {len(records)} "
+              f"look{'s' * (len(records) != 1)} written to {args.spent}")
     pieces, source = current_test_pieces(args.splits, args.per_piece)
     looks = ledger.looks_at(ledger.read(args.ledger), pieces)
     print(f"ledger: {len(looks)} look{'s' * (len(looks) != 1)} at the {len(pieces)} test pieces "
@@ -58,5 +86,7 @@ def main(args: argparse.Namespace) -> int:
     if looks:
         print("ledger: these test pieces have been scored; a registration made now reads "
               "FOLLOWED AFTER n LOOKS at best. For a confirmatory test, register a split whose "
-              "test pieces show no look.")
+              "test pieces show no look: `symkit ledger --spent data/spent_test.txt`, set "
+              "split.exclude_test to data/spent_test.txt and a new split.seed, run `dvc repro "
+              "split`, then `symkit preregister` before evaluate runs.")
     return 0

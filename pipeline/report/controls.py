@@ -57,6 +57,7 @@ from pipeline.scoring.memorisation import (
     judge_flag_rate,
     judge_membership,
 )
+from pipeline.scoring.power import seed_t_half_width
 
 GOOD_AT_LEAST = 0.80
 BAD_AT_MOST = 0.05
@@ -106,15 +107,9 @@ class Sizes:
 
     @property
     def gain_half_width(self) -> float:
-        """The expected half-width of the gain's interval: ``z · se_groups`` and ``t_{S-1}``
-        times the seed term at its expected estimate, in quadrature."""
-        s = self.seeds
-        if s < 2:
-            return NormalDist().inv_cdf(0.5 + self.level / 2) * self.gain_se_groups
-        c4 = math.sqrt(2 / (s - 1)) * math.exp(math.lgamma(s / 2) - math.lgamma((s - 1) / 2))
-        t = float(stats.t.ppf(0.5 + self.level / 2, s - 1))
-        return math.hypot(NormalDist().inv_cdf(0.5 + self.level / 2) * self.gain_se_groups,
-                          t * c4 * self.gain_seed_sd / math.sqrt(s))
+        """The expected half-width of the gain's interval
+        (:func:`pipeline.scoring.power.seed_t_half_width`)."""
+        return seed_t_half_width(self.gain_se_groups, self.gain_seed_sd, self.seeds, self.level)
 
 
 @dataclass(frozen=True)

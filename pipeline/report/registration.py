@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any
 
 from pipeline.core import artifacts
@@ -36,7 +37,7 @@ from pipeline.core.artifacts import RESULT_PACKAGES
 from pipeline.core.config import ParamsError, parse_section
 from pipeline.report import ledger
 from pipeline.report.criteria import CriteriaConfig, flatten
-from pipeline.scoring.power import pass_probability, power_summary
+from pipeline.scoring.power import pass_probability, power_summary, seed_t_half_width
 from pipeline.training.config import LATER_KEYS
 
 # Params keys added after registrations existed, with the value that keeps the earlier behaviour:
@@ -280,13 +281,21 @@ def power_note(criteria: CriteriaConfig, eval_report: Any, level: float) -> str 
     warn = ""
     block = (eval_report.get("power") or {}).get(COMPARISON_PAIR) or {}
     seeds = int(block.get("n_seeds") or 1)
+    effect, mde = s.effect_for_power, s.mde
+    if seeds > 1:  # judged with the seeds as a t term: the expected half-width, not z · se
+        half = seed_t_half_width(float(block.get("se_groups") or s.se),
+                                 float(block.get("seed_sd") or 0.0), seeds, level)
+        effect = rule.threshold + half + NormalDist().inv_cdf(s.power) * s.se
+        mde = effect - rule.threshold
     source = (f"from val's per-group spread scaled to {s.n_groups} test groups"
               + (f" and the spread of the gain over {seeds} training seeds on val (sd "
                  f"{float(block.get('seed_sd') or 0.0):.2%})" if seeds > 1 else ""))
     return (f"{warn}Power of {rule.name}: {source}, the relative improvement has a standard "
             f"error of about {s.se:.2g}. For "
             f"its {level:.0%} interval's lower bound to clear {rule.threshold:.2%} with "
-            f"{s.power:.0%} probability, the true gain must be about {s.effect_for_power:.2%} "
-            f"(the minimum detectable effect, {s.mde:.2%}, above the threshold); "
+            f"{s.power:.0%} probability, the true gain must be about {effect:.2%} "
+            f"(the minimum detectable effect, {mde:.2%}, above the threshold"
+            + (f"; the seeds enter as a Student-t term at {seeds - 1} degrees of freedom"
+               if seeds > 1 else "") + "); "
             f"a true gain of exactly {rule.threshold:.2%} passes with probability "
             f"{at_threshold:.1%}. This assumes test groups vary like val's.")

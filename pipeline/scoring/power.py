@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy import stats
 from scipy.stats import norm
 
 
@@ -165,3 +166,17 @@ def power_summary(eval_json: Mapping[str, Any], pair: str, threshold: float,
                    f"{threshold + mde:.3g}")
     return PowerSummary(pair, float(threshold), float(level), power, float(se), mde, groups,
                         p_zero, float(threshold + mde), warning)
+
+
+def seed_t_half_width(se_groups: float, seed_sd: float, seeds: int, level: float) -> float:
+    """The expected half-width of an interval judged as ``symkit evaluate`` judges a replicated
+    model (:func:`pipeline.scoring.bootstrap.with_seed_term`): ``z · se_groups`` and
+    ``t_{S−1}`` times the seed term at its expected estimate (``c4 · seed_sd / sqrt(S)``, with
+    ``c4`` the bias of a standard deviation from ``S`` draws), in quadrature."""
+    z = float(norm.ppf(0.5 + level / 2))
+    if seeds < 2:
+        return z * se_groups
+    c4 = math.sqrt(2 / (seeds - 1)) * math.exp(math.lgamma(seeds / 2)
+                                               - math.lgamma((seeds - 1) / 2))
+    t = float(stats.t.ppf(0.5 + level / 2, seeds - 1))
+    return math.hypot(z * se_groups, t * c4 * seed_sd / math.sqrt(seeds))

@@ -36,6 +36,9 @@ from tests.test_dedupe import base_piece, planted_corpus, variant, write_corpus
 
 RULE = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4)
 
+PLAIN = SplitConfig(exclude_test=None)  # nothing excluded from test
+PLAIN_NO_MINIMUM = SplitConfig(exclude_test=None, min_groups=0)
+
 
 def _matrix(pieces: dict) -> ShingleMatrix:
     table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **v} for k, v in pieces.items()]),
@@ -88,7 +91,7 @@ def test_audit_contrasts_grouped_and_random_split(tmp_path):
                out_dir=tmp_path / "dedupe", report=tmp_path / "dedupe.json")
     paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
                  leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
-    run_split(SplitConfig(), runtime, manifest=manifest, notes=notes,
+    run_split(PLAIN, runtime, manifest=manifest, notes=notes,
               dedupe_dir=tmp_path / "dedupe", **paths)
     leak = artifacts.read_json(paths["leakage_report"])
     assert leak["grouped_test_audited"] > 0 and leak["random_test_audited"] > 0
@@ -173,7 +176,7 @@ def edited(rng: np.random.Generator, notes: dict, k: int) -> dict:
 def _labels_in(split: str, n: int, prefix: str) -> list[str]:
     """``n`` metadata labels whose (single-label) group the default split puts in ``split``."""
     labels = np.array([f"{prefix}{i}" for i in range(400)], dtype=object)
-    splits, _ = assign(np.char.add("group:", labels.astype(str)).astype(object), SplitConfig())
+    splits, _ = assign(np.char.add("group:", labels.astype(str)).astype(object), PLAIN)
     return list(labels[splits == split][:n])
 
 
@@ -194,7 +197,7 @@ def test_edited_copy_that_dedupe_does_not_link_is_found(tmp_path):
                report=tmp_path / "dedupe.json")
     paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
                  leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
-    run_split(SplitConfig(), runtime, manifest=manifest, notes=notes,
+    run_split(PLAIN, runtime, manifest=manifest, notes=notes,
               dedupe_dir=tmp_path / "dedupe", **paths)
     split_of = artifacts.read_parquet(paths["splits"]).set_index("sha256")["split"]
     assert split_of[shas["original"]] == "train" and split_of[shas["copy"]] == "test"
@@ -330,7 +333,7 @@ def test_dedupes_near_alignment_is_the_audits_threshold(tmp_path):
                    report=tmp_path / "dedupe.json")
         paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
                      leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
-        run_split(SplitConfig(min_groups=0), runtime, manifest=manifest, notes=notes,
+        run_split(PLAIN_NO_MINIMUM, runtime, manifest=manifest, notes=notes,
                   dedupe_dir=tmp_path / "dedupe", **paths)
         split_of = artifacts.read_parquet(paths["splits"]).set_index("sha256")["split"]
         assert split_of[shas["original"]] == "train" and split_of[shas["copy"]] == "test"
@@ -487,7 +490,7 @@ def test_bach_same_soprano_same_split_whatever_the_title(bach_tables):
     paths = dict(splits=root / "splits.parquet", report=root / "split.json",
                  leakage_report=root / "leakage.json", figure=root / "leakage.png")
     # five groups leave val empty: this test checks grouping only, so the minimum is off
-    run_split(SplitConfig(min_groups=0), runtime, manifest=manifest, notes=notes,
+    run_split(PLAIN_NO_MINIMUM, runtime, manifest=manifest, notes=notes,
               dedupe_dir=root / "dedupe", **paths)
     table = artifacts.read_parquet(paths["splits"]).set_index("sha256")
     by_tune: dict[tuple, list[str]] = {}

@@ -31,8 +31,10 @@ from pipeline.stages.split import (
 from pipeline.stages.split import run as run_split
 from tests.test_dedupe import planted_corpus, write_corpus
 
-CFG = SplitConfig()
-NO_MINIMUM = SplitConfig(min_groups=0)
+# the hash split as pinned below (seed 1234, nothing excluded); params.yaml's experiment has moved
+# on to a fresh test set (seed 1235, data/spent_test.txt)
+CFG = SplitConfig(seed=1234, exclude_test=None)
+NO_MINIMUM = SplitConfig(seed=1234, exclude_test=None, min_groups=0)
 
 
 def _sha(i: int, salt: str = "") -> str:
@@ -270,12 +272,12 @@ def test_the_hash_assignment_is_unchanged():
     expected = {"{}": "8e42b0dde1173d9235cf9abaf55145716a11eb807d130d8ae5b66558ebbd4162",
                 "folds": "16ffd4fdcdb467efe56f47ab2b72470df910ecd282b2cd5f33414bcbfb4628a7"}
     for name, raw in (("{}", {}), ("folds", {"folds": 5, "test_fold": 2})):
-        cfg = parse_section("split", raw, SplitConfig)
+        cfg = parse_section("split", {"seed": 1234, **raw}, SplitConfig)
         table = split_table(files, clusters, cfg)
         assert split_hash(table["sha256"], table["split"]) == expected[name], name
         check_min_groups(_groups_per_split(table), cfg)  # plenty of groups: it passes
-    folded = split_table(files, clusters, parse_section("split", {"folds": 5, "test_fold": 2},
-                                                        SplitConfig))
+    folded = split_table(files, clusters, parse_section(
+        "split", {"seed": 1234, "folds": 5, "test_fold": 2}, SplitConfig))
     first = folded.drop_duplicates("group_id").set_index("group_id")
     assert first.loc[[f"group:g{i}" for i in range(4)], "split"].tolist() == [
         "val", "train", "test", "train"]
@@ -428,12 +430,14 @@ def test_the_stage_draws_a_test_set_without_the_pieces_the_ledger_shows_scored(t
     assert cli_main(["ledger", "--ledger", str(book), "--splits", str(paths["splits"]),
                      "--spent", str(spent)]) == 0
     empty = _write_list(tmp_path / "empty.txt", ["# none"])
+    # an empty list: the same split
     _, same = _stage(tmp_path / "empty", pieces,
-                     cfg=SplitConfig(exclude_test=str(empty)))  # an empty list: the same split
+                     cfg=SplitConfig(seed=1234, exclude_test=str(empty)))
     assert same["splits"].read_bytes() == paths["splits"].read_bytes()
     # the same seed: the listed groups leave test, nothing comes in
     _, old_seed = _stage(tmp_path / "same-seed", pieces,
-                         cfg=SplitConfig(min_groups=0, exclude_test=str(spent)))
+                         cfg=SplitConfig(seed=1234, min_groups=0,
+                                            exclude_test=str(spent)))
     assert not (artifacts.read_parquet(old_seed["splits"])["split"] == "test").any()
     _, fresh = _stage(tmp_path / "fresh", pieces,
                       cfg=SplitConfig(seed=7, exclude_test=str(spent)))
@@ -445,7 +449,7 @@ def test_the_stage_draws_a_test_set_without_the_pieces_the_ledger_shows_scored(t
     assert report["exclude_test_listed"] == report["exclude_test_pieces"] == len(scored)
     assert report["exclude_test_groups"] == first.loc[first["split"] == "test",
                                                       "group_id"].nunique()
-    plain = split_table_of(tmp_path / "fresh", SplitConfig(seed=7))
+    plain = split_table_of(tmp_path / "fresh", SplitConfig(seed=7, exclude_test=None))
     moved = plain[plain["sha256"].isin(scored) & (plain["split"] == "test")]
     assert report["exclude_test_moved"] == moved["group_id"].nunique() > 0
 

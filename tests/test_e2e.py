@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {
     "runtime": {"workers": 2, "progress": False},
     "corpus": {"source": "corpus/midi", "metadata": "corpus/metadata.csv"},
+    # the hash split this small corpus was pinned with (params.yaml's seed 1235 leaves its val
+    # empty); the spent list names Bach pieces, so it moves nothing here
+    "split": {"seed": 1234},
     "tokenize": {"vocab_size": 560},
     "ngram": {"orders": [1, 2, 3]},
     "evaluate": {"n_boot": 200},

@@ -166,7 +166,7 @@ def split_metrics(sc: _Scores, weights: np.ndarray, codes: np.ndarray, n_groups:
 
 def paired_metrics(a: _Scores, b: _Scores, weights: np.ndarray, codes: np.ndarray,
                    group_names: np.ndarray, level: float) -> dict[str, Any]:
-    """A − B on the same pieces and the same bootstrap replicates (seeds resampled too), and B's
+    """A − B on the same pieces and the same bootstrap replicates (the seeds as a t term), and B's
     relative improvement over A, ``(A − B) / A``, formed inside each replicate."""
     n_groups = len(group_names)
     out: dict[str, Any] = {"n_pieces": len(a.units)}

@@ -8,8 +8,10 @@ We resample whole groups with replacement: replicate ``b`` draws ``G`` groups, i
 Paired differences between two models reuse the same ``W`` for both, which is what makes them
 paired. Intervals are percentile intervals. A relative improvement ``(A − B) / A`` is formed
 inside each replicate (:func:`paired_rel_ci`), never as the difference's interval over a point
-value. :func:`hierarchical_paired_ci` also resamples training seeds, so its interval includes
-training variance. Two robustness summaries of a paired effect need no resampling:
+value. Training seeds enter the intervals ``symkit evaluate`` judges as a Student-t term over
+the per-seed statistics (:func:`seed_t_paired_ci`, :func:`seed_half_width`,
+:func:`with_seed_term`); :func:`hierarchical_paired_ci` resamples them instead (the computation ``symkit
+compare`` uses). Two robustness summaries of a paired effect need no resampling:
 :func:`median_piece_effect` and :func:`effect_without_top_groups`.
 
 Two different sets of groups (val against a train subset, for the generalisation gap) share no

@@ -10,9 +10,9 @@ paired. Intervals are percentile intervals. A relative improvement ``(A − B) /
 inside each replicate (:func:`paired_rel_ci`), never as the difference's interval over a point
 value. Training seeds enter the intervals ``symkit evaluate`` judges as a Student-t term over
 the per-seed statistics (:func:`seed_t_paired_ci`, :func:`seed_half_width`,
-:func:`with_seed_term`); :func:`hierarchical_paired_ci` resamples them instead (the computation ``symkit
-compare`` uses). Two robustness summaries of a paired effect need no resampling:
-:func:`median_piece_effect` and :func:`effect_without_top_groups`.
+:func:`with_seed_term`); :func:`hierarchical_paired_ci` resamples them instead (the
+computation ``symkit compare`` uses). Two robustness summaries of a paired effect need no
+resampling: :func:`median_piece_effect` and :func:`effect_without_top_groups`.
 
 Two different sets of groups (val against a train subset, for the generalisation gap) share no
 pieces and are resampled independently, each with its own replicates

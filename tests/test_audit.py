@@ -230,26 +230,70 @@ def test_planted_outcomes_hold_for_other_worlds_and_seeds(tmp_path, seed):
     check_planted(planted_audit(tmp_path, seed=seed, n_samples=32)["judged"])
 
 
-def test_every_training_seed_gets_membership_and_extraction_on_the_same_pieces(audit_dir):
-    """A model trained over several seeds: each seed's membership and extraction, on the pieces
-    the judged model was measured on. Planted: seed 1 is the copier itself (the same values as
-    the judged block), seed 2 a model that never saw training (at chance)."""
+def test_a_model_with_seeds_is_judged_over_every_seed_on_the_same_pieces(audit_dir):
+    """A model trained over several seeds: membership is the seeds' mean AUC with their t term,
+    extraction counts a piece any seed reproduces, and each seed keeps its own blocks on the
+    same pieces. Planted: seed 1 is the copier itself (its blocks equal the copier's judgement
+    alone), seed 2 a model that never saw training (at chance)."""
     root = audit_dir / "seeds"
     root.mkdir()
     shutil.copy(audit_dir / "samples.parquet", root / "samples.parquet")
     w = make_world(audit_dir / "seeds_world", seed=0)
     models = planted_models(w, 0)
+    alone = artifacts.read_json(audit_dir / "audit.json")["judged"]["copier"]
     audit(root, w, models, 0, seeds={"copier": {1: models["copier"], 2: models["fresh"]},
                                      "silent": {1: models["silent"], 2: models["silent"]}})
     judged = artifacts.read_json(root / "audit.json")["judged"]
-    per_seed = judged["copier"]["per_seed"]
-    assert sorted(per_seed) == ["1", "2"]
-    one, two = per_seed["1"], per_seed["2"]
-    assert one["membership_auc"]["value"] == judged["copier"]["membership_auc"]["value"]
-    assert one["extraction_rate"] == judged["copier"]["extraction_rate"]
+    copier = judged["copier"]
+    assert copier["seeds"] == [1, 2]
+    one, two = copier["per_seed"]["1"], copier["per_seed"]["2"]
+    assert one["membership_auc"]["value"] == alone["membership_auc"]["value"]
+    assert one["extraction_rate"] == alone["extraction_rate"]
     assert one["membership_auc"]["ci_low"] > 0.5  # the copier is caught on its seed ...
     auc = two["membership_auc"]
     assert auc["ci_low"] <= 0.5 <= auc["ci_high"]  # ... and the other seed is at chance
     assert auc["n_train"] == one["membership_auc"]["n_train"]
-    assert "per_seed" not in judged["fresh"]
+    pooled = copier["membership_auc"]
+    assert pooled["value"] == pytest.approx((one["membership_auc"]["value"] + auc["value"]) / 2)
+    assert pooled["per_seed"]["2"]["value"] == auc["value"]
+    assert pooled["seed_half_width"] > 0  # the seeds disagree, so the interval says so ...
+    assert pooled["ci_high"] - pooled["ci_low"] > \
+        pooled["groups_ci_high"] - pooled["groups_ci_low"]
+    assert pooled["ci_high"] - pooled["ci_low"] > \
+        one["membership_auc"]["ci_high"] - one["membership_auc"]["ci_low"]  # ... wider
+    ext, ext_one = copier["extraction_rate"], one["extraction_rate"]
+    assert ext["over_seeds"] == "any"
+    assert ext["train"]["value"] >= max(ext_one["train"]["value"],
+                                        two["extraction_rate"]["train"]["value"])
+    assert ext["train"]["n"] == ext_one["train"]["n"]
+    assert "per_seed" not in judged["fresh"] and "seeds" not in judged["fresh"]
     assert "per_seed" not in judged["silent"]  # sampled, but not among the measured models
+
+
+def test_samples_drawn_by_several_seeds_widen_the_flag_rate(audit_dir):
+    """Samples labelled with the seeds that drew them (as generate writes them): the flag rate
+    pools them, lists each seed's rate, and widens its intervals by the seeds' term."""
+    root = audit_dir / "flag_seeds"
+    root.mkdir()
+    table = artifacts.read_parquet(audit_dir / "samples.parquet")
+    table = table[table["model"] == "copier"].copy()
+    fresh = artifacts.read_parquet(audit_dir / "samples.parquet")
+    fresh = fresh[fresh["model"] == "fresh"]
+    odd = table["index"].to_numpy() % 2 == 1  # the copier's odd samples replaced by fresh ones
+    table.loc[odd, "ids"] = fresh["ids"].to_numpy()[odd]
+    table["seed"] = np.where(odd, 2, 1)
+    artifacts.write_parquet(root / "samples.parquet",
+                            pa.Table.from_pandas(table, schema=SAMPLES_SCHEMA,
+                                                 preserve_index=False))
+    w = make_world(audit_dir / "flag_world", seed=0)
+    audit(root, w, planted_models(w, 0), 0)
+    flag_rate = artifacts.read_json(root / "audit.json")["judged"]["copier"]["flag_rate"]
+    per = flag_rate["per_seed"]
+    assert sorted(per) == ["1", "2"] and per["1"]["n"] + per["2"]["n"] == flag_rate["n"]
+    assert per["1"]["value"] > per["2"]["value"]  # the copier's seed is flagged more
+    assert flag_rate["seed_half_width"] > 0
+    ex = flag_rate["excess"]
+    assert ex["ci_high"] - ex["ci_low"] > ex["groups_ci_high"] - ex["groups_ci_low"]
+    rows = artifacts.read_parquet(root / "audit" / "per_sample.parquet")
+    assert sorted(rows[rows["source"] == "sample"]["seed"].unique().tolist()) == [1, 2]
+    assert rows[rows["source"] == "human"]["seed"].isna().all()

@@ -24,8 +24,20 @@ def shipped() -> dict[tuple[str, str, str], float]:
     return {(r.rule, r.case, r.truth): r.pass_rate for r in rates(cfg, draws=DRAWS, seed=1)}
 
 
+MISSES = [
+    # about 7%: seven statistics cannot tell 50% outside from the calibrated 5% more sharply
+    ("transformer_samples_human_like", "each statistic outside its band with 50%"),
+    # about 71%: a piece counts when any of 3 seeds reproduces it, so seeds that each reproduce
+    # other pieces look like a 3% extractor on 51 test pieces; real seeds reproduce the same
+    # pieces (that control passes 99%)
+    ("transformer_extraction_at_chance",
+     "each seed reproduces its own 1% of continuations, train and test alike"),
+]
+
+
 def _rates(shipped, rule: str, case: str) -> list[float]:
-    return [v for (r, c, _), v in shipped.items() if r == rule and c == case]
+    return [v for (r, c, t), v in shipped.items() if r == rule and c == case
+            and (r, t) not in MISSES]
 
 
 @pytest.mark.parametrize("rule", ["transformer_beats_ngram", "no_test_near_copies",
@@ -68,10 +80,7 @@ def test_the_harness_fails_the_old_gap_rule_a_model_at_zero_gap_could_not_pass()
     assert pass_rate(new, at_zero, DRAWS, seed=1) > 0.9
 
 
-@pytest.mark.parametrize(("rule", "truth"), [
-    # about 7%: seven statistics cannot tell 50% outside from the calibrated 5% more sharply
-    ("transformer_samples_human_like", "each statistic outside its band with 50%"),
-])
+@pytest.mark.parametrize(("rule", "truth"), MISSES)
 def test_the_documented_misses_still_miss(shipped, rule, truth):
     """docs/evaluation.md names these controls as missing the standard at the default sizes;
     when a redesign meets it, this test fails so the docs are updated with it."""

@@ -117,10 +117,10 @@ def world(tmp_path_factory) -> dict[str, Path]:
     return make_world(tmp_path_factory.mktemp("world"))
 
 
-def _run(world, out: Path, cfg: GenerateConfig, models) -> tuple:
+def _run(world, out: Path, cfg: GenerateConfig, models, seeds=None) -> tuple:
     summary = run(cfg, models, tokens=world["tokens"], info=world["info"],
                   tokenizer=world["tokenizer"], samples_out=out / "samples.parquet",
-                  samples_dir=out / "samples")
+                  samples_dir=out / "samples", seeds=seeds)
     return summary, artifacts.read_parquet(out / "samples.parquet")
 
 
@@ -130,8 +130,9 @@ def test_generate_writes_contract_and_is_deterministic(world, tmp_path):
     cfg = GenerateConfig(models=["ngram"], n_samples=3, n_continuations=3, max_new_tokens=40,
                          prompt_tokens=16, top_p=0.9)
     s1, df = _run(world, tmp_path / "a", cfg, models)
-    assert list(df.columns) == ["model", "kind", "index", "prompt_sha256", "prompt_len", "ids",
-                                "n_tokens", "decode_ok", "decode_error"]
+    assert list(df.columns) == ["model", "kind", "index", "seed", "prompt_sha256", "prompt_len",
+                                "ids", "n_tokens", "decode_ok", "decode_error"]
+    assert df["seed"].isna().all()  # a model trained once names no seed
     assert s1.n_samples == len(df) == 6 and s1.n_prompts == 3
     cont = df[df["kind"] == "continuation"]
     tokens = artifacts.read_parquet(world["tokens"]).set_index("sha256")
@@ -185,6 +186,33 @@ def test_unconditional_and_continuation_counts_are_separate(world, tmp_path, mon
         s, df = _run(world, tmp_path / str(n_cont), cfg, models)
         assert (df["kind"] == "unconditional").sum() == 5
         assert (df["kind"] == "continuation").sum() == s.n_prompts == expected
+
+
+def test_a_model_with_seeds_shares_its_samples_out_among_them(world, tmp_path, monkeypatch):
+    """Sample i of each kind comes from seed i mod S (ascending), with the generator it would
+    have had anyway: every seed's samples are those a lone run of that seed draws at the same
+    indices, and the model's sample counts do not grow with the seeds."""
+    import pipeline.report.figures as figures
+
+    monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="", prompt=None: b"png")
+    vocab = artifacts.read_json(world["info"])["vocab_size"]
+    seqs = train_seqs(world)
+    a, b = CountLM(3, vocab).fit(seqs[:12]), CountLM(1, vocab).fit(seqs[12:])
+    cfg = GenerateConfig(models=["ngram"], n_samples=5, n_continuations=3, max_new_tokens=24,
+                         prompt_tokens=8)
+    _, both = _run(world, tmp_path / "both", cfg, {"ngram": a}, seeds={"ngram": {8: b, 7: a}})
+    assert len(both) == 8 and both["seed"].notna().all()
+    for kind, n in (("unconditional", 5), ("continuation", 3)):
+        part = both[both["kind"] == kind]
+        assert part["seed"].tolist() == [7 if i % 2 == 0 else 8 for i in range(n)]
+    for seed, model in ((7, a), (8, b)):
+        _, alone = _run(world, tmp_path / str(seed), cfg, {"ngram": model})
+        mine = both[both["seed"] == seed]
+        ref = alone.set_index(["kind", "index"]).loc[list(zip(mine["kind"], mine["index"],
+                                                              strict=True))]
+        assert [list(x) for x in mine["ids"]] == [list(x) for x in ref["ids"]]
+    _, one = _run(world, tmp_path / "one", cfg, {"ngram": a}, seeds={"ngram": {7: a}})
+    assert one["seed"].isna().all()  # a single seed is a model trained once
 
 
 def test_default_draws_enough_samples_for_an_interval():

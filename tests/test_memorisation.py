@@ -25,6 +25,7 @@ from pipeline.scoring.memorisation import (
     resampled_rate,
     suffix_array,
     tpr_at_fpr,
+    union_extraction,
     wilson_interval,
     window_offsets,
 )
@@ -316,3 +317,58 @@ def test_membership_scores_per_note_so_dense_tokenising_is_not_a_signal():
     rows = pd.DataFrame({"ids": [[1] * 9, [1] * 19, [1] * 5], "n_notes": [5, 10, 0]})
     got = per_note_nll(PerId(), rows)
     assert got[0] == got[1] == 1.0 and np.isnan(got[2])
+
+
+def test_membership_over_seeds_is_their_mean_with_a_t_term():
+    """2-d losses (seeds, pieces): one row is exactly the 1-d judgement; identical seeds add
+    nothing; seeds that disagree give their mean AUC with a wider interval than the groups'."""
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(-0.5, 1, 60), rng.normal(0, 1, 40)
+    groups = (np.arange(60) % 20, np.arange(40) % 15)
+
+    def judged(x, y, **kw):
+        return judge_membership(x, y, n_boot=400, level=0.95, rng=np.random.default_rng(1),
+                                train_groups=groups[0], heldout_groups=groups[1], **kw)
+
+    plain = judged(a, b)
+    assert judged(a[None], b[None]) == plain
+    same = judged(np.stack([a, a]), np.stack([b, b]))
+    assert same["value"] == plain["value"] and same["seed_half_width"] == 0.0
+    assert (same["ci_low"], same["ci_high"]) == pytest.approx((plain["ci_low"], plain["ci_high"]))
+    chance = rng.normal(0, 1, 60)
+    mixed = judged(np.stack([a, chance]), np.stack([b, b]), seeds=[11, 12])
+    assert mixed["value"] == pytest.approx((plain["value"] + membership_auc(chance, b)) / 2)
+    assert sorted(mixed["per_seed"]) == ["11", "12"]
+    assert mixed["per_seed"]["11"]["value"] == plain["value"]
+    assert mixed["seed_half_width"] > 0
+    assert mixed["ci_low"] < mixed["groups_ci_low"] and mixed["ci_high"] > mixed["groups_ci_high"]
+    assert mixed["tpr"]["seed_half_width"] >= 0
+    with pytest.raises(ValueError, match="seeds"):
+        judged(np.stack([a, a]), b[None])
+
+
+def test_extraction_over_seeds_counts_a_piece_any_seed_reproduces():
+    one = Extraction(4, 0.25, 0.5, (True, False, False, False))
+    two = Extraction(4, 0.5, 0.7, (False, True, True, False))
+    both = union_extraction([one, two])
+    assert both.exact_each == (True, True, True, False) and both.exact_rate == 0.75
+    assert both.token_match == pytest.approx(0.6)
+    assert union_extraction([one]) == one
+    with pytest.raises(ValueError, match="numbers of sequences"):
+        union_extraction([one, Extraction(3, 0.0, 0.0, (False,) * 3)])
+
+
+def test_flag_rate_with_one_seed_label_is_the_plain_judgement():
+    rng = np.random.default_rng(3)
+    flags, kinds = rng.random(90) < 0.1, np.array(["u"] * 80 + ["c"] * 10)
+    human, pieces = rng.random(60) < 0.07, np.arange(60) % 20
+
+    def judged(seeds):
+        return judge_flag_rate(flags, kinds, human, pieces, n_boot=300, level=0.95,
+                               rng=np.random.default_rng(4), sample_seeds=seeds)
+
+    assert judged(np.full(90, 5)) == judged(None)
+    split = judged(np.arange(90) % 3)
+    assert sorted(split["per_seed"]) == ["0", "1", "2"]
+    assert sum(v["n_flagged"] for v in split["per_seed"].values()) == split["n_flagged"]
+    assert split["value"] == judged(None)["value"]

@@ -483,6 +483,14 @@ def test_training_seeds_are_shown_with_their_spread(tmp_path):
     md = p.md_out.read_text()
     section = md[md.index("Training seeds"):md.index("NLL distributions")]
     assert "seeds 11, 12, 13" in section and "first seed's model (seed 11)" in section
+    audit = artifacts.read_json(p.audit)  # an audit over every seed says so instead
+    audit.setdefault("judged", {}).setdefault("transformer", {})["seeds"] = seeds
+    artifacts.write_json(p.audit, audit)
+    report(tmp_path, params, p)
+    section = p.md_out.read_text()
+    section = section[section.index("Training seeds"):section.index("NLL distributions")]
+    assert "The audit judges every seed as well" in section
+    assert "first seed's model" not in section
     rows = {line.split("|")[1].strip(): line for line in section.splitlines()
             if line.startswith("|")}
     assert {"11", "12", "13", "mean", "sd"} <= set(rows)

@@ -23,14 +23,20 @@ How each metric's evidence is simulated:
   estimate plus and minus ``z · se`` (what the group bootstrap gives for a statistic this close
   to normal);
 - ``memorisation.<m>.membership_auc``: losses of train and held-out pieces from two normals
-  whose separation gives the true AUC, in as many groups as the split has, judged by
-  :func:`pipeline.scoring.memorisation.judge_membership` (the audit's group bootstrap; pieces
-  of one group drawn independently, so a corpus whose tune families share their difficulty
-  gives wider intervals than these);
+  whose separation gives the true AUC, in as many groups as the split has, for each of
+  ``seeds`` training seeds, judged by :func:`pipeline.scoring.memorisation.judge_membership`
+  (the audit's group bootstrap of the seeds' mean AUC with their t term; pieces of one group
+  drawn independently, so a corpus whose tune families share their difficulty gives wider
+  intervals than these, and each seed's losses drawn afresh, the widest seed spread the pieces
+  allow: real seeds share the pieces' difficulty and agree more);
 - ``memorisation.<m>.extraction_excess``: binomial exact-extraction counts on train and test
-  pieces, judged by :func:`~pipeline.scoring.memorisation.judge_extraction` (Newcombe);
-- ``memorisation.<m>.flag_excess``: binomial flags of the samples and of human windows grouped
-  in pieces, judged by :func:`~pipeline.scoring.memorisation.judge_flag_rate`;
+  pieces, a piece counted when any seed reproduces it, judged by
+  :func:`~pipeline.scoring.memorisation.judge_extraction` (Newcombe): the seeds reproduce the
+  same pieces (what makes a greedy continuation exact is mostly the piece, a repeated
+  section), and one control draws them independently, the worst case for the union;
+- ``memorisation.<m>.flag_excess``: binomial flags of the samples, shared out among the seeds
+  as generate does, and of human windows grouped in pieces, judged by
+  :func:`~pipeline.scoring.memorisation.judge_flag_rate` with the seeds' term;
 - ``quality.<m>.score`` and ``quality.<m>.margin``: each of the statistics outside its band
   independently (probability ``quality_alpha`` for human-like music; the band's calibration
   assumes no more), the band's low score the ``1 - quality_alpha`` quantile of that count;
@@ -56,6 +62,7 @@ from pipeline.scoring.memorisation import (
     judge_extraction,
     judge_flag_rate,
     judge_membership,
+    union_extraction,
 )
 from pipeline.scoring.power import seed_t_half_width
 
@@ -81,20 +88,23 @@ class Sizes:
     gap_per_note_se: float = 0.104
     """The same per note (0.165 measured at 27 and 128: 0.35 to 1.00): pieces' tokens per note
     vary, so per note is the noisier scale, and the one free of the tokenizer."""
-    membership_train: int = 256
-    membership_test: int = 72
-    """Held-out pieces of membership inference: val and test (27 + 45)."""
-    membership_train_groups: int = 148
-    membership_test_groups: int = 54
-    """The groups those pieces fall in, resampled whole: train's 148 (the audit's 256 train
-    pieces fall in 145 of them), val's 21 and test's 33."""
-    extraction_train: int = 256
-    extraction_test: int = 45
+    membership_train: int = 234
+    """Train pieces of membership inference: every train piece of the committed split (234,
+    under the audit's 256)."""
+    membership_test: int = 114
+    """Held-out pieces of membership inference: val and test (63 + 51)."""
+    membership_train_groups: int = 152
+    membership_test_groups: int = 50
+    """The groups those pieces fall in, resampled whole: train's 152, val's 26 and test's 24."""
+    extraction_train: int = 234
+    extraction_test: int = 51
     samples: int = 256
-    """Audited samples of a model (240 unconditional, 16 continuations)."""
-    human_windows: int = 119
-    human_pieces: int = 45
-    human_flag_rate: float = 0.067
+    """Audited samples of a model (240 unconditional, 16 continuations), shared out among its
+    training seeds by generate."""
+    human_windows: int = 151
+    human_pieces: int = 51
+    human_flag_rate: float = 0.053
+    """The committed split's test windows flagged (8 of 151)."""
     quality_stats: int = 7
     quality_alpha: float = 0.05
     level: float = 0.95
@@ -162,20 +172,29 @@ def _membership(auc: float) -> Callable[..., dict[str, float]]:
     shift = math.sqrt(2) * NormalDist().inv_cdf(auc)  # AUC of N(-shift, 1) below N(0, 1)
 
     def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
-        train = rng.normal(-shift, 1.0, s.membership_train)
-        held = rng.normal(0.0, 1.0, s.membership_test)
-        return judge_membership(train, held, n_boot=s.n_boot, level=s.level, rng=rng,
-                                train_groups=np.arange(train.size) % s.membership_train_groups,
-                                heldout_groups=np.arange(held.size) % s.membership_test_groups)
+        k = max(s.seeds, 1)
+        train = rng.normal(-shift, 1.0, (k, s.membership_train))
+        held = rng.normal(0.0, 1.0, (k, s.membership_test))
+        return judge_membership(train if k > 1 else train[0], held if k > 1 else held[0],
+                                n_boot=s.n_boot, level=s.level, rng=rng,
+                                train_groups=np.arange(s.membership_train)
+                                % s.membership_train_groups,
+                                heldout_groups=np.arange(s.membership_test)
+                                % s.membership_test_groups)
     return draw
 
 
-def _extraction(train_rate: float, test_rate: float) -> Callable[..., dict[str, float]]:
+def _extraction(train_rate: float, test_rate: float,
+                shared: bool = True) -> Callable[..., dict[str, float]]:
     def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
-        a = rng.random(s.extraction_train) < train_rate
-        b = rng.random(s.extraction_test) < test_rate
-        out = judge_extraction(Extraction(a.size, a.mean(), a.mean(), tuple(a)),
-                               Extraction(b.size, b.mean(), b.mean(), tuple(b)), level=s.level)
+        def over_seeds(n: int, rate: float) -> Extraction:
+            k = max(s.seeds, 1)
+            hits = rng.random((1 if shared else k, n)) < rate
+            hits = np.repeat(hits, k, axis=0) if shared else hits
+            return union_extraction([Extraction(n, x.mean(), x.mean(), tuple(x)) for x in hits])
+
+        out = judge_extraction(over_seeds(s.extraction_train, train_rate),
+                               over_seeds(s.extraction_test, test_rate), level=s.level)
         return out["excess"]
     return draw
 
@@ -185,10 +204,12 @@ def _flags(sample_rate: float) -> Callable[..., dict[str, float]]:
         samples = rng.random(s.samples) < sample_rate
         kinds = np.array(["unconditional"] * (s.samples * 4 // 5)
                          + ["continuation"] * (s.samples - s.samples * 4 // 5))
+        seeds = np.concatenate([np.arange(s.samples * 4 // 5),
+                                np.arange(s.samples - s.samples * 4 // 5)]) % max(s.seeds, 1)
         human = rng.random(s.human_windows) < s.human_flag_rate
         pieces = np.arange(s.human_windows) % s.human_pieces
         return judge_flag_rate(samples, kinds, human, pieces, n_boot=s.n_boot, level=s.level,
-                               rng=rng)["excess"]
+                               rng=rng, sample_seeds=seeds)["excess"]
     return draw
 
 
@@ -245,11 +266,14 @@ def _controls() -> list[Control]:
             Control(f"memorisation.{m}.extraction_excess", "good",
                     "reproduces 1% of continuations, train and test alike",
                     _extraction(0.01, 0.01)),
+            Control(f"memorisation.{m}.extraction_excess", "good",
+                    "each seed reproduces its own 1% of continuations, train and test alike",
+                    _extraction(0.01, 0.01, shared=False)),
             Control(f"memorisation.{m}.extraction_excess", "bad",
                     "reproduces 20% of training continuations, 0% of test ones",
                     _extraction(0.2, 0.0)),
             Control(f"memorisation.{m}.flag_excess", "good",
-                    "samples flagged at the human rate (6.7%)", _flags(0.067)),
+                    "samples flagged at the human rate (5.3%)", _flags(0.053)),
             Control(f"memorisation.{m}.flag_excess", "bad", "30% of samples flagged",
                     _flags(0.30)),
             Control(f"memorisation.{m}.flag_excess", "bad",
@@ -326,7 +350,7 @@ ASSUMPTIONS = (
     "per token, 0.165 per note, measured at 27 val and 128 train pieces, scaled by the pieces' "
     "spreads over the held-out and train-subset counts) of the default experiment's committed "
     "scores, and held-out human windows flagged "
-    "at 6.7%")
+    "at 5.3%")
 
 
 GAP_PIECE_SD = {"token": (0.256, 0.318), "note": (0.555, 0.536)}

@@ -526,6 +526,16 @@ def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any])
             v = [x for x in col.values() if isinstance(x, int | float)]
             cells.append(fmt(float(fn(v)), d) if len(v) >= 2 else NA)
         rows.append([label, *cells])
+    judged = get(reports.get("audit"), "judged", "transformer") or {}
+    if judged.get("seeds"):
+        audit_seeds = ("The audit judges every seed as well: generate shares the samples out "
+                       "among the seeds, the flag rate and membership (the seeds' mean AUC) "
+                       "take the seeds' Student-t term, extraction counts a piece any seed "
+                       "reproduces, and quality judges the pooled samples.")
+    else:
+        audit_seeds = (f"Samples, copying and quality use the first seed's model (seed "
+                       f"{seeds[0]}); membership and extraction run on every seed and judge "
+                       "the first.")
     split_terms = ""
     if all(isinstance(rel.get(k), int | float) for k in ("groups_ci_low", "groups_ci_high",
                                                          "seed_half_width")):
@@ -539,9 +549,7 @@ def training_seeds(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any])
                  "piece's NLL over the seeds. Their intervals take the group bootstrap of that "
                  "average and add, in quadrature on each side, a Student-t term over the "
                  f"per-seed values ({len(seeds) - 1} degrees of freedom), so they include "
-                 f"training variance.{split_terms} Samples, copying and quality use the first "
-                 f"seed's model (seed {seeds[0]}); membership and extraction run on every seed "
-                 "and judge the first."),
+                 f"training variance.{split_terms} {audit_seeds}"),
             Table(["seed", *columns], rows))
 
 
@@ -593,8 +601,12 @@ def memorisation(doc: Document, cfg: ReportConfig, audit: Any,
                               fmt((ext.get("train") or {}).get("value"), d),
                               f"{fmt(excess.get('ci_low'), d)} to {fmt(excess.get('ci_high'), d)}"])
     if seed_rows:
-        doc.add(Para("Membership and extraction of every training seed, on the same pieces (the "
-                     "criteria judge the first seed, whose samples are audited):"),
+        pooled = any((b or {}).get("seeds") for b in (audit.get("judged") or {}).values())
+        doc.add(Para("Membership and extraction of every training seed, on the same pieces "
+                     + ("(the criteria judge the seeds together: their mean AUC with the "
+                        "seeds' t term, and a piece extracted when any seed reproduces it):"
+                        if pooled else
+                        "(the criteria judge the first seed, whose samples are audited):")),
                 Table(["model", "seed", "membership AUC", "AUC CI", "TPR at the FPR",
                        "train exact", "extraction excess CI"], seed_rows))
     table = read_table_or_none(inputs["per_sample"])

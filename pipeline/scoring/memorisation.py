@@ -25,6 +25,7 @@ id sequences, with :func:`bisect.bisect_left`.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -36,7 +37,9 @@ from models.base import SequenceModel
 from pipeline.scoring.bootstrap import (
     bootstrap_weights,
     safe_ratio,
+    seed_half_width,
     value_interval,
+    with_seed_term,
 )
 
 _SEP_TOP = 2**32 - 1  # separators count down from here; real ids stay below 2**31
@@ -231,6 +234,24 @@ def extraction_test(model: SequenceModel, seqs: Sequence[np.ndarray], prefix_len
     return Extraction(len(seqs), float(np.mean(exact)), float(np.mean(match)), tuple(exact))
 
 
+def union_extraction(per_seed: Sequence[Extraction]) -> Extraction:
+    """The extraction of a model trained over several seeds, on the same sequences: a sequence
+    counts as extracted when *any* seed reproduces it exactly (what the training recipe can
+    leak), ``token_match`` the seeds' mean. The unit stays the sequence, so the score intervals
+    of :func:`judge_extraction` keep their meaning; pooling the seeds' counts would treat one
+    piece seen by three seeds as three independent pieces."""
+    if not per_seed:
+        raise ValueError("no seeds")
+    sizes = {e.n for e in per_seed}
+    if len(sizes) != 1:
+        raise ValueError(f"seeds measured on different numbers of sequences: {sorted(sizes)}")
+    if per_seed[0].n == 0:
+        return per_seed[0]
+    exact = tuple(bool(x) for x in np.any([e.exact_each for e in per_seed], axis=0))
+    return Extraction(per_seed[0].n, float(np.mean(exact)),
+                      float(np.mean([e.token_match for e in per_seed])), exact)
+
+
 def membership_auc(train_loss: Sequence[float], heldout_loss: Sequence[float]) -> float:
     """ROC AUC of "lower loss means training member"; 0.5 = no membership signal. NaN if a side
     is empty."""
@@ -338,7 +359,8 @@ def resampled_rate(values: np.ndarray, groups: np.ndarray, n_boot: int, rng: np.
 
 def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_flags: np.ndarray,
                     human_pieces: np.ndarray, *, n_boot: int, level: float,
-                    rng: np.random.Generator) -> dict[str, dict[str, float]]:
+                    rng: np.random.Generator, sample_seeds: np.ndarray | None = None
+                    ) -> dict[str, Any]:
     """A model's flag rate against the human test windows' rate, each with its interval.
 
     Returns ``value``/``ci_low``/``ci_high`` (Wilson over the samples), ``n``, ``n_flagged``,
@@ -346,20 +368,47 @@ def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_fl
     ``n_windows``, ``n_pieces``) and ``excess`` = model − human (percentile interval of the
     difference of the two bootstraps: samples resampled within their kind, pieces with their
     windows).
+
+    ``sample_seeds`` (the training seed of each sample's model, for a model trained over
+    several seeds): the samples are pooled over the seeds and resampled within (kind, seed),
+    and the seeds' Student-t interval over the per-seed flag rates (``per_seed``) takes the
+    place of the samples' bootstrap where it is wider. Each seed's rate carries the noise of its
+    own samples as well as the seed's, so that t interval alone is the honest one for the pooled
+    rate (its variance is the per-seed rates' variance over the seeds); the bootstrap is its
+    floor, for seeds that agree exactly (0 flags everywhere gives no spread, not certainty).
+    Both intervals are widened, in quadrature, by ``seed_half_width`` =
+    ``sqrt(max(0, t² − b²))``, ``t`` the seeds' half-width and ``b`` the samples' bootstrap
+    half-width (``z`` times its replicates' standard deviation), so nothing is counted twice.
     """
     f = np.asarray(sample_flags, dtype=np.float64)
     h = np.asarray(human_flags, dtype=np.float64)
+    kinds = np.asarray(sample_kinds).astype(str)
+    seeds = None if sample_seeds is None else np.asarray(sample_seeds)
+    if seeds is not None and np.unique(seeds).size < 2:
+        seeds = None  # one seed: exactly the plain judgement
     lo, hi = wilson_interval(int(f.sum()), f.size, level)
-    model = resampled_rate(f, np.arange(f.size), n_boot, rng, strata=np.asarray(sample_kinds))
+    strata = kinds if seeds is None else np.char.add(np.char.add(kinds, "@"), seeds.astype(str))
+    model = resampled_rate(f, np.arange(f.size), n_boot, rng, strata=strata)
     human = resampled_rate(h, np.asarray(human_pieces), n_boot, rng)
     value = float(f.mean()) if f.size else float("nan")
     human_value = float(h.mean()) if h.size else float("nan")
-    return {
+    out: dict[str, Any] = {
         "value": value, "ci_low": lo, "ci_high": hi, "n": int(f.size), "n_flagged": int(f.sum()),
         "human": {**value_interval(human_value, human, level), "n_windows": int(h.size),
                   "n_pieces": int(np.unique(np.asarray(human_pieces)).size)},
         "excess": value_interval(value - human_value, model - human, level),
     }
+    if seeds is not None:
+        per_seed = {str(k): {"n": int((seeds == k).sum()), "n_flagged": int(f[seeds == k].sum()),
+                             "value": float(f[seeds == k].mean())}
+                    for k in sorted(np.unique(seeds).tolist())}
+        t = seed_half_width([[v["value"] for v in per_seed.values()]], level)
+        b = NormalDist().inv_cdf(0.5 + level / 2) * float(np.std(model))
+        half = math.sqrt(max(0.0, t * t - b * b)) if np.isfinite(t) else t
+        rate = with_seed_term(out, half)
+        out = {**rate, "ci_low": max(0.0, rate["ci_low"]), "ci_high": min(1.0, rate["ci_high"]),
+               "excess": with_seed_term(out["excess"], half), "per_seed": per_seed}
+    return out
 
 
 def judge_extraction(train: Extraction, test: Extraction, *, level: float
@@ -412,11 +461,11 @@ def tpr_at_fpr(train_loss: np.ndarray, heldout_loss: np.ndarray, fpr: float,
     return safe_ratio((wa * (a[None, :] < t[:, None])).sum(axis=1), wa.sum(axis=1))
 
 
-def judge_membership(train_loss: Sequence[float], heldout_loss: Sequence[float], *, n_boot: int,
+def judge_membership(train_loss: Any, heldout_loss: Any, *, n_boot: int,
                      level: float, rng: np.random.Generator,
                      train_groups: Sequence | None = None,
                      heldout_groups: Sequence | None = None,
-                     fpr: float = 0.1) -> dict[str, float]:
+                     fpr: float = 0.1, seeds: Sequence[Any] | None = None) -> dict[str, Any]:
     """Membership inference by the loss attack ("lower loss ⇒ training member"): the AUC
     (``value``, ``chance`` = 0.5) and ``tpr`` = the true-positive rate at a false-positive rate
     of at most ``fpr`` (:func:`tpr_at_fpr`; chance = ``fpr``), each with a percentile interval.
@@ -427,28 +476,53 @@ def judge_membership(train_loss: Sequence[float], heldout_loss: Sequence[float],
     pairwise matrix ``C[i, j]`` (1 when train piece ``i`` has the lower loss than held-out piece
     ``j``, 0.5 on ties): a replicate's AUC is ``w_train @ C @ w_heldout / (Σw_train Σw_heldout)``
     with its draw counts.
+
+    A model trained over several seeds passes 2-d losses, ``(seeds, pieces)``, the same pieces
+    in every row: the AUC and the TPR are the seeds' means, every replicate draws the same
+    groups for all seeds, and each interval is widened by the seeds' Student-t term over the
+    per-seed values (:func:`pipeline.scoring.bootstrap.with_seed_term`, as evaluate widens the
+    gain); ``per_seed`` maps each seed (``seeds``, the rows' labels; default their positions)
+    to its ``value`` and ``tpr``. A piece counts when every seed scored it. 1-d
+    losses are one model: exactly the plain judgement.
     """
-    a = np.asarray(train_loss, dtype=np.float64)
-    b = np.asarray(heldout_loss, dtype=np.float64)
+    a = np.atleast_2d(np.asarray(train_loss, dtype=np.float64))
+    b = np.atleast_2d(np.asarray(heldout_loss, dtype=np.float64))
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"{a.shape[0]} seeds of train losses, {b.shape[0]} of held-out losses")
     for name, g, x in (("train", train_groups, a), ("held-out", heldout_groups, b)):
-        if g is not None and len(g) != x.size:
-            raise ValueError(f"{len(g)} {name} group labels for {x.size} pieces")
-    keep_a, keep_b = np.isfinite(a), np.isfinite(b)
+        if g is not None and len(g) != x.shape[1]:
+            raise ValueError(f"{len(g)} {name} group labels for {x.shape[1]} pieces")
+    keep_a, keep_b = np.isfinite(a).all(axis=0), np.isfinite(b).all(axis=0)
     ga = None if train_groups is None else np.asarray(train_groups)[keep_a]
     gb = None if heldout_groups is None else np.asarray(heldout_groups)[keep_b]
-    a, b = a[keep_a], b[keep_b]
+    a, b = a[:, keep_a], b[:, keep_b]
+    n_a, n_b = a.shape[1], b.shape[1]
     out: dict[str, Any] = {
-        "chance": 0.5, "n_train": int(a.size), "n_heldout": int(b.size),
-        "n_train_groups": int(np.unique(ga).size) if ga is not None else int(a.size),
-        "n_heldout_groups": int(np.unique(gb).size) if gb is not None else int(b.size)}
-    if a.size == 0 or b.size == 0:
+        "chance": 0.5, "n_train": int(n_a), "n_heldout": int(n_b),
+        "n_train_groups": int(np.unique(ga).size) if ga is not None else int(n_a),
+        "n_heldout_groups": int(np.unique(gb).size) if gb is not None else int(n_b)}
+    if n_a == 0 or n_b == 0:
         nan = float("nan")
         return {**out, "value": nan, "ci_low": nan, "ci_high": nan,
                 "tpr": {"fpr": fpr, "chance": fpr, "value": nan, "ci_low": nan, "ci_high": nan}}
-    c = (a[:, None] < b[None, :]) + 0.5 * (a[:, None] == b[None, :])
-    wa = _group_weights(ga, a.size, n_boot, rng)
-    wb = _group_weights(gb, b.size, n_boot, rng)
-    reps = ((wa @ c) * wb).sum(axis=1) / (wa.sum(axis=1) * wb.sum(axis=1))
-    tpr = value_interval(float(tpr_at_fpr(a, b, fpr)[0]), tpr_at_fpr(a, b, fpr, wa, wb), level)
-    return {**out, **value_interval(float(c.mean()), reps, level),
-            "tpr": {"fpr": fpr, "chance": fpr, **tpr}}
+    wa = _group_weights(ga, n_a, n_boot, rng)
+    wb = _group_weights(gb, n_b, n_boot, rng)
+    aucs, reps, tprs, tpr_reps = [], np.zeros(n_boot), [], np.zeros(n_boot)
+    for x, y in zip(a, b, strict=True):
+        c = (x[:, None] < y[None, :]) + 0.5 * (x[:, None] == y[None, :])
+        aucs.append(float(c.mean()))
+        reps += ((wa @ c) * wb).sum(axis=1) / (wa.sum(axis=1) * wb.sum(axis=1))
+        tprs.append(float(tpr_at_fpr(x, y, fpr)[0]))
+        tpr_reps += tpr_at_fpr(x, y, fpr, wa, wb)
+    k = len(aucs)
+    auc = value_interval(float(np.mean(aucs)), reps / k, level)
+    tpr = value_interval(float(np.mean(tprs)), tpr_reps / k, level)
+    if k > 1:
+        auc = with_seed_term(auc, seed_half_width([aucs], level))
+        tpr = with_seed_term(tpr, seed_half_width([tprs], level))
+        labels = [str(x) for x in (range(k) if seeds is None else seeds)]
+        if len(labels) != k:
+            raise ValueError(f"{len(labels)} seed labels for {k} rows of losses")
+        out["per_seed"] = {lab: {"value": v, "tpr": t}
+                           for lab, v, t in zip(labels, aucs, tprs, strict=True)}
+    return {**out, **auc, "tpr": {"fpr": fpr, "chance": fpr, **tpr}}

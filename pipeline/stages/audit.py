@@ -20,7 +20,8 @@ Outputs:
   kind, index, offset): ``source`` (sample | human), ``model`` (``human`` for human rows),
   ``kind`` (unconditional | continuation | val | test), ``index`` (the sample's, or the piece's
   row in its split), ``offset`` (where the audited ids start: the window's offset, or the
-  sample's ``prompt_len``), ``sha256`` (human piece, or a sample's prompt), ``track``,
+  sample's ``prompt_len``), ``seed`` (the training seed that drew a sample; null for human rows
+  and models trained once), ``sha256`` (human piece, or a sample's prompt), ``track``,
   ``n_tokens``, ``decode_ok``, ``lcs_tokens``, ``lcs_bars``, ``lcs_train_sha256``,
   ``lcs_start`` (the span's id position in the whole sequence), ``lcs_train_track``,
   ``lcs_train_start`` (its position in that training sequence; -1 when nothing is shared),
@@ -31,9 +32,11 @@ Outputs:
   report's side-by-side piano rolls.
 - ``reports/audit.json``: thresholds, summaries per group, flag rates, extraction test,
   membership AUC, music statistics, and ``judged.<model>``: each judged quantity with its
-  interval and baseline, and for a model trained over several seeds ``per_seed.<seed>``:
-  membership and extraction of every seed on the same pieces (see docs/report.md for the keys).
-  The criteria judge the first seed; samples come from it alone.
+  interval and baseline. A model trained over several seeds is judged over all of them: samples
+  from every seed (generate shares them out), the seeds' Student-t term on the flag rate and
+  on membership (the seeds' mean AUC), extraction counted when any seed reproduces a piece;
+  ``per_seed.<seed>`` keeps each seed's membership and extraction on the same pieces (see
+  docs/report.md for the keys).
 
 Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
 ``flag_quantile`` of the val human windows. :func:`judge` then judges each model against its
@@ -82,6 +85,7 @@ from pipeline.scoring.memorisation import (
     judge_membership,
     membership_auc,
     tpr_at_fpr,
+    union_extraction,
     window_offsets,
 )
 from pipeline.scoring.overlap import (
@@ -173,7 +177,7 @@ def summarise(df: pd.DataFrame, cols: Sequence[str]) -> dict[str, Any]:
 
 def _schema(columns: Sequence[str]) -> pa.Schema:
     strings = {"source", "model", "kind", "sha256", "lcs_train_sha256", "nn_sha256"}
-    ints = {"index", "offset", "track", "n_tokens", "lcs_start", "lcs_train_track",
+    ints = {"index", "offset", "track", "seed", "n_tokens", "lcs_start", "lcs_train_track",
             "lcs_train_start"}
     bools = {"decode_ok", "flagged"}
     return pa.schema([(c, pa.string() if c in strings else pa.int64() if c in ints
@@ -272,11 +276,18 @@ def checks_json(checks: Mapping[str, ModelCheck], fpr: float) -> tuple[dict, dic
     return extraction, membership
 
 
-def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) -> dict[str, Any]:
+def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig,
+          seed_checks: Mapping[str, Mapping[str, ModelCheck]] | None = None) -> dict[str, Any]:
     """``judged.<model>``: flag rate against the human test windows, membership AUC against 0.5,
     extraction on train against test pieces, and the sample quality guard; each with its
     interval or band (see :mod:`pipeline.scoring.memorisation` and
-    :func:`pipeline.music.stats.quality_guard`)."""
+    :func:`pipeline.music.stats.quality_guard`).
+
+    A model with ``seed_checks`` (its training seeds' checks, two or more, on the same pieces)
+    is judged over every seed: its samples, drawn from every seed, are pooled and the flag rate
+    gets the seeds' t term; membership is the seeds' mean AUC with that term; extraction counts
+    a piece when any seed reproduces it (:func:`union_extraction`); quality judges the pooled
+    samples. ``seeds`` then lists them."""
     human = df[df["source"] == "human"]
     val, test = human[human["kind"] == "val"], human[human["kind"] == "test"]
     samp = df[df["source"] == "sample"]
@@ -289,11 +300,17 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
     out: dict[str, Any] = {}
     for name in sorted(set(samp["model"].astype(str)) | set(checks)):
         block: dict[str, Any] = {}
+        by_seed = dict((seed_checks or {}).get(name) or {})
+        keys = sorted(by_seed, key=int) if len(by_seed) > 1 else []
         part = samp[samp["model"] == name]
         if len(part):
+            drawn_by = part["seed"].to_numpy() if "seed" in part.columns else None
+            if drawn_by is not None and pd.isna(drawn_by).any():
+                drawn_by = None  # not every sample names its seed: one model
             block["flag_rate"] = judge_flag_rate(
                 part["flagged"].to_numpy(), part["kind"].to_numpy(), test["flagged"].to_numpy(),
-                test["index"].to_numpy(), rng=_rng(cfg, "flag_rate", name), **boot)
+                test["index"].to_numpy(), rng=_rng(cfg, "flag_rate", name),
+                sample_seeds=None if drawn_by is None else drawn_by.astype(np.int64), **boot)
             block["quality"] = {
                 **quality_guard(stats(part), stats(test), stats(val),
                                 rng=_rng(cfg, "quality", name), bins=cfg.quality_bins,
@@ -301,25 +318,34 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig) 
                 "decode_rate": float(part["decode_ok"].astype(bool).mean())}
         if name in checks:
             c = checks[name]
-            block["membership_auc"] = judge_membership(
-                c.nll_train, c.nll_heldout, rng=_rng(cfg, "membership_auc", name),
-                train_groups=c.groups_train, heldout_groups=c.groups_heldout,
-                fpr=cfg.membership_fpr, **boot)
-            block["extraction_rate"] = judge_extraction(
-                c.extraction_train, c.extraction_test, level=cfg.ci_level)
+            if keys:
+                cs = [by_seed[k] for k in keys]
+                block["membership_auc"] = judge_membership(
+                    np.stack([x.nll_train for x in cs]), np.stack([x.nll_heldout for x in cs]),
+                    rng=_rng(cfg, "membership_auc", name), train_groups=cs[0].groups_train,
+                    heldout_groups=cs[0].groups_heldout, fpr=cfg.membership_fpr, seeds=keys,
+                    **boot)
+                block["extraction_rate"] = judge_extraction(
+                    union_extraction([x.extraction_train for x in cs]),
+                    union_extraction([x.extraction_test for x in cs]), level=cfg.ci_level)
+                block["extraction_rate"]["over_seeds"] = "any"
+                block["seeds"] = [int(k) for k in keys]
+            else:
+                block["membership_auc"] = judge_membership(
+                    c.nll_train, c.nll_heldout, rng=_rng(cfg, "membership_auc", name),
+                    train_groups=c.groups_train, heldout_groups=c.groups_heldout,
+                    fpr=cfg.membership_fpr, **boot)
+                block["extraction_rate"] = judge_extraction(
+                    c.extraction_train, c.extraction_test, level=cfg.ci_level)
         out[name] = block
     return out
 
 
-def per_seed_checks(by_seed: Mapping[int, SequenceModel], train: pd.DataFrame,
-                    heldout: pd.DataFrame, test: pd.DataFrame, cfg: AuditConfig,
-                    forbid: Sequence[int], groups: Mapping[str, Any] | None
+def per_seed_checks(checks: Mapping[str, ModelCheck], cfg: AuditConfig
                     ) -> dict[str, dict[str, Any]]:
-    """Membership and extraction for every training seed of one model, on the same pieces as the
-    judged (first-seed) model, each with its own interval: how much the memorisation verdicts
-    depend on the seed. The criteria still judge the first seed."""
-    checks = model_checks({str(s): m for s, m in by_seed.items()}, train, heldout, test, cfg,
-                          forbid, groups)
+    """Membership and extraction of every training seed of one model (``checks``, by seed), on
+    the same pieces, each with its own interval: how much the memorisation verdicts depend on
+    the seed. The judged block pools the seeds (:func:`judge`)."""
     boot = {"n_boot": cfg.n_boot, "level": cfg.ci_level}
     out = {}
     for key in sorted(checks, key=int):
@@ -356,14 +382,16 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
             for off in window_offsets(ids.size, width, cfg.human_stride, cfg.human_windows):
                 heads.append({"source": "human", "model": "human", "kind": s, "index": int(i),
                               "offset": int(off), "sha256": str(r["sha256"]),
-                              "track": int(r["track"]), "ok": True})
+                              "track": int(r["track"]), "seed": None, "ok": True})
                 seqs.append(ids[off: off + width])
     gen = artifacts.read_parquet(samples)
     for _, r in gen.iterrows():
         start = int(r["prompt_len"])
+        seed = r.get("seed")
         heads.append({"source": "sample", "model": str(r["model"]), "kind": str(r["kind"]),
                       "index": int(r["index"]), "offset": start, "sha256": r["prompt_sha256"],
-                      "track": -1, "ok": bool(r["decode_ok"])})
+                      "track": -1, "seed": None if pd.isna(seed) else int(seed),
+                      "ok": bool(r["decode_ok"])})
         seqs.append(np.asarray(r["ids"], dtype=np.int64)[start: start + width])
     rows = []
     for head, row in zip(heads, measure_all(seqs, index, tok, cfg, bars), strict=True):
@@ -391,11 +419,13 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     heldout = pd.concat([split["val"], split["test"]], ignore_index=True)
     checks = model_checks(models, split["train"], heldout, split["test"], cfg, forbid, groups)
     result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
-    result["judged"] = judge(df, checks, cfg)
-    for name, by_seed in sorted((seeds or {}).items()):
-        if name in checks and len(by_seed) > 1:  # a model the audit measures, with seeds
-            result["judged"][name]["per_seed"] = per_seed_checks(
-                by_seed, split["train"], heldout, split["test"], cfg, forbid, groups)
+    seed_checks = {name: model_checks({str(k): m for k, m in by_seed.items()}, split["train"],
+                                      heldout, split["test"], cfg, forbid, groups)
+                   for name, by_seed in sorted((seeds or {}).items())
+                   if name in checks and len(by_seed) > 1}  # measured models with seeds
+    result["judged"] = judge(df, checks, cfg, seed_checks)
+    for name, by_seed in seed_checks.items():
+        result["judged"][name]["per_seed"] = per_seed_checks(by_seed, cfg)
     artifacts.write_json(report, result)
     fr = result["flag_rate"]
     return AuditSummary(len(df), fr["samples"], fr["human_test"])

@@ -6,11 +6,13 @@ quality on: 240 by default, so the flag rate's interval resolves its margin) and
 most one per test piece).
 
 Inputs: ``data/tokens/tokens.parquet`` (test-piece prompts), ``data/tokens/info.json`` (special
-ids), ``data/tokenizer.json`` (decoding), the models (``data/ngram/``, ``data/transformer/``).
+ids), ``data/tokenizer.json`` (decoding), the models (``data/ngram/``, ``data/transformer/``, and
+``data/transformer/replicates/`` for its training seeds).
 Outputs:
 
 - ``data/samples/samples.parquet``: one row per sample, sorted by (model, kind, index): ``model``,
-  ``kind`` (``unconditional`` | ``continuation``), ``index``, ``prompt_sha256`` (null when
+  ``kind`` (``unconditional`` | ``continuation``), ``index``, ``seed`` (the training seed of
+  the model that drew it; null for a model trained once), ``prompt_sha256`` (null when
   unconditional), ``prompt_len``, ``ids`` (list<int32>: prompt ids followed by generated ids),
   ``n_tokens`` (= len(ids)), ``decode_ok``, ``decode_error`` (null when ok). The generated part
   is ``ids[prompt_len:]``.
@@ -21,6 +23,12 @@ Outputs:
 
 Each sample has its own generator seeded by (seed, model name, kind, index), so adding a model or
 a sample leaves the other samples unchanged.
+
+A model trained over several seeds (``transformer.replicates``) samples from every seed: sample
+``i`` of each kind comes from the ``i mod S``-th of its ``S`` seeds in ascending order, so the
+model's ``n_samples`` and ``n_continuations`` are shared out among the seeds (the stage's time
+and the audit's sample count stay those of one model) and the audit judges what the training
+recipe produces, seeds included, rather than one seed's luck.
 """
 
 from __future__ import annotations
@@ -41,7 +49,14 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import stable_int
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.music.midi import score_notes
-from pipeline.scoring.loading import ModelUnavailable, add_model_arguments, load_named
+from pipeline.scoring.loading import (
+    ModelSpec,
+    ModelUnavailable,
+    add_model_arguments,
+    load_named,
+    load_seeds,
+    load_transformer,
+)
 from pipeline.scoring.sampling import SamplingParams, sample_sequences
 from pipeline.tokens.contract import TokenInfo, never_sampled
 from pipeline.tokens.spans import prefix_mask
@@ -50,7 +65,7 @@ from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
 KINDS = ("unconditional", "continuation")
 
 SAMPLES_SCHEMA = pa.schema([
-    ("model", pa.string()), ("kind", pa.string()), ("index", pa.int32()),
+    ("model", pa.string()), ("kind", pa.string()), ("index", pa.int32()), ("seed", pa.int64()),
     ("prompt_sha256", pa.string()), ("prompt_len", pa.int32()), ("ids", pa.list_(pa.int32())),
     ("n_tokens", pa.int32()), ("decode_ok", pa.bool_()), ("decode_error", pa.string()),
 ])
@@ -113,22 +128,33 @@ def select_prompts(tokens: Any, n: int, length: int, seed: int,
 
 def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
                        prompts: Sequence[tuple[str, np.ndarray]],
-                       forbid: Sequence[int]) -> list[dict[str, Any]]:
-    """All samples of one model as rows (without decode columns)."""
+                       forbid: Sequence[int],
+                       by_seed: Mapping[int, SequenceModel] | None = None
+                       ) -> list[dict[str, Any]]:
+    """All samples of one model as rows (without decode columns). ``by_seed``: the model's
+    training seeds (two or more), which share the samples out: sample ``i`` of a kind comes
+    from the ``i mod S``-th seed, ``model`` is then unused."""
+    seeds = sorted(by_seed) if by_seed and len(by_seed) > 1 else [None]
     rows = []
     for k, kind in enumerate(KINDS):
         if kind == "unconditional":
             starts = [("", np.zeros(0, dtype=np.int32))] * cfg.n_samples
         else:
             starts = list(prompts)
-        rngs = [np.random.default_rng([cfg.seed, stable_int(name), k, i])
-                for i in range(len(starts))]
-        new = sample_sequences(model, [p for _, p in starts], max_new_tokens=cfg.max_new_tokens,
-                               params=cfg.sampling(), rngs=rngs, forbid=forbid,
-                               batch_size=cfg.batch_size)
+        new: list[np.ndarray | None] = [None] * len(starts)
+        for j, seed in enumerate(seeds):
+            mine = list(range(j, len(starts), len(seeds)))
+            rngs = [np.random.default_rng([cfg.seed, stable_int(name), k, i]) for i in mine]
+            drawn = sample_sequences(model if seed is None else by_seed[seed],
+                                     [starts[i][1] for i in mine],
+                                     max_new_tokens=cfg.max_new_tokens, params=cfg.sampling(),
+                                     rngs=rngs, forbid=forbid, batch_size=cfg.batch_size)
+            for i, gen in zip(mine, drawn, strict=True):
+                new[i] = gen
         for i, ((sha, prompt), gen) in enumerate(zip(starts, new, strict=True)):
             ids = np.concatenate([prompt, gen]).astype(np.int32)
-            rows.append({"model": name, "kind": kind, "index": i, "prompt_sha256": sha or None,
+            rows.append({"model": name, "kind": kind, "index": i,
+                         "seed": seeds[i % len(seeds)], "prompt_sha256": sha or None,
                          "prompt_len": len(prompt), "ids": ids.tolist(), "n_tokens": len(ids)})
     return rows
 
@@ -145,9 +171,11 @@ def prompt_notes(tok: Any, row: Mapping[str, Any],
 
 
 def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,
-        tokenizer: Path, samples_out: Path, samples_dir: Path) -> GenerateSummary:
+        tokenizer: Path, samples_out: Path, samples_dir: Path,
+        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None) -> GenerateSummary:
     """Sample, decode and write samples.parquet plus one MIDI and one PNG per decodable sample
-    among the first ``cfg.files_per_kind`` of its model and kind."""
+    among the first ``cfg.files_per_kind`` of its model and kind. ``seeds``: per model trained
+    over several seeds, every seed's model (:func:`generate_for_model`)."""
     from pipeline.report.figures import piano_roll_png
 
     tok_info = TokenInfo.read(info)
@@ -157,7 +185,8 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
     forbid = never_sampled(tok_info, tok)
     rows: list[dict[str, Any]] = []
     for name in cfg.models:
-        rows.extend(generate_for_model(models[name], name, cfg, prompts, forbid))
+        rows.extend(generate_for_model(models[name], name, cfg, prompts, forbid,
+                                       (seeds or {}).get(name)))
     samples_dir = Path(samples_dir)
     samples_dir.mkdir(parents=True, exist_ok=True)
     for stale in sorted([*samples_dir.glob("*.mid"), *samples_dir.glob("*.png")]):
@@ -205,8 +234,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"symkit generate: cannot use a model listed in generate.models: {e}",
               file=sys.stderr)
         return 1
+    seeds = {}
+    if "transformer" in cfg.models:
+        spec = ModelSpec("transformer", args.transformer_dir, load_transformer)
+        try:
+            seeds["transformer"] = load_seeds(spec, cfg.device, TokenInfo.read(args.info))
+        except ModelUnavailable as e:
+            print(f"symkit generate: cannot use a training seed of the transformer: {e}",
+                  file=sys.stderr)
+            return 1
     s = run(cfg, models, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
-            samples_out=args.samples_out, samples_dir=args.samples_dir)
+            samples_out=args.samples_out, samples_dir=args.samples_dir, seeds=seeds)
     print(f"generate: {s.n_samples} samples ({s.n_decode_failures} failed to decode), "
           f"{s.n_prompts} prompts -> {args.samples_out}")
     return 0

@@ -593,6 +593,10 @@ def test_plain_evidence_for_each_kind_of_criterion():
     assert "its 3 training seeds give AUC 0.86, 0.84 and 0.88 (the first is judged)" in \
         plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
                          0.81, 0.9), seeds, {}, 0.95)
+    pooled = {**seeds, "audit.judged.transformer.membership_auc.seed_half_width": 0.05}
+    assert "0.84 and 0.88 (their mean is judged, the seeds' term ±0.05 in its interval)" in \
+        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
+                         0.75, 0.97), pooled, {}, 0.95)
     tpr = plain_evidence(v("memorisation.transformer.membership_tpr", 0.71, "FAIL", "<=", 0.3,
                            0.55, 0.79), held, {}, 0.95)
     assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")

@@ -216,9 +216,11 @@ def _membership(v: Verdict, m: Metrics, level: float) -> str | None:
     seeds = sorted({k[len(prefix):].split(".")[0] for k in m if k.startswith(prefix)}, key=int)
     aucs = [_num(m, f"{prefix}{s}.membership_auc.value") for s in seeds]
     if len(seeds) > 1 and None not in aucs:
+        half = _num(m, f"audit.judged.{model}.membership_auc.seed_half_width")
+        judged = ("the first is judged" if half is None else
+                  f"their mean is judged, the seeds' term ±{_g(half)} in its interval")
         extra += (f"; its {len(seeds)} training seeds give AUC "
-                  + ", ".join(_g(a) for a in aucs[:-1]) + f" and {_g(aucs[-1])} (the first "
-                  "is judged)")
+                  + ", ".join(_g(a) for a in aucs[:-1]) + f" and {_g(aucs[-1])} ({judged})")
     return (f"The {model}'s loss per note tells {n_train} training pieces from {held} with AUC "
             f"{_g(v.value)}{ci}, where 0.5 is chance{extra}; the rule allows "
             f"{OP_WORDS[v.op]} {v.threshold:g}: {_interval_reason(v, bool(ci))}.")

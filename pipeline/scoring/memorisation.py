@@ -357,6 +357,11 @@ def resampled_rate(values: np.ndarray, groups: np.ndarray, n_boot: int, rng: np.
     return safe_ratio(num, den)
 
 
+def _unit(x: float) -> float:
+    """``x`` clipped to [0, 1], the range of a proportion (NaN stays NaN)."""
+    return float(np.clip(x, 0.0, 1.0))
+
+
 def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_flags: np.ndarray,
                     human_pieces: np.ndarray, *, n_boot: int, level: float,
                     rng: np.random.Generator, sample_seeds: np.ndarray | None = None
@@ -406,7 +411,7 @@ def judge_flag_rate(sample_flags: np.ndarray, sample_kinds: np.ndarray, human_fl
         b = NormalDist().inv_cdf(0.5 + level / 2) * float(np.std(model))
         half = math.sqrt(max(0.0, t * t - b * b)) if np.isfinite(t) else t
         rate = with_seed_term(out, half)
-        out = {**rate, "ci_low": max(0.0, rate["ci_low"]), "ci_high": min(1.0, rate["ci_high"]),
+        out = {**rate, "ci_low": _unit(rate["ci_low"]), "ci_high": _unit(rate["ci_high"]),
                "excess": with_seed_term(out["excess"], half), "per_seed": per_seed}
     return out
 
@@ -517,9 +522,10 @@ def judge_membership(train_loss: Any, heldout_loss: Any, *, n_boot: int,
     k = len(aucs)
     auc = value_interval(float(np.mean(aucs)), reps / k, level)
     tpr = value_interval(float(np.mean(tprs)), tpr_reps / k, level)
-    if k > 1:
-        auc = with_seed_term(auc, seed_half_width([aucs], level))
-        tpr = with_seed_term(tpr, seed_half_width([tprs], level))
+    if k > 1:  # both are proportions: the widened interval stays within [0, 1]
+        auc, tpr = ({**x, "ci_low": _unit(x["ci_low"]), "ci_high": _unit(x["ci_high"])}
+                    for x in (with_seed_term(auc, seed_half_width([aucs], level)),
+                              with_seed_term(tpr, seed_half_width([tprs], level))))
         labels = [str(x) for x in (range(k) if seeds is None else seeds)]
         if len(labels) != k:
             raise ValueError(f"{len(labels)} seed labels for {k} rows of losses")

@@ -343,7 +343,7 @@ def test_membership_over_seeds_is_their_mean_with_a_t_term():
     assert mixed["seed_half_width"] > 0
     assert mixed["ci_low"] < mixed["groups_ci_low"] and mixed["ci_high"] > mixed["groups_ci_high"]
     wide = judged(np.stack([a - 3, chance]), np.stack([b, b]))  # one seed near AUC 1
-    assert 0.0 <= wide["ci_low"] and wide["ci_high"] == 1.0  # a proportion stays in [0, 1]
+    assert wide["ci_low"] >= 0.0 and wide["ci_high"] == 1.0  # a proportion stays in [0, 1]
     assert mixed["tpr"]["seed_half_width"] >= 0
     with pytest.raises(ValueError, match="seeds"):
         judged(np.stack([a, a]), b[None])

@@ -266,6 +266,32 @@ def test_init_from_with_other_architecture_is_refused(data, base_model, tmp_path
         _run(cfg, data, tmp_path)
 
 
+def test_init_from_a_model_of_another_tokenizer_is_refused(data, base_model, tmp_path):
+    """Same architecture and vocabulary size, other BPE merges: the weights would load, with
+    every id meaning another token. The refusal names both tokenizers; a model or checkpoint
+    that records no tokenizer is refused too."""
+    import shutil
+
+    ours = json.loads(data["info"].read_text())["tokenizer_hash"]
+    other = tmp_path / "other"
+    shutil.copytree(base_model, other)
+    meta = json.loads((other / "model.json").read_text())
+    assert meta["tokenizer_hash"] == ours  # the base model itself is accepted (tests above)
+    meta["tokenizer_hash"] = "f" * 64
+    (other / "model.json").write_text(json.dumps(meta))
+    cfg = tiny_config(finetune={"init_from": str(other)})
+    with pytest.raises(ParamsError, match=f"trained on tokenizer {'f' * 64}, this run "
+                                          f"tokenises with {ours}"):
+        _run(cfg, data, tmp_path / "run")
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run_ckpt_dir(base_model) / "step-00000012", ckpt)
+    state = json.loads((ckpt / "state.json").read_text())
+    state.pop("tokenizer_hash")
+    (ckpt / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ParamsError, match="records no tokenizer hash"):
+        _run(tiny_config(finetune={"init_from": str(ckpt)}), data, tmp_path / "run2")
+
+
 # ------------------------------------------------------------------------------------- params
 @pytest.mark.parametrize("raw", [
     {"finetune": {"freeze": ["wte"]}},

@@ -213,7 +213,8 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
     # states). The initial weights come from their own generator, the same on every rank.
     torch.manual_seed(cfg.seed + dev.dist.rank)
     model, ft_report = build_model(cfg.model, cfg.finetune, info.vocab_size,
-                                   torch.Generator().manual_seed(cfg.seed))
+                                   torch.Generator().manual_seed(cfg.seed),
+                                   tokenizer_hash=info.tokenizer_hash)
     model.to(dev.device)
     opt = make_optimizer(model, cfg.optim, dev.device_type)
     sched = make_scheduler(opt, cfg.optim, tr.max_steps)

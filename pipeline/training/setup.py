@@ -50,10 +50,16 @@ def make_scheduler(opt: torch.optim.Optimizer, o: OptimSection,
 
 
 def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
-                generator: torch.Generator) -> tuple[GPT, dict[str, Any]]:
+                generator: torch.Generator, tokenizer_hash: str | None = None
+                ) -> tuple[GPT, dict[str, Any]]:
     """Fresh model from ``transformer.model``, or the ``finetune.init_from`` model with frozen
     layers or LoRA adapters. Returns the model and a report (``init_from``, frozen names, LoRA
-    layers). Initial weights come from ``generator``."""
+    layers). Initial weights come from ``generator``.
+
+    ``tokenizer_hash``: the current tokenizer's (``data/tokens/info.json``). An ``init_from``
+    model must have been trained on that very tokenizer: a vocabulary of the same size with
+    other BPE merges gives every id another meaning, and would load without a shape error. A
+    model that records another hash, or none, is refused naming both."""
     arch = TransformerConfig(vocab_size=vocab_size, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
                              n_head=m.n_head, n_embd=m.n_embd, mlp_ratio=m.mlp_ratio,
                              dropout=m.dropout, attn_dropout=m.attn_dropout, bias=m.bias)
@@ -70,9 +76,18 @@ def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
             "transformer.finetune.init_from = " + repr(ft.init_from) + ": its architecture differs "
             "from transformer.model (and the token vocabulary): "
             + ", ".join(f"{k}: {theirs.get(k)!r} there, {ours[k]!r} here" for k in diff))
+    theirs_tok = meta.get("tokenizer_hash")
+    if tokenizer_hash is not None and theirs_tok != tokenizer_hash:
+        raise ParamsError(
+            "transformer.finetune.init_from = " + repr(ft.init_from) + ": "
+            + (f"it was trained on tokenizer {theirs_tok}, this run tokenises with "
+               if theirs_tok else "it records no tokenizer hash, this run tokenises with ")
+            + f"{tokenizer_hash}; its token ids would mean other tokens here. Tokenise this "
+            "run with the model's own tokenizer (the same data/tokenizer.json), or train from "
+            "scratch")
     model = GPT(arch, generator)  # same shapes; dropout from params
     model.load_state_dict(base.state_dict())
-    report["init_tokenizer_hash"] = meta.get("tokenizer_hash")
+    report["init_tokenizer_hash"] = theirs_tok
     if ft.freeze:
         try:
             report["frozen"] = freeze(model, ft.freeze)

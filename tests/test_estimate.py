@@ -29,8 +29,9 @@ def test_memory_terms_and_flops():
     assert bf16.activations_bytes < fp32.activations_bytes
     assert bf16.weights_bytes > fp32.weights_bytes  # autocast keeps a half copy
     assert estimate(**kw, attention="math").activations_bytes > fp32.activations_bytes
-    lora = estimate(**kw, trainable_fraction=0.1)
+    lora = estimate(**kw, lora_rank=4, lora_targets=["attn.qkv"])
     assert lora.optimizer_bytes < fp32.optimizer_bytes / 5
+    assert lora.params == fp32.params + lora.params_trainable  # adapters add to the weights
     assert fp32.flops_per_token_train == 3 * fp32.flops_per_token_forward
     assert fp32.flops_per_token_forward == 2 * fp32.params_matmul + 2 * 4 * 256 * 128
     assert fp32.total_bytes == (fp32.weights_bytes + fp32.best_bytes + fp32.grads_bytes
@@ -64,3 +65,32 @@ def test_cli(tmp_path, monkeypatch, capsys):
     assert cli_main(["estimate", "--vocab-size", "300", "--precision", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "parameters           864,512" in out and "precision bf16" in out
+
+
+@pytest.mark.parametrize("finetune", [
+    {},
+    {"freeze": ["wte", "wpe", "blocks.0."]},
+    {"freeze": ["blocks.1.mlp", "ln_f"]},
+    {"lora_rank": 2, "lora_targets": ["attn.qkv", "mlp.fc"]},
+    {"lora_rank": 3, "lora_targets": ["attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"]},
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_trainable_counts_match_a_frozen_or_adapted_model(finetune, bias):
+    """What freeze and LoRA leave trainable, counted from the architecture alone, equals the
+    count on the real model set up as fine-tuning sets it up."""
+    import torch
+
+    from models.lora import apply_lora, freeze, param_counts
+    from models.transformer import GPT, TransformerConfig
+
+    model = GPT(TransformerConfig(vocab_size=50, max_seq_len=16, n_layer=2, n_head=2, n_embd=8,
+                                  bias=bias), torch.Generator().manual_seed(0))
+    if finetune.get("freeze"):
+        freeze(model, finetune["freeze"])
+    if finetune.get("lora_rank"):
+        apply_lora(model, finetune["lora_rank"], 16.0, finetune["lora_targets"])
+    real = param_counts(model)
+    est = estimate(vocab_size=50, seq_len=16, n_layer=2, n_head=2, n_embd=8, micro_batch=1,
+                   bias=bias, **finetune)
+    assert (est.params, est.params_trainable) == (real["total"], real["trainable"])
+    assert est.optimizer_bytes == 8 * real["trainable"]

@@ -2,6 +2,10 @@
 
 Counts (all from the architecture; no torch needed):
 - parameters: exact, matching ``models.transformer.GPT`` (tied output projection counted once);
+  with ``transformer.finetune``, the trainable ones exact too: ``freeze`` leaves every parameter
+  whose name starts with none of its prefixes, LoRA leaves only its adapters (``r·(in + out)``
+  per wrapped linear layer, added to the total), as ``pipeline.training.setup.build_model``
+  arranges them (:func:`trainable_params`);
 - training memory of one process at its peak, the start of a backward pass, as the sum of the
   tensors alive then, each term for a stated reason:
   - ``weights``: the fp32 master copy, plus the half-precision copy autocast caches of every
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,13 +83,63 @@ def count_params(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_r
     return {"total": total, "matmul": matmul}
 
 
+def param_numels(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_ratio: int = 4,
+                 bias: bool = True) -> dict[str, int]:
+    """Every parameter of ``GPT`` by its ``named_parameters`` name, with its element count (the
+    tied output projection is ``wte.weight``). Sums to ``count_params(...)["total"]``."""
+    C, H = n_embd, mlp_ratio * n_embd
+    out = {"wte.weight": vocab_size * C, "wpe.weight": seq_len * C}
+    linears = {"attn.qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, H), "mlp.proj": (H, C)}
+    for i in range(n_layer):
+        pre = f"blocks.{i}."
+        for ln in ("ln_1", "ln_2"):
+            out[f"{pre}{ln}.weight"] = C
+            if bias:
+                out[f"{pre}{ln}.bias"] = C
+        for name, (n_in, n_out) in linears.items():
+            out[f"{pre}{name}.weight"] = n_in * n_out
+            if bias:
+                out[f"{pre}{name}.bias"] = n_out
+    out["ln_f.weight"] = C
+    if bias:
+        out["ln_f.bias"] = C
+    return out
+
+
+def linear_shapes(n_layer: int, n_embd: int, mlp_ratio: int = 4) -> dict[str, tuple[int, int]]:
+    """``GPT``'s linear layers by module name, as (in, out) features: what LoRA can wrap."""
+    C, H = n_embd, mlp_ratio * n_embd
+    per = {"attn.qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, H), "mlp.proj": (H, C)}
+    return {f"blocks.{i}.{k}": v for i in range(n_layer) for k, v in per.items()}
+
+
+def trainable_params(numels: dict[str, int], linears: dict[str, tuple[int, int]], *,
+                     freeze: Sequence[str] = (), lora_rank: int = 0,
+                     lora_targets: Sequence[str] = ()) -> tuple[int, int]:
+    """(trainable, adapter) parameter counts of a fine-tuning set-up: with ``lora_rank`` only
+    the adapters train (``A``: r × in, ``B``: out × r per linear whose name ends with a target,
+    as :func:`models.lora.apply_lora` wraps them); otherwise every parameter whose name starts
+    with none of ``freeze``'s prefixes (:func:`models.lora.freeze`)."""
+    if lora_rank:
+        targets = tuple(lora_targets)
+        adapter = sum(lora_rank * (n_in + n_out) for name, (n_in, n_out) in linears.items()
+                      if name.endswith(targets))
+        return adapter, adapter
+    prefixes = tuple(freeze)
+    return sum(n for name, n in numels.items() if not name.startswith(prefixes)), 0
+
+
 def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd: int,
              micro_batch: int, mlp_ratio: int = 4, bias: bool = True, precision: str = "fp32",
-             dropout: float = 0.0, attn_dropout: float = 0.0, trainable_fraction: float = 1.0,
+             dropout: float = 0.0, attn_dropout: float = 0.0, freeze: Sequence[str] = (),
+             lora_rank: int = 0, lora_targets: Sequence[str] = (),
              attention: str = "auto", device: str = "cpu",
              train_tokens: int = 0) -> Estimate:
     """Training-time memory (bytes) and FLOPs per token for one process.
 
+    ``freeze`` / ``lora_rank`` + ``lora_targets``: ``transformer.finetune``'s, so gradients and
+    AdamW's moments count the parameters that train (:func:`trainable_params`); LoRA's adapters
+    add to the weights (their matmuls to the FLOPs are left out: ``r / C`` of a layer's).
     ``attention="auto"``: torch's CPU flash kernel has no dropout, so with attention dropout on
     CPU the math kernel runs and stores the attention matrix; elsewhere a fused kernel is assumed.
     """
@@ -93,7 +148,11 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
     p = count_params(vocab_size, seq_len, n_layer, n_embd, mlp_ratio, bias)
     B, T, C, H, V, L = micro_batch, seq_len, n_embd, n_head, vocab_size, n_layer
     a = BYTES[precision]
-    trainable = int(p["total"] * trainable_fraction)
+    trainable, adapter = trainable_params(
+        param_numels(vocab_size, seq_len, n_layer, n_embd, mlp_ratio, bias),
+        linear_shapes(n_layer, n_embd, mlp_ratio), freeze=freeze, lora_rank=lora_rank,
+        lora_targets=lora_targets)
+    p = {**p, "total": p["total"] + adapter}
     weights = 4 * p["total"] + (a * p["matmul"] if precision != "fp32" else 0)
     grads = 4 * trainable
     optim = 8 * trainable
@@ -171,13 +230,16 @@ def main(args: argparse.Namespace) -> int:
                    n_head=m.n_head, n_embd=m.n_embd, mlp_ratio=m.mlp_ratio, bias=m.bias,
                    micro_batch=args.micro_batch or cfg.train.micro_batch, precision=precision,
                    dropout=m.dropout, attn_dropout=m.attn_dropout, attention=args.attention,
-                   device=args.device or ("cuda" if cfg.device == "cuda" else "cpu"))
+                   device=args.device or ("cuda" if cfg.device == "cuda" else "cpu"),
+                   freeze=cfg.finetune.freeze, lora_rank=cfg.finetune.lora_rank,
+                   lora_targets=cfg.finetune.lora_targets)
     if args.json:
         print(json.dumps(asdict(est), indent=2, sort_keys=True))
         return 0
     print(f"vocab {vocab}, seq_len {args.seq_len or m.max_seq_len}, micro-batch "
           f"{args.micro_batch or cfg.train.micro_batch}, precision {precision}")
-    print(f"parameters           {est.params:,} (matmul {est.params_matmul:,})")
+    print(f"parameters           {est.params:,} (matmul {est.params_matmul:,}, trainable "
+          f"{est.params_trainable:,})")
     for name in ("weights", "best", "grads", "optimizer", "activations", "backward", "total"):
         print(f"{name + ' memory':<21}{_mib(getattr(est, name + '_bytes'))}")
     print(f"FLOPs/token forward  {est.flops_per_token_forward:,.0f}")

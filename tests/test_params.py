@@ -56,12 +56,13 @@ def test_params_yaml_has_every_section_and_key() -> None:
     def missing(model: type[BaseModel], raw: Any, prefix: str) -> list[str]:
         out = []
         for name, field in model.model_fields.items():
-            if not isinstance(raw, dict) or name not in raw:
-                out.append(f"{prefix}.{name}")
+            key = field.alias or name  # tokenize.from is spelled from_ in Python
+            if not isinstance(raw, dict) or key not in raw:
+                out.append(f"{prefix}.{key}")
                 continue
             ann = field.annotation
             if isinstance(ann, type) and issubclass(ann, BaseModel):
-                out += missing(ann, raw[name], f"{prefix}.{name}")
+                out += missing(ann, raw[key], f"{prefix}.{key}")
         return out
 
     assert [k for s in SECTIONS for k in missing(section_class(s), data[s], s)] == []

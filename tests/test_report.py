@@ -283,6 +283,24 @@ def test_a_key_added_after_registration_deviates_only_when_it_changes_behaviour(
             in p.md_out.read_text()) is deviated
 
 
+@pytest.mark.parametrize(("value", "deviated"), [(None, False), ("other/tokenizer.json", True)])
+def test_tokenize_from_written_out_as_null_is_the_registered_experiment(tmp_path, value,
+                                                                        deviated):
+    # tokenize.from came after the committed registration; null trains the tokenizer here, as
+    # every run before it did
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["tokenize"] = {k: v for k, v in (data.get("tokenize") or {}).items() if k != "from"}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, before_scores=True)
+    data["tokenize"]["from"] = value
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert (s.decision == "DEVIATED") is deviated
+    assert ("tokenize.from: registered '<absent>'" in p.md_out.read_text()) is deviated
+
+
 def test_other_split_packages_and_edited_hash_are_deviated(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)

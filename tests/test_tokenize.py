@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -502,3 +503,56 @@ def test_rows_flags_and_counts_from_a_block():
     assert augmented.to_pylist() == [{"sha256": a, "transpose": 2, "track": -1,
                                       "ids": list(range(7)), "n_tokens": 7}]
     assert counts == Counter(base_tokens=13, augmented_sequences=1, augment_out_of_range=1)
+
+
+def test_a_shared_tokenizer_is_used_as_it_is(reference, corpus_files, tmp_path):
+    """tokenize.from: another corpus tokenised with the reference run's tokenizer. Nothing is
+    trained on its split, the tokenizer file and its hash are the reference's byte for byte,
+    and every id is what that tokenizer gives, so both corpora's tokens mean the same."""
+    other = {k: v for k, v in corpus_files.items() if k.startswith("synth/")
+             and int(k[6:8]) % 2 == 0}
+    write_corpus(tmp_path, other)
+    shared = reference / OUTPUTS[0]
+    cfg = TokenizeConfig.model_validate({"vocab_size": 600, "from": str(shared)})
+    run_stage(tmp_path, cfg)
+    assert (tmp_path / OUTPUTS[0]).read_bytes() == shared.read_bytes()
+    ours, theirs = read_json(tmp_path / OUTPUTS[3]), read_json(reference / OUTPUTS[3])
+    assert ours["tokenizer_hash"] == theirs["tokenizer_hash"]
+    report = read_json(tmp_path / OUTPUTS[4])
+    assert report["model_trained_on_pieces"] == 0
+    assert report["tokenizer_from_sha256"] == sha256_bytes(shared.read_bytes())
+    assert read_json(reference / OUTPUTS[4])["tokenizer_from_sha256"] is None
+    tok = miditok.REMI(params=shared)
+    tokens = pd.read_parquet(tmp_path / "data/tokens/tokens.parquet")
+    manifest = pd.read_parquet(tmp_path / "data/manifest.parquet")
+    path_of = dict(zip(manifest["sha256"], manifest["path"], strict=True))
+    for sha, ids in zip(tokens["sha256"][:4], tokens["ids"][:4], strict=True):
+        want = tok.encode(tmp_path / "data/raw" / path_of[sha])
+        want = want[0] if isinstance(want, list) else want
+        assert list(ids) == list(want.ids)
+    # the same corpus with its own BPE gets other merges, so other ids
+    write_corpus(tmp_path / "own", other)
+    run_stage(tmp_path / "own")
+    assert read_json(tmp_path / "own" / OUTPUTS[3])["tokenizer_hash"] != ours["tokenizer_hash"]
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    ({"vocab_size": 700}, "600 tokens, but tokenize.vocab_size = 700; set it to 600"),
+    ({"tokenizer": "TSD"}, "a REMI tokenizer, but tokenize.tokenizer = TSD; set it to REMI"),
+    ({"model": "none"}, "its trained vocabulary is BPE, but tokenize.model = none"),
+    ({"config": {"use_programs": False}}, "use_programs: True there, False here"),
+])
+def test_a_shared_tokenizer_params_do_not_describe_is_refused(reference, corpus_files, tmp_path,
+                                                              change, match):
+    write_corpus(tmp_path, dict(list(corpus_files.items())[:3]))
+    cfg = TokenizeConfig.model_validate({"vocab_size": 600, **change,
+                                         "from": str(reference / OUTPUTS[0])})
+    with pytest.raises(ParamsError, match=re.escape(match)):
+        run_stage(tmp_path, cfg)
+
+
+def test_a_missing_shared_tokenizer_names_the_key(corpus_files, tmp_path):
+    write_corpus(tmp_path, dict(list(corpus_files.items())[:2]))
+    cfg = TokenizeConfig.model_validate({"vocab_size": 600, "from": "nowhere/tokenizer.json"})
+    with pytest.raises(ParamsError, match=r"tokenize\.from = 'nowhere/tokenizer\.json': no such"):
+        run_stage(tmp_path, cfg)

@@ -42,8 +42,9 @@ from pipeline.training.config import LATER_KEYS
 
 # Params keys added after registrations existed, with the value that keeps the earlier behaviour:
 # absent from a registration and set to that value now is the same experiment, not a deviation.
-LATER_DEFAULTS = {f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.items()
-                  for k, v in keys.items()}
+LATER_DEFAULTS = {**{f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.items()
+                     for k, v in keys.items()},
+                  "tokenize.from": None}
 
 SCHEMA_VERSION = 3
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",

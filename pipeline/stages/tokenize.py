@@ -92,6 +92,11 @@ class TokenizeConfig(StageConfig):
     vocab_size: int = Field(1000, ge=1)
     transpose: list[int] = Field(default_factory=list)
     timeout_s: float = Field(120.0, gt=0)
+    from_: str | None = Field(None, alias="from")
+    """A saved tokenizer (``tokenizer.json`` of another run, e.g. a pretraining corpus's) used
+    as it is, its trained vocabulary included, instead of training one on this split: runs that
+    share it share every id (:func:`load_shared`). ``tokenizer``, ``config``, ``model`` and
+    ``vocab_size`` must describe it."""
 
     @field_validator("tokenizer")
     @classmethod
@@ -249,7 +254,10 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     t_encode = time.perf_counter()
 
     base_vocab = len(base.vocab)
-    tokenizer, trained_on = train_model(cfg, base, pieces, entries)
+    if cfg.from_ is not None:
+        tokenizer, trained_on = load_shared(cfg, base, Path(cfg.from_)), []
+    else:
+        tokenizer, trained_on = train_model(cfg, base, pieces, entries)
     t_train = time.perf_counter()
     stats = write_tables(tokenizer, pieces, wanted, entries, failures,
                          tokens_dir / "tokens.parquet", tokens_dir / "augmented.parquet")
@@ -270,6 +278,8 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     metrics = {**stats, **info.to_dict(),
                "model_trained_on_pieces": len(train_shas),
                "model_trained_on_hash": sha256_json(train_shas),
+               "tokenizer_from_sha256": (sha256_bytes(Path(cfg.from_).read_bytes())
+                                         if cfg.from_ is not None else None),
                "split_hash_matches_split_report": s_agrees}
     write_text(tokenizer_out, tok_text)
     info.write(tokens_dir / "info.json")
@@ -312,6 +322,43 @@ def make_tokenizer_checked(cfg: TokenizeConfig) -> Any:
         raise ParamsError(f"params.yaml: tokenize.vocab_size = {cfg.vocab_size}: must exceed the "
                           f"base vocabulary of {cfg.tokenizer} ({len(tok.vocab)} tokens) when "
                           f"model = {cfg.model}")
+    return tok
+
+
+def load_shared(cfg: TokenizeConfig, base: Any, path: Path) -> Any:
+    """The tokenizer saved at ``path`` (``tokenize.from``), checked against ``cfg``: the same
+    miditok class and configuration as ``base`` (this run's base encodings are made with it),
+    and the trained vocabulary ``cfg.model`` / ``cfg.vocab_size`` say. Any difference is a
+    ParamsError naming the key, what the file holds and what params say, so params always
+    describe the tokenizer in use. Its JSON round-trips exactly, so its ``tokenizer_hash`` in
+    info.json is the source run's."""
+    from pipeline.tokens.tokenizer import load_tokenizer
+
+    where = f"params.yaml: tokenize.from = {str(path)!r}"
+    if not path.is_file():
+        raise ParamsError(f"{where}: no such file (a tokenizer.json written by symkit tokenize)")
+    try:
+        tok = load_tokenizer(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # ArtifactError is a ValueError
+        raise ParamsError(f"{where}: not a miditok tokenizer ({e})") from None
+    name = type(tok).__name__
+    if name != cfg.tokenizer:
+        raise ParamsError(f"{where}: a {name} tokenizer, but tokenize.tokenizer = "
+                          f"{cfg.tokenizer}; set it to {name}")
+    theirs, ours = (json.loads(json.dumps(t.config.to_dict(serialize=True)))  # tuples: lists
+                    for t in (tok, base))
+    if theirs != ours:
+        keys = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+        raise ParamsError(f"{where}: its configuration differs from tokenize.config: "
+                          + ", ".join(f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
+                                      for k in keys))
+    model = json.loads(tok._model.to_str())["model"]["type"] if tok.is_trained else "none"
+    if model != cfg.model:
+        raise ParamsError(f"{where}: its trained vocabulary is {model}, but tokenize.model = "
+                          f"{cfg.model}; set it to {model}")
+    if model != "none" and len(tok) != cfg.vocab_size:
+        raise ParamsError(f"{where}: {len(tok)} tokens, but tokenize.vocab_size = "
+                          f"{cfg.vocab_size}; set it to {len(tok)}")
     return tok
 
 

@@ -175,6 +175,17 @@ def load_seeds(spec: ModelSpec, device: str, info: TokenInfo) -> dict[int, Seque
     return {int(s.seed): models[s.key] for s in specs}
 
 
+def named_seeds(names: Sequence[str], *, transformer_dir: Path, device: str, info: TokenInfo
+                ) -> dict[str, dict[int, SequenceModel]]:
+    """Every training seed of the transformer when ``names`` lists it (:func:`load_seeds`):
+    ``{"transformer": {seed: model}}``, empty for a model trained once; a seed that cannot be
+    used raises :class:`ModelUnavailable`. What generate and audit judge the recipe on."""
+    if "transformer" not in names:
+        return {}
+    spec = ModelSpec("transformer", Path(transformer_dir), load_transformer)
+    return {"transformer": load_seeds(spec, device, info)}
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--ngram-dir`` and ``--transformer-dir``, defaulting to the training stages' outputs."""
     parser.add_argument("--ngram-dir", type=Path, default=Path("data/ngram"))

@@ -70,12 +70,10 @@ from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.music.midi import score_notes
 from pipeline.music.stats import STATS, quality_guard
 from pipeline.scoring.loading import (
-    ModelSpec,
     ModelUnavailable,
     add_model_arguments,
     load_named,
-    load_seeds,
-    load_transformer,
+    named_seeds,
 )
 from pipeline.scoring.memorisation import (
     Extraction,
@@ -534,21 +532,15 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_section("audit", args.params, AuditConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
+        info = TokenInfo.read(args.info)
         models = load_named(cfg.models, ngram_dir=args.ngram_dir,
-                            transformer_dir=args.transformer_dir, device=cfg.device,
-                            info=TokenInfo.read(args.info), torch_threads=runtime.torch_threads)
+                            transformer_dir=args.transformer_dir, device=cfg.device, info=info,
+                            torch_threads=runtime.torch_threads)
+        seeds = named_seeds(cfg.models, transformer_dir=args.transformer_dir, device=cfg.device,
+                            info=info)
     except ModelUnavailable as e:
         print(f"symkit audit: cannot use a model listed in audit.models: {e}", file=sys.stderr)
         return 1
-    seeds = {}
-    if "transformer" in cfg.models:
-        spec = ModelSpec("transformer", args.transformer_dir, load_transformer)
-        try:
-            seeds["transformer"] = load_seeds(spec, cfg.device, TokenInfo.read(args.info))
-        except ModelUnavailable as e:
-            print(f"symkit audit: cannot use a training seed of the transformer: {e}",
-                  file=sys.stderr)
-            return 1
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
             tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
             spans=args.spans, shingling=Shingling.read(args.fingerprint),

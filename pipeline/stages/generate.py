@@ -50,12 +50,10 @@ from pipeline.core.artifacts import stable_int
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.music.midi import score_notes
 from pipeline.scoring.loading import (
-    ModelSpec,
     ModelUnavailable,
     add_model_arguments,
     load_named,
-    load_seeds,
-    load_transformer,
+    named_seeds,
 )
 from pipeline.scoring.sampling import SamplingParams, sample_sequences
 from pipeline.tokens.contract import TokenInfo, never_sampled
@@ -227,22 +225,16 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_section("generate", args.params, GenerateConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
+        info = TokenInfo.read(args.info)
         models = load_named(cfg.models, ngram_dir=args.ngram_dir,
-                            transformer_dir=args.transformer_dir, device=cfg.device,
-                            info=TokenInfo.read(args.info), torch_threads=runtime.torch_threads)
+                            transformer_dir=args.transformer_dir, device=cfg.device, info=info,
+                            torch_threads=runtime.torch_threads)
+        seeds = named_seeds(cfg.models, transformer_dir=args.transformer_dir, device=cfg.device,
+                            info=info)
     except ModelUnavailable as e:
         print(f"symkit generate: cannot use a model listed in generate.models: {e}",
               file=sys.stderr)
         return 1
-    seeds = {}
-    if "transformer" in cfg.models:
-        spec = ModelSpec("transformer", args.transformer_dir, load_transformer)
-        try:
-            seeds["transformer"] = load_seeds(spec, cfg.device, TokenInfo.read(args.info))
-        except ModelUnavailable as e:
-            print(f"symkit generate: cannot use a training seed of the transformer: {e}",
-                  file=sys.stderr)
-            return 1
     s = run(cfg, models, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
             samples_out=args.samples_out, samples_dir=args.samples_dir, seeds=seeds)
     print(f"generate: {s.n_samples} samples ({s.n_decode_failures} failed to decode), "

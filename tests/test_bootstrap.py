@@ -87,14 +87,20 @@ def simulate(rng: np.random.Generator, n_groups: int = 40, n_seeds: int = 3, rel
     return nll_a, nll_b, notes, codes
 
 
-def test_one_seed_equals_the_plain_group_bootstrap():
+def one_seed_against_plain(interval) -> tuple[dict, dict, dict]:
+    """``interval`` (a seed-aware paired interval) on one seed per model, and the plain group
+    bootstrap's ``diff`` and ``rel_improvement`` from the same draws."""
     nll_a, nll_b, notes, codes = simulate(np.random.default_rng(2), n_seeds=1)
     G = int(codes.max()) + 1
-    h = hierarchical_paired_ci(nll_a, nll_b, notes, codes, G, 500, np.random.default_rng(9), 0.95)
+    h = interval(nll_a, nll_b, notes, codes, G, 500, np.random.default_rng(9), 0.95)
     w = bootstrap_weights(G, 500, np.random.default_rng(9))
     num_a, num_b, den = (group_sums(codes, x, G) for x in (nll_a, nll_b[0], notes))
-    diff = paired_diff_ci(num_a, den, num_b, den, w, 0.95)
-    rel = paired_rel_ci(num_a, den, num_b, den, w, 0.95)
+    return (h, paired_diff_ci(num_a, den, num_b, den, w, 0.95),
+            paired_rel_ci(num_a, den, num_b, den, w, 0.95))
+
+
+def test_one_seed_equals_the_plain_group_bootstrap():
+    h, diff, rel = one_seed_against_plain(hierarchical_paired_ci)
     assert {k: h["diff"][k] for k in diff} == diff
     assert {k: h["rel_improvement"][k] for k in rel} == rel
     assert h["rel_improvement"]["per_seed"] == [rel["value"]]
@@ -181,13 +187,9 @@ def test_with_seed_term_keeps_the_groups_skew():
 
 
 def test_seed_t_interval_with_one_seed_is_the_plain_group_bootstrap():
-    nll_a, nll_b, notes, codes = simulate(np.random.default_rng(2), n_seeds=1)
-    G = int(codes.max()) + 1
-    h = seed_t_paired_ci(nll_a, nll_b, notes, codes, G, 500, np.random.default_rng(9), 0.95)
-    w = bootstrap_weights(G, 500, np.random.default_rng(9))
-    num_a, num_b, den = (group_sums(codes, x, G) for x in (nll_a, nll_b[0], notes))
-    assert h["diff"] == paired_diff_ci(num_a, den, num_b, den, w, 0.95)
-    assert h["rel_improvement"] == paired_rel_ci(num_a, den, num_b, den, w, 0.95)
+    h, diff, rel = one_seed_against_plain(seed_t_paired_ci)
+    assert h["diff"] == diff
+    assert h["rel_improvement"] == rel
 
 
 def t_coverage(n_experiments: int, n_boot: int, level: float, sd_seed: float,

@@ -415,12 +415,17 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
         sp = artifacts.read_parquet(splits, columns=["sha256", "group_id"])
         groups = dict(zip(sp["sha256"].astype(str), sp["group_id"].astype(str), strict=True))
     heldout = pd.concat([split["val"], split["test"]], ignore_index=True)
-    checks = model_checks(models, split["train"], heldout, split["test"], cfg, forbid, groups)
-    result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
+    # a measured model trained over several seeds is measured once per seed; the first seed is
+    # the model itself (train_transformer writes the same weights to both), so its checks stand
+    # for the model's point blocks instead of being computed a second time
     seed_checks = {name: model_checks({str(k): m for k, m in by_seed.items()}, split["train"],
                                       heldout, split["test"], cfg, forbid, groups)
                    for name, by_seed in sorted((seeds or {}).items())
-                   if name in checks and len(by_seed) > 1}  # measured models with seeds
+                   if name in models and len(by_seed) > 1}
+    checks = model_checks({n: m for n, m in models.items() if n not in seed_checks},
+                          split["train"], heldout, split["test"], cfg, forbid, groups)
+    checks.update({name: by_seed[min(by_seed, key=int)] for name, by_seed in seed_checks.items()})
+    result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
     result["judged"] = judge(df, checks, cfg, seed_checks)
     for name, by_seed in seed_checks.items():
         result["judged"][name]["per_seed"] = per_seed_checks(by_seed, cfg)

@@ -87,16 +87,17 @@ def param_numels(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_r
                  bias: bool = True) -> dict[str, int]:
     """Every parameter of ``GPT`` by its ``named_parameters`` name, with its element count (the
     tied output projection is ``wte.weight``). Sums to ``count_params(...)["total"]``."""
-    C, H = n_embd, mlp_ratio * n_embd
+    C = n_embd
     out = {"wte.weight": vocab_size * C, "wpe.weight": seq_len * C}
-    linears = {"attn.qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, H), "mlp.proj": (H, C)}
+    linears = linear_shapes(n_layer, n_embd, mlp_ratio)
     for i in range(n_layer):
         pre = f"blocks.{i}."
         for ln in ("ln_1", "ln_2"):
             out[f"{pre}{ln}.weight"] = C
             if bias:
                 out[f"{pre}{ln}.bias"] = C
-        for name, (n_in, n_out) in linears.items():
+        for name in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"):
+            n_in, n_out = linears[pre + name]
             out[f"{pre}{name}.weight"] = n_in * n_out
             if bias:
                 out[f"{pre}{name}.bias"] = n_out

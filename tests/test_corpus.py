@@ -160,3 +160,49 @@ def test_index_tracks_content_and_hashes_only_changed_files(tmp_path: Path):
     for f in cache.iterdir():
         f.write_bytes(b"garbage")
     assert sync() == 5 and (tmp_path / "i2.parquet").read_bytes() == index.read_bytes()
+
+
+# ------------------------------------------------------------------ music21:<composer>
+def test_music21_composer_source_carries_work_and_rights(tmp_path: Path):
+    """A music21 composer's scores arrive as MIDI with their parent work as the group (a mass
+    movement joins its mass) and the encoding's copyright as the licence; include narrows."""
+    cfg = CorpusConfig(source="music21:palestrina",
+                       include=["palestrina/Agnus_0[01].krn", "palestrina/Kyrie_02.krn"])
+    summary = run(cfg, RuntimeConfig(workers=1, progress=False), raw_dir=tmp_path / "raw",
+                  metadata_out=tmp_path / "meta.csv", index_out=tmp_path / "index.parquet")
+    assert summary.n_files == 3 and summary.n_unresolved == 0
+    with open(tmp_path / "meta.csv", newline="", encoding="utf-8") as f:
+        rows = {r["path"]: r for r in csv.DictReader(f)}
+    assert sorted(rows) == ["palestrina/Agnus_00.mid", "palestrina/Agnus_01.mid",
+                            "palestrina/Kyrie_02.mid"]
+    agnus, kyrie = rows["palestrina/Agnus_01.mid"], rows["palestrina/Kyrie_02.mid"]
+    assert agnus["group"].startswith("Missa") and agnus["title"] == "Agnus"
+    assert "Copyright" in agnus["license"] and "Palestrina" in agnus["composer"]
+    assert kyrie["corpus_path"] == "palestrina/Kyrie_02.krn"
+    for rel in rows:
+        assert (tmp_path / "raw" / rel).read_bytes()[:4] == b"MThd"
+    # a second run converts nothing again and writes the same metadata
+    first = (tmp_path / "meta.csv").read_bytes()
+    run(cfg, RuntimeConfig(workers=1, progress=False), raw_dir=tmp_path / "raw",
+        metadata_out=tmp_path / "meta.csv")
+    assert (tmp_path / "meta.csv").read_bytes() == first
+
+
+@pytest.mark.parametrize(("cfg", "match"), [
+    (CorpusConfig(source="music21:nobodyatall"), r"corpus\.source = 'music21:nobodyatall'.*"
+                                                  r"lists no score"),
+    (CorpusConfig(source="music21:palestrina", include=["palestrina/Nothing*"]),
+     r"corpus\.include = \['palestrina/Nothing\*'\]: no score"),
+])
+def test_music21_composer_source_refusals_name_the_key(tmp_path: Path, cfg, match):
+    with pytest.raises(ParamsError, match=match):
+        run(cfg, RuntimeConfig(workers=1, progress=False), raw_dir=tmp_path / "raw",
+            metadata_out=tmp_path / "meta.csv")
+
+
+def test_include_needs_a_music21_composer(tmp_path: Path):
+    (tmp_path / "src").mkdir()
+    cfg = CorpusConfig(source=str(tmp_path / "src"), include=["*"])
+    with pytest.raises(ParamsError, match=r"corpus\.include = \['\*'\]: only a music21"):
+        run(cfg, RuntimeConfig(workers=1, progress=False), raw_dir=tmp_path / "raw",
+            metadata_out=tmp_path / "meta.csv")

@@ -1,6 +1,6 @@
 """Split: groups never span splits, additions that merge nothing move nothing, k folds, too few
 groups in val or test stop the stage, and groups holding a piece of ``split.exclude_test`` never
-go to test."""
+go to test (``split.exclude_train``: never to train)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from pipeline.stages.split import (
     check_min_groups,
     moved_pieces,
     read_exclude_test,
+    read_exclude_train,
     split_table,
 )
 from pipeline.stages.split import run as run_split
@@ -240,9 +241,9 @@ def test_stage_refuses_a_split_that_puts_one_group_in_two_splits(tmp_path, monke
     pieces, _ = planted_corpus(seed=2, families=4, singles=10)
     real = split_stage.split_table
 
-    def buggy(files, clusters, cfg, exclude=()):
+    def buggy(files, clusters, cfg, exclude=(), exclude_train=()):
         # one piece of a multi-piece group moves to another split
-        table = real(files, clusters, cfg, exclude)
+        table = real(files, clusters, cfg, exclude, exclude_train)
         sizes = table["group_id"].map(table["group_id"].value_counts())
         i = int((sizes > 1).to_numpy().argmax())
         table.loc[i, "split"] = "val" if table.loc[i, "split"] != "val" else "test"
@@ -459,3 +460,94 @@ def split_table_of(root, cfg):
     man = artifacts.read_parquet(root / "manifest.parquet", columns=["sha256", "status", "group"])
     files = man[man["status"].isin(["ok", "duplicate"])].fillna({"group": ""})
     return split_table(files, artifacts.read_parquet(root / "dedupe" / "clusters.parquet"), cfg)
+
+
+# ------------------------------------------------------------------ split.exclude_train
+@pytest.mark.parametrize("raw", [{}, {"train": 0.6, "val": 0.1, "test": 0.3}],
+                         ids=["default", "skewed"])
+def test_train_listed_groups_leave_train_for_val_and_test_and_nothing_else_moves(raw):
+    n = 3000  # groups of two pieces; the second piece of every other group is listed
+    shas = [_sha(i) for i in range(2 * n)]
+    files, clusters = _tables(shas, [f"g{i // 2}" for i in range(2 * n)], list(range(2 * n)),
+                              [True] * (2 * n))
+    cfg = parse_section("split", {**raw, "exclude_test": None}, SplitConfig)
+    plain = split_table(files, clusters, cfg).set_index("sha256")
+    listed = set(shas[1::4]) | {_sha(0, "not in the corpus")}
+    table = split_table(files, clusters, cfg, exclude_train=listed).set_index("sha256")
+    held = table.loc[sorted(listed & set(shas)), "group_id"]
+    in_held = table["group_id"].isin(held)
+    assert in_held.sum() == 2 * len(held) == n
+    assert not (table.loc[in_held, "split"] == "train").any()
+    assert (table.loc[~in_held, "split"] == "train").any()
+    pd.testing.assert_frame_equal(table[~in_held], plain[~in_held])
+    stayed = in_held & (plain["split"] != "train")
+    assert (table.loc[stayed, "split"] == plain.loc[stayed, "split"]).all()
+    moved = table[in_held & (plain["split"] == "train")].drop_duplicates("group_id")
+    assert len(moved) > 500 and set(moved["split"]) == {"val", "test"}
+    assert abs((moved["split"] == "val").mean() - cfg.val / (cfg.val + cfg.test)) < 0.06
+    again = split_table(files, clusters, cfg,
+                        exclude_train=sorted(listed, reverse=True)).set_index("sha256")
+    pd.testing.assert_frame_equal(again, table)
+
+
+def test_a_group_listed_for_both_goes_to_val():
+    shas = [_sha(i) for i in range(400)]
+    files, clusters = _tables(shas, [""] * 400, list(range(400)), [True] * 400)
+    table = split_table(files, clusters, CFG, shas, shas)
+    assert set(table["split"]) == {"val"}
+
+
+def test_the_exclude_train_file_is_a_list_or_a_contamination_match_table(tmp_path):
+    import pyarrow as pa
+
+    a, b = _sha(1), _sha(2)
+    _write_list(tmp_path / "list.txt", ["# copies", b, a, a])
+    assert read_exclude_train(tmp_path / "list.txt") == [a, b]
+    assert read_exclude_train(None) == []
+    table = pa.table({"sha256": [_sha(3), _sha(4), _sha(5)], "ref_sha256": [b, a, b]})
+    artifacts.write_parquet(tmp_path / "matches.parquet", table)
+    assert read_exclude_train(tmp_path / "matches.parquet") == [a, b]
+    artifacts.write_parquet(tmp_path / "other.parquet", pa.table({"sha256": [a]}))
+    with pytest.raises(ParamsError, match=r"split\.exclude_train = .*other\.parquet.*ref_sha256"):
+        read_exclude_train(tmp_path / "other.parquet")
+    artifacts.write_parquet(tmp_path / "bad.parquet", pa.table({"ref_sha256": ["abc"]}))
+    with pytest.raises(ParamsError, match=r"split\.exclude_train = .*'abc' is not a sha256"):
+        read_exclude_train(tmp_path / "bad.parquet")
+    (tmp_path / "torn.parquet").write_bytes(b"not parquet")
+    with pytest.raises(ParamsError, match=r"split\.exclude_train = .*torn\.parquet"):
+        read_exclude_train(tmp_path / "torn.parquet")
+    with pytest.raises(ParamsError, match=r"split\.exclude_train = .*nowhere\.txt.*not found"):
+        read_exclude_train(tmp_path / "nowhere.txt")
+    with pytest.raises(ParamsError, match="exclude_train needs val"):
+        parse_section("split", {"train": 1.0, "val": 0.0, "test": 0.0, "exclude_test": None,
+                                "exclude_train": "x"}, SplitConfig)
+
+
+def test_the_stage_keeps_listed_groups_out_of_train_and_counts_them(tmp_path):
+    import pyarrow as pa
+
+    pieces, _ = planted_corpus(seed=3, families=6, singles=60)
+    _, paths = _stage(tmp_path / "plain", pieces)
+    first = artifacts.read_parquet(paths["splits"])
+    report = artifacts.read_json(paths["report"])
+    keys = ("listed", "pieces", "groups", "moved", "in_train")
+    assert {report[f"exclude_train_{k}"] for k in keys} == {None}
+    train = sorted(first.loc[first["split"] == "train", "sha256"])
+    listed = train[:10] + sorted(first.loc[first["split"] == "val", "sha256"])[:2]
+    copies = pa.table({"sha256": [_sha(i, "other") for i in range(12)], "ref_sha256": listed})
+    artifacts.write_parquet(tmp_path / "matches.parquet", copies)
+    _, out = _stage(tmp_path / "excluded", pieces,
+                    cfg=SplitConfig(seed=1234, exclude_test=None,
+                                    exclude_train=str(tmp_path / "matches.parquet")))
+    table = artifacts.read_parquet(out["splits"])
+    assert not table.loc[table["sha256"].isin(listed), "split"].eq("train").any()
+    report = artifacts.read_json(out["report"])
+    assert report["exclude_train_listed"] == report["exclude_train_pieces"] == 12
+    assert report["exclude_train_in_train"] == 0
+    held = first.loc[first["sha256"].isin(listed), "group_id"].unique()
+    assert report["exclude_train_groups"] == len(held)
+    moved = first.loc[first["group_id"].isin(held) & (first["split"] == "train"), "group_id"]
+    assert report["exclude_train_moved"] == moved.nunique() > 0
+    rest = ~table["group_id"].isin(held)
+    pd.testing.assert_frame_equal(table[rest].reset_index(drop=True),
+                                  first[~first["group_id"].isin(held)].reset_index(drop=True))

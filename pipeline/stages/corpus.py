@@ -8,6 +8,13 @@ Sources:
   as MIDI (byte-identical on every run and in any process). Their ``group`` is the chorale's title
   from music21's Riemenschneider/BWV list. Titles are hymn texts: one melody can appear under
   several titles, which the dedupe stage catches.
+- ``music21:<composer>`` (e.g. ``music21:palestrina``): every score music21's corpus lists under
+  that composer (``music21.corpus.getComposer``), sorted by corpus path, optionally narrowed by
+  ``corpus.include`` (glob patterns on that path, e.g. ``palestrina/Kyrie*``), written as MIDI to
+  ``<corpus path without its extension>.mid``. Their ``group`` is the parent work from music21's
+  metadata bundle (a mass, for a mass movement: its movements share their material; none: the
+  score is a group of its own); ``composer``, ``title`` and ``license`` (the encoding's
+  copyright line) come from the same bundle, so rights travel with every piece.
 - a folder: every ``.mid``/``.midi``/``.kar`` file below it (any case), sorted; symbolic links
   that lead outside the folder are not followed. Files are copied (or hard-linked) unchanged.
 
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import io
 import os
 import shutil
@@ -50,6 +58,7 @@ from pipeline.core.parallel import ordered_map
 from pipeline.music.midi import scan_midi_files
 
 BACH = "music21:bach-chorales"
+MUSIC21 = "music21:"
 
 
 class CorpusConfig(StageConfig):
@@ -58,6 +67,7 @@ class CorpusConfig(StageConfig):
     source: str = Field(BACH, min_length=1)
     metadata: str | None = None
     link: Literal["copy", "hardlink"] = "copy"
+    include: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +224,73 @@ def materialise_bach(
     return rows
 
 
+# --------------------------------------------------------------------------- music21 composers
+def composer_entries(composer: str, include: list[str] | None) -> list[dict[str, str]]:
+    """One dict per score music21's corpus lists under ``composer`` (``path``: its corpus path,
+    with ``group``, ``composer``, ``title`` and ``license`` from the metadata bundle), sorted by
+    path and narrowed by ``include`` (glob patterns on the path; None = all)."""
+    from music21 import common, corpus
+
+    root = Path(common.getCorpusFilePath())
+    paths = sorted(Path(str(p)).relative_to(root).as_posix()
+                   for p in corpus.getComposer(composer))
+    if not paths:
+        raise ParamsError(f"corpus.source = {MUSIC21 + composer!r}: music21's corpus lists no "
+                          f"score by {composer!r}; use {BACH!r}, a music21 composer with scores "
+                          "(e.g. 'music21:palestrina', 'music21:monteverdi') or a folder")
+    if include is not None:
+        paths = [p for p in paths if any(fnmatch.fnmatchcase(p, pat) for pat in include)]
+        if not paths:
+            raise ParamsError(f"corpus.include = {include!r}: no score of {composer!r} matches; "
+                              "patterns are globs on music21 corpus paths such as "
+                              f"'{composer}/*'")
+    bundle = corpus.corpora.CoreCorpus().metadataBundle
+    meta = {Path(str(e.sourcePath)).as_posix(): e.metadata for e in bundle} if paths else {}
+    rows = []
+    for p in paths:
+        m = meta.get(p)
+        title = str(getattr(m, "title", None) or Path(p).stem)
+        parent = getattr(m, "parentTitle", None)  # no parent work: a group of its own ("")
+        rows.append({"path": p, "group": str(parent or ""), "title": title,
+                     "composer": str(getattr(m, "composer", None) or composer),
+                     "license": str(getattr(m, "copyright", None) or "not stated"),
+                     "source": "music21 corpus"})
+    return rows
+
+
+def score_midi(corpus_path: str) -> tuple[bytes | None, str]:
+    """MIDI bytes of one music21 corpus score, or ``(None, error)``."""
+    from music21 import corpus
+    from music21.midi import translate
+
+    try:
+        score = corpus.parse(corpus_path)
+        return translate.music21ObjectToMidiFile(score).writestr(), ""
+    except Exception as e:  # music21 raises many types for an unreadable score; report it
+        return None, f"{type(e).__name__}: {e}"
+
+
+def composer_filename(corpus_path: str) -> str:
+    return Path(corpus_path).with_suffix(".mid").as_posix()
+
+
+def materialise_composer(cfg: CorpusConfig, raw_dir: Path, workers: int,
+                         show_progress: bool | str) -> list[dict[str, str]]:
+    entries = composer_entries(cfg.source[len(MUSIC21):], cfg.include)
+    # Conversion is deterministic, so a score already on disk (written atomically) is kept.
+    todo = [e["path"] for e in entries if not (raw_dir / composer_filename(e["path"])).exists()]
+    converted = dict(zip(todo, ordered_map(score_midi, todo, workers=workers, desc="scores",
+                                           show_progress=show_progress), strict=True))
+    rows = []
+    for entry in entries:
+        data, error = converted.get(entry["path"], (b"", ""))
+        path = composer_filename(entry["path"]) if data is not None else ""
+        if data:
+            artifacts.write_bytes(raw_dir / path, data)
+        rows.append({**entry, "path": path, "corpus_path": entry["path"], "error": error})
+    return rows
+
+
 # --------------------------------------------------------------------------- content index
 INDEX_SCHEMA = pa.schema(
     [("path", pa.string()), ("sha256", pa.string()), ("size_bytes", pa.int64())]
@@ -307,8 +384,14 @@ def run(
     ``index_out`` (hash facts kept in ``cache_dir`` when given)."""
     raw_dir.mkdir(parents=True, exist_ok=True)
     existing, folders = scan_tree(raw_dir)
+    if cfg.include is not None and not cfg.source.startswith(MUSIC21):
+        raise ParamsError(f"corpus.include = {cfg.include!r}: only a music21 composer source "
+                          f"takes it (corpus.source is {cfg.source!r}); set it to null")
     if cfg.source == BACH:
         rows = materialise_bach(raw_dir, runtime.n_workers(), runtime.progress)
+        placed = {r["path"]: os.stat(raw_dir / r["path"]) for r in rows if r["path"]}
+    elif cfg.source.startswith(MUSIC21):
+        rows = materialise_composer(cfg, raw_dir, runtime.n_workers(), runtime.progress)
         placed = {r["path"]: os.stat(raw_dir / r["path"]) for r in rows if r["path"]}
     else:
         source = Path(cfg.source)

@@ -27,6 +27,14 @@ train:val ratio holds in expectation. Every other group is assigned exactly as w
 and the split stays a pure function of (key, seed, the listed set). Drawing a fresh test set from
 the ledger: ``symkit ledger --spent data/spent_test.txt`` lists every piece ever scored as test.
 
+Excluded from train (``split.exclude_train``): the same rule the other way round, for a corpus
+that pretrains a model later scored on another corpus's held-out pieces. A group holding a listed
+piece never goes to train: where the hash says train it goes to val when
+``sha256(seed, "exclude_train", key) / 2**256 < val / (val + test)``, else to test (a group listed
+in both files goes to val). The file is a list of sha256s as above, or a ``matches.parquet``
+written by ``symkit contamination`` (its ``ref_sha256`` column: this corpus's pieces that copy the
+other corpus's held-out pieces), so decontamination is one stage and one key.
+
 Minimum groups: a hash split of a few groups can leave val or test (the held-out fold, with folds)
 empty or nearly so, and every later stage would run for nothing. Unless ``split.min_groups`` is 0,
 the stage refuses, before writing anything, a split where val or test has fewer than
@@ -87,6 +95,7 @@ class SplitConfig(StageConfig):
     audit_max_test: int = Field(2000, ge=1)
     min_groups: int = Field(2, ge=0)
     exclude_test: str | None = "data/spent_test.txt"
+    exclude_train: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> SplitConfig:
@@ -102,35 +111,60 @@ class SplitConfig(StageConfig):
             raise ValueError("k-fold mode needs train + val > 0")
         if self.exclude_test is not None and self.train + self.val <= 0:
             raise ValueError("exclude_test needs train + val > 0 (excluded groups go there)")
+        if self.exclude_train is not None and self.val + self.test <= 0:
+            raise ValueError("exclude_train needs val + test > 0 (excluded groups go there)")
         return self
 
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def read_exclude_test(path: str | Path | None) -> list[str]:
+def read_exclude_test(path: str | Path | None, key: str = "split.exclude_test") -> list[str]:
     """The distinct sha256s listed in ``path`` (``split.exclude_test``), sorted; [] for None.
 
     One sha256 (64 lowercase hex characters) a line; blank lines and lines starting with ``#``
-    are skipped. A missing file or any other line is a :class:`ParamsError` naming the key."""
+    are skipped. A missing file or any other line is a :class:`ParamsError` naming ``key``."""
     if path is None:
         return []
     path = Path(path)
     if not path.is_file():
-        raise ParamsError(f"split.exclude_test = {str(path)!r}: file not found (a text file of "
+        raise ParamsError(f"{key} = {str(path)!r}: file not found (a text file of "
                           "piece sha256s, one a line; write one with `symkit ledger --spent "
-                          f"{path}`, or set split.exclude_test to null)")
+                          f"{path}`, or set {key} to null)")
     listed = set()
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         if not SHA256.fullmatch(text):
-            raise ParamsError(f"split.exclude_test = {str(path)!r}: line {i} is {text[:80]!r}; "
+            raise ParamsError(f"{key} = {str(path)!r}: line {i} is {text[:80]!r}; "
                               "allowed: a sha256 (64 lowercase hex characters), a blank line "
                               "or a line starting with '#'")
         listed.add(text)
     return sorted(listed)
+
+
+def read_exclude_train(path: str | Path | None) -> list[str]:
+    """The distinct sha256s of ``split.exclude_train``, sorted; [] for None: a text list as
+    :func:`read_exclude_test` reads it, or a contamination ``matches.parquet`` (its
+    ``ref_sha256`` column). Anything else is a :class:`ParamsError` naming the key."""
+    if path is None or Path(path).suffix != ".parquet":
+        return read_exclude_test(path, "split.exclude_train")
+    key = f"split.exclude_train = {str(path)!r}"
+    try:
+        table = artifacts.read_table(Path(path))
+    except artifacts.ArtifactError as e:
+        raise ParamsError(f"{key}: {e} (a matches.parquet written by `symkit contamination`, "
+                          "or a text file of sha256s)") from e
+    if "ref_sha256" not in table.column_names:
+        raise ParamsError(f"{key}: no ref_sha256 column (columns: {table.column_names}); "
+                          "allowed: a matches.parquet written by `symkit contamination`, or a "
+                          "text file of sha256s")
+    listed = sorted({str(v) for v in table["ref_sha256"].to_pylist() if v})
+    bad = next((v for v in listed if not SHA256.fullmatch(v)), None)
+    if bad is not None:
+        raise ParamsError(f"{key}: ref_sha256 {bad[:80]!r} is not a sha256")
+    return listed
 
 
 class SplitInvariantError(RuntimeError):
@@ -230,14 +264,16 @@ def group_keys(files: pd.DataFrame, clusters: pd.DataFrame) -> pd.Series:
     return pd.Series([key_of_comp[c] for c in comp[:n_s]], index=shas, name="group_id")
 
 
-def assign(group_ids: np.ndarray, cfg: SplitConfig,
-           held: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(split, fold)`` of each group key; a pure function of the key, the config and ``held``
+def assign(group_ids: np.ndarray, cfg: SplitConfig, held: np.ndarray | None = None,
+           held_train: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(split, fold)`` of each group key; a pure function of the key, the config, ``held``
     (one bool per key: the group holds a piece of ``split.exclude_test``; such a group never
-    goes to test, see the module docstring)."""
+    goes to test) and ``held_train`` (likewise for ``split.exclude_train`` and train); see the
+    module docstring."""
     splits = np.empty(group_ids.size, dtype=object)
     folds = np.full(group_ids.size, -1, dtype=np.int16)
     held = np.zeros(group_ids.size, dtype=bool) if held is None else held
+    held_train = np.zeros(group_ids.size, dtype=bool) if held_train is None else held_train
     for n, key in enumerate(group_ids.tolist()):
         u = unit_hash(cfg.seed, key)
         if cfg.folds >= 2:
@@ -252,6 +288,9 @@ def assign(group_ids: np.ndarray, cfg: SplitConfig,
         if held[n] and splits[n] == "test":
             w = unit_hash(cfg.seed, key, "exclude_test")
             splits[n] = "train" if w < cfg.train / (cfg.train + cfg.val) else "val"
+        if held_train[n] and splits[n] == "train":
+            w = unit_hash(cfg.seed, key, "exclude_train")
+            splits[n] = ("val" if held[n] or w < cfg.val / (cfg.val + cfg.test) else "test")
     return splits, folds
 
 
@@ -263,15 +302,18 @@ def held_groups(keys: pd.Series, exclude: Collection[str]) -> np.ndarray:
 
 
 def split_table(files: pd.DataFrame, clusters: pd.DataFrame, cfg: SplitConfig,
-                exclude: Collection[str] = ()) -> pd.DataFrame:
+                exclude: Collection[str] = (), exclude_train: Collection[str] = ()
+                ) -> pd.DataFrame:
     """The split of every kept piece, sorted by sha256. ``exclude``: sha256s whose groups never
-    go to test (:func:`read_exclude_test`)."""
+    go to test (:func:`read_exclude_test`); ``exclude_train``: whose groups never go to train
+    (:func:`read_exclude_train`)."""
     keys = group_keys(files, clusters)
     kept = np.sort(clusters.loc[clusters["keep"], "sha256"].to_numpy().astype(str))
     group_id = keys[kept].to_numpy()
     uniq, inverse = np.unique(group_id.astype(str), return_inverse=True)
     held = isin(uniq, held_groups(keys, exclude)) if len(exclude) else None
-    splits, folds = assign(uniq.astype(object), cfg, held)
+    held_train = isin(uniq, held_groups(keys, exclude_train)) if len(exclude_train) else None
+    splits, folds = assign(uniq.astype(object), cfg, held, held_train)
     return pd.DataFrame({"sha256": kept, "group_id": group_id, "split": splits[inverse],
                          "fold": folds[inverse]})
 
@@ -289,6 +331,23 @@ def exclusion_counts(files: pd.DataFrame, clusters: pd.DataFrame, table: pd.Data
     counts = (len(exclude), int(isin(table["sha256"], exclude).sum()), held.size,
               int((plain == "test").sum()))
     return {f"exclude_test_{k}": v for k, v in zip(names, counts, strict=True)}
+
+
+def train_exclusion_counts(files: pd.DataFrame, clusters: pd.DataFrame, table: pd.DataFrame,
+                           listed: Collection[str], cfg: SplitConfig) -> dict[str, int | None]:
+    """``reports/split.json``'s ``exclude_train_*`` keys: sha256s listed, kept pieces listed,
+    groups holding a listed piece, those of them the hash alone would put in train (moved out),
+    and the listed pieces left in train (0 by construction; all None when
+    ``split.exclude_train`` is null)."""
+    names = ("listed", "pieces", "groups", "moved", "in_train")
+    if cfg.exclude_train is None:
+        return {f"exclude_train_{k}": None for k in names}
+    held = held_groups(group_keys(files, clusters), listed) if len(listed) else np.array([])
+    plain, _ = assign(held.astype(object), cfg)
+    in_listed = isin(table["sha256"], listed)
+    counts = (len(listed), int(in_listed.sum()), held.size, int((plain == "train").sum()),
+              int((in_listed & (table["split"] == "train").to_numpy()).sum()))
+    return {f"exclude_train_{k}": v for k, v in zip(names, counts, strict=True)}
 
 
 def moved_pieces(previous: pd.DataFrame | None, table: pd.DataFrame) -> list[str]:
@@ -320,9 +379,10 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     settings = artifacts.read_json(dedupe_dir / "fingerprint.json")
 
     exclude = read_exclude_test(cfg.exclude_test)
+    exclude_train = read_exclude_train(cfg.exclude_train)
     prev_path = previous if previous is not None else (splits if splits.exists() else None)
     prev = artifacts.read_parquet(prev_path) if prev_path is not None else None
-    table = split_table(files, clusters, cfg, exclude)
+    table = split_table(files, clusters, cfg, exclude, exclude_train)
     labels = files.drop_duplicates("sha256").set_index("sha256")["group"]
     pieces = table.assign(group=labels.reindex(table["sha256"]).fillna("").to_numpy(),
                           cluster_id=clusters.set_index("sha256")["cluster_id"]
@@ -343,7 +403,8 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
                  # ok pieces dedupe did not see (a stale data/dedupe): reported, never split
                  "ok_missing_from_dedupe": int((~isin(man.loc[man["status"] == "ok", "sha256"],
                                                       clusters["sha256"])).sum()),
-                 **exclusion_counts(files, clusters, table, exclude, cfg)}
+                 **exclusion_counts(files, clusters, table, exclude, cfg),
+                 **train_exclusion_counts(files, clusters, table, exclude_train, cfg)}
     if prev is not None:  # pieces that entered or left (e.g. a new, fuller copy was kept instead)
         out["pieces_added"] = int((~isin(table["sha256"], prev["sha256"])).sum())
         out["pieces_removed"] = int((~isin(prev["sha256"], table["sha256"])).sum())
@@ -369,6 +430,8 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
                                           "audit_max_test"})
         if exclude:  # the listed set moves groups out of test: keep its state apart
             context["exclude_test"] = artifacts.sha256_bytes("\n".join(exclude).encode())
+        if exclude_train:
+            context["exclude_train"] = artifacts.sha256_bytes("\n".join(exclude_train).encode())
         cache = AuditCache(cache_dir, cache_key(rule, ioi, context), digests)
     else:
         sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, [], None, inputs)

@@ -54,14 +54,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import torch
 
 from models.transformer import GPT, TransformerConfig
+from pipeline.core.memory import FIXED_MMAP, PeakRSS
 from pipeline.tokens.contract import TokenInfo
 from pipeline.tools.estimate import estimate, peak_tflops, saved_activation_bytes
 from pipeline.training.config import TransformerStageConfig
@@ -72,31 +71,6 @@ from pipeline.training.setup import build_model, make_optimizer, make_scheduler
 from pipeline.training.synthetic import write_token_data
 
 VOCAB = 300
-
-
-class PeakRSS:
-    """Peak resident memory of this process while the context is open (sampling thread)."""
-
-    def __enter__(self) -> PeakRSS:
-        self.proc = psutil.Process()
-        self.start = self.peak = self.proc.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.005)
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def delta(self) -> int:
-        return self.peak - self.start
 
 
 def make_cfg(device: str, precision: str, steps: int, pack: bool) -> TransformerStageConfig:
@@ -238,11 +212,6 @@ def memory_child(args: argparse.Namespace) -> None:
     with torch.autocast(args.device.split(":")[0], dtype=amp, enabled=amp is not None):
         saved = saved_activation_bytes(model, x, x)
     print(json.dumps({"peak": peak, "saved": saved, "train_tokens": n_tokens}))
-
-
-FIXED_MMAP = "MALLOC_MMAP_THRESHOLD_=131072"
-"""glibc environment setting: every block of 128 KiB or more is its own mapping, returned to the
-OS when freed (by default the threshold grows after frees and freed blocks stay resident)."""
 
 
 def memory(args: argparse.Namespace, precision: str, fixed_mmap: bool) -> dict[str, int]:

@@ -223,6 +223,23 @@ def test_load_models_reports_failures(setup):
     assert list(models) == ["stale"]
 
 
+def test_any_split_accepts_another_split_never_another_tokenizer(setup):
+    """A model trained on another corpus or split with this tokenizer (a pretrained model scored
+    zero-shot) loads only when the caller asks for it; another tokenizer never does."""
+    paths, root = setup
+    info = TokenInfo.read(paths["info"])
+    elsewhere, other_tok = root / "data" / "elsewhere", root / "data" / "other_tok"
+    _fit_and_save(paths, elsewhere, order=2, split_hash="another-split")
+    _fit_and_save(paths, other_tok, order=2, split_hash="another-split", tokenizer_hash="other")
+    specs = [ModelSpec("elsewhere", elsewhere, load_ngram),
+             ModelSpec("other_tok", other_tok, load_ngram)]
+    models, unavailable = load_models(specs, info=info)
+    assert not models and unavailable["elsewhere"].startswith("stale: split_hash another-split")
+    models, unavailable = load_models(specs, info=info, any_split=True)
+    assert list(models) == ["elsewhere"]
+    assert unavailable["other_tok"].startswith("stale: tokenizer_hash other != tok-hash")
+
+
 def test_evaluate_params_fail_fast():
     with pytest.raises(ParamsError, match=r"evaluate\.splits"):
         parse_section("evaluate", {"splits": ["train"]}, EvaluateConfig)

@@ -536,6 +536,21 @@ def test_a_shared_tokenizer_is_used_as_it_is(reference, corpus_files, tmp_path):
     assert read_json(tmp_path / "own" / OUTPUTS[3])["tokenizer_hash"] != ours["tokenizer_hash"]
 
 
+def test_cli_from_overrides_the_param(reference, corpus_files, tmp_path, monkeypatch):
+    """``symkit tokenize --from F`` tokenises with F although params.yaml trains its own BPE:
+    how a second pipeline (experiments/adaptation) reuses the first one's tokenizer."""
+    from pipeline.cli import main
+
+    write_corpus(tmp_path, dict(list(corpus_files.items())[:3]))
+    (tmp_path / "params.yaml").write_text(
+        "runtime:\n  workers: 1\n  progress: false\ntokenize:\n  vocab_size: 600\n")
+    monkeypatch.chdir(tmp_path)
+    shared = reference / OUTPUTS[0]
+    assert main(["tokenize", "--from", str(shared), "--tokenizer-out", "t.json"]) == 0
+    assert (tmp_path / "t.json").read_bytes() == shared.read_bytes()
+    assert read_json(tmp_path / OUTPUTS[4])["model_trained_on_pieces"] == 0
+
+
 @pytest.mark.parametrize(("change", "match"), [
     ({"vocab_size": 700}, "600 tokens, but tokenize.vocab_size = 700; set it to 600"),
     ({"tokenizer": "TSD"}, "a REMI tokenizer, but tokenize.tokenizer = TSD; set it to REMI"),

@@ -4,7 +4,9 @@
 and goes on with the others; ``strict=True`` (generation, audit: the models are named in params)
 raises :class:`ModelUnavailable` on the first one. The checks are the same either way: the folder
 exists and is not empty, the model was trained on the tokens in ``data/tokens/info.json`` (same
-tokenizer and split hashes), it loads, and its vocabulary size and EOS id match. A loader option
+tokenizer and split hashes; with ``any_split=True`` the tokenizer hash only, for a model trained
+on another corpus or split with this very tokenizer, e.g. a pretrained model scored zero-shot), it
+loads, and its vocabulary size and EOS id match. A loader option
 the model cannot take (``evaluate.stride`` beyond its context) is a :class:`ParamsError`, raised
 in both modes: it is a setting to fix, not a model to skip.
 
@@ -103,13 +105,15 @@ def replicate_specs(spec: ModelSpec) -> list[ModelSpec]:
             for s in sorted(int(s) for s in index.get("seeds", []))] or [spec]
 
 
-def _stale_reason(model_dir: Path, info: TokenInfo) -> str | None:
-    """A model trained on another tokenizer or split must not be scored against this one."""
+def _stale_reason(model_dir: Path, info: TokenInfo, any_split: bool = False) -> str | None:
+    """A model trained on another tokenizer or split must not be scored against this one; with
+    ``any_split`` only the tokenizer must match (the caller scores a model trained elsewhere and
+    answers for what its training data held)."""
     meta_path = model_dir / "model.json"
     if not meta_path.exists():
         return None
     meta = read_json(meta_path)
-    for key in ("tokenizer_hash", "split_hash"):
+    for key in ("tokenizer_hash",) if any_split else ("tokenizer_hash", "split_hash"):
         theirs = meta.get(key, meta.get("metadata", {}).get(key))
         ours = getattr(info, key)
         if theirs is not None and theirs != ours:
@@ -117,13 +121,13 @@ def _stale_reason(model_dir: Path, info: TokenInfo) -> str | None:
     return None
 
 
-def _problem(spec: ModelSpec, device: str, info: TokenInfo | None
+def _problem(spec: ModelSpec, device: str, info: TokenInfo | None, any_split: bool = False
              ) -> tuple[SequenceModel | None, str | None]:
     d = spec.model_dir
     if not d.is_dir() or not any(d.iterdir()):
         return None, f"missing: {d.as_posix()} does not exist or is empty"
     try:
-        stale = _stale_reason(d, info) if info is not None else None
+        stale = _stale_reason(d, info, any_split) if info is not None else None
         if stale:
             return None, stale
         model = spec.loader(d, device)
@@ -139,15 +143,17 @@ def _problem(spec: ModelSpec, device: str, info: TokenInfo | None
 
 
 def load_models(specs: Sequence[ModelSpec], device: str = "cpu", info: TokenInfo | None = None,
-                *, strict: bool = False) -> tuple[dict[str, SequenceModel], dict[str, str]]:
+                *, strict: bool = False, any_split: bool = False
+                ) -> tuple[dict[str, SequenceModel], dict[str, str]]:
     """Load each model: ``(models by key, unavailable: key -> reason)``; a spec's key is its
     name, or ``name@seed-<seed>`` for one replicate (:attr:`ModelSpec.key`).
 
     With ``strict`` the first unusable model raises :class:`ModelUnavailable` naming it and why.
+    ``any_split``: accept models trained on another split when their tokenizer is this one.
     """
     models, unavailable = {}, {}
     for spec in specs:
-        model, reason = _problem(spec, device, info)
+        model, reason = _problem(spec, device, info, any_split)
         if reason is not None:
             if strict:
                 raise ModelUnavailable(f"{spec.key} ({spec.model_dir.as_posix()}): {reason}")
@@ -167,11 +173,13 @@ def load_named(names: Sequence[str], *, ngram_dir: Path, transformer_dir: Path, 
     return models
 
 
-def load_seeds(spec: ModelSpec, device: str, info: TokenInfo) -> dict[int, SequenceModel]:
+def load_seeds(spec: ModelSpec, device: str, info: TokenInfo, *, any_split: bool = False
+               ) -> dict[int, SequenceModel]:
     """Every training seed of ``spec``'s model (:func:`replicate_specs`), loaded strictly, by
-    seed; empty for a model trained once (its one folder has no replicates index)."""
+    seed; empty for a model trained once (its one folder has no replicates index).
+    ``any_split`` as in :func:`load_models`."""
     specs = [s for s in replicate_specs(spec) if s.seed is not None]
-    models, _ = load_models(specs, device, info, strict=True)
+    models, _ = load_models(specs, device, info, strict=True, any_split=any_split)
     return {int(s.seed): models[s.key] for s in specs}
 
 

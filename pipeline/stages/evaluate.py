@@ -50,7 +50,6 @@ look already recorded (the same scores under the same registration) is not appen
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -94,15 +93,11 @@ from pipeline.scoring.loading import (
     replicate_specs,
     set_torch_threads,
 )
+from pipeline.scoring.pieces import PER_PIECE_SCHEMA, piece_facts, piece_table, score_rows
 from pipeline.scoring.protocol import clean_sequences
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
 SPLITS = ("val", "test")
-PER_PIECE_SCHEMA = pa.schema([
-    ("sha256", pa.string()), ("split", pa.string()), ("model", pa.string()),
-    ("seed", pa.int64()), ("group_id", pa.string()), ("nll_nats", pa.float64()),
-    ("n_tokens", pa.int64()), ("n_notes", pa.int64()), ("duration_s", pa.float64()),
-])
 class EvaluateConfig(StageConfig):
     """``evaluate`` section of params.yaml; each key is documented there, beside its value."""
 
@@ -155,41 +150,6 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
         "tokenizer_hash": info.tokenizer_hash,
         "split_hash": info.split_hash,
     }
-
-
-# ---- scoring ---------------------------------------------------------------------------------
-def score_rows(model: Any, ids: Sequence[np.ndarray]) -> np.ndarray:
-    """Total NLL (nats) of each sequence under the protocol; checks the target count."""
-    per = model.token_nll(list(ids))
-    for i, (t, s) in enumerate(zip(per, ids, strict=True)):
-        if len(t) != len(s) + 1:
-            raise ValueError(f"{type(model).__name__}.token_nll returned {len(t)} values for a "
-                             f"sequence of {len(s)} tokens (row {i}); the protocol needs len + 1")
-    return np.array([math.fsum(t) for t in per], dtype=np.float64)
-
-
-def piece_table(rows: pd.DataFrame, nll: np.ndarray, pieces: pd.DataFrame, name: str,
-                seed: int | None = None) -> pd.DataFrame:
-    """Per-piece sums for one model (one training seed of it): rows (one per sequence) -> one
-    row per piece."""
-    df = pd.DataFrame({"sha256": rows["sha256"].to_numpy(), "nll_nats": nll,
-                       "n_tokens": np.array([len(s) + 1 for s in rows["ids"]], dtype=np.int64)})
-    agg = df.groupby("sha256", sort=True).sum().reset_index()
-    out = agg.merge(pieces, on="sha256", how="inner", validate="one_to_one")
-    out["model"] = name
-    out["seed"] = pd.array([seed] * len(out), dtype="Int64")
-    out["n_notes"] = out["n_notes"].astype(np.int64)
-    return out[PER_PIECE_SCHEMA.names]
-
-
-def piece_facts(manifest: pd.DataFrame, splits: pd.DataFrame) -> pd.DataFrame:
-    """sha256 -> split, group_id, n_notes, duration_s (manifest rows of equal bytes agree)."""
-    man = manifest.assign(_ok=manifest["status"] != "ok") if "status" in manifest else manifest
-    man = man.sort_values([c for c in ("sha256", "_ok") if c in man]).drop_duplicates("sha256")
-    facts = splits[["sha256", "split", "group_id"]].merge(
-        man[["sha256", "n_notes", "duration_s"]], on="sha256", how="left", validate="one_to_one")
-    facts["group_id"] = facts["group_id"].astype(str)
-    return facts
 
 
 @dataclass(frozen=True)

@@ -589,10 +589,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--no-cache", action="store_true", help="encode every file; neither read nor write the cache")
     a("--prune-cache", action="store_true",
       help="after the run, delete cache entries this run did not use")
+    a("--from", dest="from_", type=Path, default=None, metavar="TOKENIZER_JSON",
+      help="override tokenize.from: tokenise with this saved tokenizer instead of training one "
+           "(another pipeline's data/tokenizer.json); tokenize's other keys must describe it")
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("tokenize", args.params, TokenizeConfig)
+    if args.from_ is not None:
+        cfg = cfg.model_copy(update={"from_": args.from_.as_posix()})
     runtime = load_section("runtime", args.params, RuntimeConfig)
     s = run(cfg, runtime, raw_dir=args.raw_dir, manifest=args.manifest, splits=args.splits,
             split_report=args.split_report, tokenizer_out=args.tokenizer_out,

@@ -1,0 +1,56 @@
+"""Per-piece scores under the scoring protocol (``docs/evaluation.md``): one model's NLL of every
+token sequence, summed per piece, with the facts (split, group, notes, seconds) the aggregates
+divide by. Shared by ``symkit evaluate`` and ``symkit adapt-evaluate``, so both score alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+PER_PIECE_SCHEMA = pa.schema([
+    ("sha256", pa.string()), ("split", pa.string()), ("model", pa.string()),
+    ("seed", pa.int64()), ("group_id", pa.string()), ("nll_nats", pa.float64()),
+    ("n_tokens", pa.int64()), ("n_notes", pa.int64()), ("duration_s", pa.float64()),
+])
+"""Columns of a per-piece table (``reports/eval/per_piece.parquet``); ``seed`` is null for a
+model trained once."""
+
+
+def score_rows(model: Any, ids: Sequence[np.ndarray]) -> np.ndarray:
+    """Total NLL (nats) of each sequence under the protocol; checks the target count."""
+    per = model.token_nll(list(ids))
+    for i, (t, s) in enumerate(zip(per, ids, strict=True)):
+        if len(t) != len(s) + 1:
+            raise ValueError(f"{type(model).__name__}.token_nll returned {len(t)} values for a "
+                             f"sequence of {len(s)} tokens (row {i}); the protocol needs len + 1")
+    return np.array([math.fsum(t) for t in per], dtype=np.float64)
+
+
+def piece_table(rows: pd.DataFrame, nll: np.ndarray, pieces: pd.DataFrame, name: str,
+                seed: int | None = None) -> pd.DataFrame:
+    """Per-piece sums for one model (one training seed of it): rows (one per sequence) -> one
+    row per piece."""
+    df = pd.DataFrame({"sha256": rows["sha256"].to_numpy(), "nll_nats": nll,
+                       "n_tokens": np.array([len(s) + 1 for s in rows["ids"]], dtype=np.int64)})
+    agg = df.groupby("sha256", sort=True).sum().reset_index()
+    out = agg.merge(pieces, on="sha256", how="inner", validate="one_to_one")
+    out["model"] = name
+    out["seed"] = pd.array([seed] * len(out), dtype="Int64")
+    out["n_notes"] = out["n_notes"].astype(np.int64)
+    return out[PER_PIECE_SCHEMA.names]
+
+
+def piece_facts(manifest: pd.DataFrame, splits: pd.DataFrame) -> pd.DataFrame:
+    """sha256 -> split, group_id, n_notes, duration_s (manifest rows of equal bytes agree)."""
+    man = manifest.assign(_ok=manifest["status"] != "ok") if "status" in manifest else manifest
+    man = man.sort_values([c for c in ("sha256", "_ok") if c in man]).drop_duplicates("sha256")
+    facts = splits[["sha256", "split", "group_id"]].merge(
+        man[["sha256", "n_notes", "duration_s"]], on="sha256", how="left", validate="one_to_one")
+    facts["group_id"] = facts["group_id"].astype(str)
+    return facts

@@ -9,10 +9,11 @@ export MKL_NUM_THREADS ?= 2
 export DVC_NO_ANALYTICS := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: repro test test-slow test-gpu lint bench clean-venv help
+.PHONY: repro adaptation test test-slow test-gpu lint bench clean-venv help
 
 help:
 	@echo "make repro      - create .venv, install pinned deps, run the DVC pipeline"
+	@echo "make adaptation - the adaptation experiment (experiments/adaptation, docs/adaptation.md)"
 	@echo "make test       - create .venv, install pinned deps, run the default test suite"
 	@echo "make test-slow  - also run tests marked slow"
 	@echo "make test-gpu   - run the CUDA tests (needs a GPU)"
@@ -29,6 +30,11 @@ $(STAMP): requirements.lock pyproject.toml
 # Stage commands call `symkit`, so the venv's bin goes first on PATH.
 repro: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+
+# Pretrain on Palestrina, adapt to the Bach chorales in every arm, choose (docs/adaptation.md).
+# It runs the default pipeline's data stages first when their outputs are missing.
+adaptation: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro experiments/adaptation/dvc.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -274,3 +274,35 @@ def test_cli_check_goes_beside_the_pipeline_outputs(world, tmp_path, monkeypatch
     assert main(["contamination", "--params", str(params), "--against",
                  str(tmp_path / "nowhere")]) == 2
     assert "--against: " in capsys.readouterr().err
+
+
+def test_decontamination_keeps_planted_copies_out_of_source_train(world, tmp_path):
+    """The adaptation experiment's decontaminate -> split: the reference is a pretraining corpus;
+    its pieces that copy a project val/test piece (``matches.parquet``'s ``ref_sha256``) never
+    reach its train split (``split.exclude_train``), though a plain split puts them there; the
+    copy of a project *train* piece is no leak of held-out music and splits as before."""
+    from pipeline.core.config import parse_section
+    from pipeline.stages.split import SplitConfig, read_exclude_train, split_table
+
+    source = tmp_path / "source"
+    ingestion.run(ingestion.IngestConfig(), RuntimeConfig(workers=1, progress=False),
+                  raw_dir=world["ref"], metadata=None, manifest=source / "manifest.parquet",
+                  notes=source / "notes.parquet", report=source / "ingest.json")
+    check(world, tmp_path / "decontamination", [str(source / "manifest.parquet")])
+    man = artifacts.read_parquet(source / "manifest.parquet")
+    man = man[man["status"] == "ok"]
+    sha_of = dict(zip(man["path"], man["sha256"], strict=True))
+    copies = read_exclude_train(tmp_path / "decontamination" / "matches.parquet")
+    assert sorted(copies) == sorted(sha_of[r] for _, r, _ in world["expected"])
+    shas = sorted(man["sha256"])
+    files = pd.DataFrame({"sha256": shas, "group": [""] * len(shas)})
+    clusters = pd.DataFrame({"sha256": shas, "cluster_id": shas, "keep": [True] * len(shas)})
+    cfg = parse_section("split", {"exclude_test": None, "train": 0.98, "val": 0.01,
+                                  "test": 0.01}, SplitConfig)
+    plain = split_table(files, clusters, cfg).set_index("sha256")["split"]
+    clean = split_table(files, clusters, cfg, exclude_train=copies).set_index("sha256")["split"]
+    assert (plain[copies] == "train").sum() >= 3  # a plain split would pretrain on them
+    assert not (clean[copies] == "train").any()
+    others = [s for s in shas if s not in copies]
+    assert (clean[others] == plain[others]).all()
+    assert clean[sha_of["train_copy.mid"]] == plain[sha_of["train_copy.mid"]]

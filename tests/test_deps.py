@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.tools.deps import check, closure, cycles, expected_code_deps, scan
+from pipeline.cli import COMMANDS
+from pipeline.tools.deps import (
+    check,
+    closure,
+    cycles,
+    expected_code_deps,
+    experiment_files,
+    scan,
+    stage_modules,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,6 +30,10 @@ def copy(tmp_path: Path) -> Path:
         shutil.copytree(ROOT / pkg, tmp_path / pkg,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    for f in experiment_files(ROOT):
+        dest = tmp_path / f.relative_to(ROOT)
+        dest.parent.mkdir(parents=True)
+        shutil.copy(f, dest)
     return tmp_path
 
 
@@ -35,10 +48,40 @@ def test_repository_passes() -> None:
 
 
 def test_stage_modules_map_one_to_one_to_dvc_stages() -> None:
+    """Every stage module is a stage of the top-level pipeline or runs in an experiment's."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
     modules = {p.stem for p in (ROOT / "pipeline" / "stages").glob("*.py")} - {"__init__"}
-    assert modules == set(stages)
+    commands = {c: m for c, (m, _) in COMMANDS.items()}
+    in_experiments = set()
+    for f in experiment_files(ROOT):
+        exp = yaml.safe_load(f.read_text(encoding="utf-8"))["stages"]
+        assert set(stage_modules(exp, commands)) == set(exp), f  # every stage runs symkit
+        in_experiments |= {m.rsplit(".", 1)[1] for m in stage_modules(exp, commands).values()}
+    assert experiment_files(ROOT), "the adaptation experiment's pipeline is checked"
+    assert modules == set(stages) | in_experiments
+    assert not (in_experiments - modules)
     assert set(expected_code_deps(ROOT)) == set(stages)
+
+
+def test_an_experiment_stage_missing_a_dep_is_named(copy: Path) -> None:
+    """Experiment paths are relative to their folder; foreach stages and commands behind an
+    environment setting (``NAME=value symkit ...``) are checked like the others."""
+    f = copy / "experiments" / "adaptation" / "dvc.yaml"
+    _edit(f, "        - ../../pipeline/core/memory.py\n", "")
+    problems = check(copy)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("experiments/adaptation/dvc.yaml: stage 'adapt_train'")
+    assert "pipeline/core/memory.py" in problems[0] and "does not list it" in problems[0]
+
+
+def test_an_experiment_stage_listing_unused_code_is_named(copy: Path) -> None:
+    f = copy / "experiments" / "adaptation" / "dvc.yaml"
+    _edit(f, "      - ../../pipeline/stages/split.py\n",
+          "      - ../../pipeline/stages/split.py\n      - ../../pipeline/stages/ingest.py\n")
+    problems = check(copy)
+    assert len(problems) == 1, problems
+    assert "'split'" in problems[0] and "pipeline/stages/ingest.py" in problems[0]
+    assert "never imports" in problems[0]
 
 
 def test_a_removed_dep_is_named(copy: Path) -> None:

@@ -12,10 +12,19 @@ import pytest
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from pipeline.core.config import SECTIONS, check_all, parse_yaml, read_params, section_class
+from pipeline.core.config import (
+    EXPERIMENT_SECTIONS,
+    SECTIONS,
+    check_all,
+    parse_yaml,
+    read_params,
+    section_class,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
+EXPERIMENT_PARAMS = {"adaptation": ROOT / "experiments" / "adaptation" / "params.yaml"}
+"""Each experiment section's own params file, which documents that section beside its values."""
 
 # "a | b (why) | c": two or more words joined by "|", each maybe followed by a parenthesis.
 _WORD = r"[A-Za-z_][\w:.-]*"
@@ -45,48 +54,63 @@ def test_every_code_default_equals_params_yaml() -> None:
     problems = []
     for section, cfg in check_all(PARAMS).items():
         problems += _mismatches(cfg, section)
+    for section, path in EXPERIMENT_PARAMS.items():
+        problems += _mismatches(check_all(path)[section], section)
     assert problems == []
 
 
+def _missing(model: type[BaseModel], raw: Any, prefix: str) -> list[str]:
+    out = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name  # tokenize.from is spelled from_ in Python
+        if not isinstance(raw, dict) or key not in raw:
+            out.append(f"{prefix}.{key}")
+            continue
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out += _missing(ann, raw[key], f"{prefix}.{key}")
+    return out
+
+
 def test_params_yaml_has_every_section_and_key() -> None:
-    """No key falls back to a hidden default: params.yaml spells out the whole experiment."""
+    """No key falls back to a hidden default: params.yaml spells out the whole experiment, and
+    an experiment's params file spells out its own section."""
     data = read_params(PARAMS)
-    assert set(data) == set(SECTIONS)
-
-    def missing(model: type[BaseModel], raw: Any, prefix: str) -> list[str]:
-        out = []
-        for name, field in model.model_fields.items():
-            key = field.alias or name  # tokenize.from is spelled from_ in Python
-            if not isinstance(raw, dict) or key not in raw:
-                out.append(f"{prefix}.{key}")
-                continue
-            ann = field.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                out += missing(ann, raw[key], f"{prefix}.{key}")
-        return out
-
-    assert [k for s in SECTIONS for k in missing(section_class(s), data[s], s)] == []
+    main = [s for s in SECTIONS if s not in EXPERIMENT_SECTIONS]
+    assert set(data) == set(main)
+    assert [k for s in main for k in _missing(section_class(s), data[s], s)] == []
+    assert set(EXPERIMENT_PARAMS) == set(EXPERIMENT_SECTIONS)
+    for section, path in EXPERIMENT_PARAMS.items():
+        assert _missing(section_class(section), read_params(path)[section], section) == []
 
 
-def _lines() -> list[tuple[int, re.Match]]:
-    return [(i, m) for i, line in enumerate(PARAMS.read_text(encoding="utf-8").splitlines())
+def _lines(path: Path = PARAMS) -> list[tuple[int, re.Match]]:
+    return [(i, m) for i, line in enumerate(path.read_text(encoding="utf-8").splitlines())
             if (m := LINE.match(line))]
 
 
-def test_every_key_is_documented_beside_its_value() -> None:
-    """Each key has its comment on its own line (or, for a block, on its first line), so there is
-    one place that says what it does."""
+def _undocumented(path: Path, sections: Any = None) -> list[str]:
     undocumented = []
     stack: list[tuple[int, str]] = []
-    for _, m in _lines():
+    for _, m in _lines(path):
         indent = len(m["indent"])
         stack = [(d, k) for d, k in stack if d < indent] + [(indent, m["key"])]
         if indent == 0 or stack[0][1] == "criteria" or [k for _, k in stack[:2]] == [
                 "compare", "rules"]:
             continue  # sections are documented by their modules; rules carry a rationale
+        if sections is not None and stack[0][1] not in sections:
+            continue
         if not m["doc"]:
             undocumented.append(".".join(k for _, k in stack))
-    assert undocumented == []
+    return undocumented
+
+
+def test_every_key_is_documented_beside_its_value() -> None:
+    """Each key has its comment on its own line (or, for a block, on its first line), so there is
+    one place that says what it does; an experiment's file documents its own section."""
+    assert _undocumented(PARAMS) == []
+    for section, path in EXPERIMENT_PARAMS.items():
+        assert _undocumented(path, {section}) == []
 
 
 def _listed_values() -> list[tuple[str, int, str]]:

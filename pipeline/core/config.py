@@ -39,7 +39,11 @@ SECTIONS: dict[str, str] = {
     "criteria": "pipeline.report.criteria:CriteriaConfig",
     "report": "pipeline.report.sections:ReportConfig",
     "compare": "pipeline.report.comparisons:CompareConfig",
+    "adaptation": "pipeline.adaptation.config:AdaptationConfig",
 }
+EXPERIMENT_SECTIONS = ("adaptation",)
+"""Sections only an experiment's own params.yaml holds (``experiments/<name>/params.yaml``), never
+the top-level one."""
 
 
 class ParamsError(ValueError):

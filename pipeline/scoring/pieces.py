@@ -54,3 +54,16 @@ def piece_facts(manifest: pd.DataFrame, splits: pd.DataFrame) -> pd.DataFrame:
         man[["sha256", "n_notes", "duration_s"]], on="sha256", how="left", validate="one_to_one")
     facts["group_id"] = facts["group_id"].astype(str)
     return facts
+
+
+def match_facts(rows: pd.DataFrame, facts: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
+    """Keep rows whose piece is in splits.parquet with the same split and manifest facts."""
+    merged = rows[["sha256", "split"]].merge(facts, on="sha256", how="left",
+                                             suffixes=("", "_splits"))
+    reason = np.select(
+        [merged["split_splits"].isna(), merged["split_splits"] != merged["split"],
+         merged["n_notes"].isna() | merged["duration_s"].isna()],
+        ["not_in_splits", "split_mismatch", "not_in_manifest"], "")
+    bad = dict(zip(merged["sha256"][reason != ""], reason[reason != ""], strict=True))
+    keep = rows[~rows["sha256"].isin(bad)].reset_index(drop=True)
+    return keep, [{"sha256": s, "reason": r} for s, r in sorted(bad.items())]

@@ -57,7 +57,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pydantic import Field, field_validator
@@ -93,7 +92,13 @@ from pipeline.scoring.loading import (
     replicate_specs,
     set_torch_threads,
 )
-from pipeline.scoring.pieces import PER_PIECE_SCHEMA, piece_facts, piece_table, score_rows
+from pipeline.scoring.pieces import (
+    PER_PIECE_SCHEMA,
+    match_facts,
+    piece_facts,
+    piece_table,
+    score_rows,
+)
 from pipeline.scoring.protocol import clean_sequences
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
@@ -196,7 +201,7 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     fidelity = fidelity_block(all_rows[~is_train])
     rows, excluded = clean_sequences(all_rows[~is_train].reset_index(drop=True), tok_info)
     facts = piece_facts(read_parquet(manifest), read_parquet(splits))
-    rows, more = _match_facts(rows, facts)
+    rows, more = match_facts(rows, facts)
     excluded["pieces"] = sorted(excluded["pieces"] + more, key=lambda p: p["sha256"])
     pieces = facts[facts["sha256"].isin(set(rows["sha256"]))]
     n_held = rows.loc[rows["split"].isin(HELDOUT), "sha256"].nunique()
@@ -265,7 +270,7 @@ def _train_subset(rows: pd.DataFrame, info: TokenInfo, facts: pd.DataFrame, n: i
     ``train_subset`` block of eval.json. Pieces are drawn among the usable ones, so the subset
     has val's size whenever train has enough; excluded train pieces are counted, not listed."""
     usable, excluded = clean_sequences(rows, info)
-    usable, more = _match_facts(usable, facts)
+    usable, more = match_facts(usable, facts)
     chosen = draw_train_subset(usable["sha256"], n, seed)
     subset = usable[usable["sha256"].isin(set(chosen))].reset_index(drop=True)
     return subset, {"n_pieces": len(chosen), "n_wanted": int(n),
@@ -297,19 +302,6 @@ def fidelity_block(rows: pd.DataFrame) -> dict[str, Any]:
     for p in pieces:
         counts[p["split"]] = counts.get(p["split"], 0) + 1
     return {"pieces": pieces, "counts": dict(sorted(counts.items()))}
-
-
-def _match_facts(rows: pd.DataFrame, facts: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
-    """Keep rows whose piece is in splits.parquet with the same split and manifest facts."""
-    merged = rows[["sha256", "split"]].merge(facts, on="sha256", how="left",
-                                             suffixes=("", "_splits"))
-    reason = np.select(
-        [merged["split_splits"].isna(), merged["split_splits"] != merged["split"],
-         merged["n_notes"].isna() | merged["duration_s"].isna()],
-        ["not_in_splits", "split_mismatch", "not_in_manifest"], "")
-    bad = dict(zip(merged["sha256"][reason != ""], reason[reason != ""], strict=True))
-    keep = rows[~rows["sha256"].isin(bad)].reset_index(drop=True)
-    return keep, [{"sha256": s, "reason": r} for s, r in sorted(bad.items())]
 
 
 # ---- CLI ---------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -165,36 +166,56 @@ def _is_code_dep(dep: str) -> bool:
     return dep.split("/")[0] in PACKAGES
 
 
+def _stage_spec(spec: Any) -> Mapping[str, Any]:
+    """A stage's definition; for a ``foreach`` stage, its ``do`` template (every generated
+    stage runs the same command with the same code)."""
+    spec = spec or {}
+    return spec.get("do", spec) if "foreach" in spec or "matrix" in spec else spec
+
+
+def _command(cmd: Any) -> list[str]:
+    """The words of a stage's command after any leading ``NAME=value`` environment settings."""
+    words = str(cmd or "").split()
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)
+    return words
+
+
 def stage_modules(stages: Mapping[str, Any], commands: Mapping[str, str]) -> dict[str, str]:
     """stage -> module run by its ``symkit <command>`` (stages with another command omitted)."""
     out = {}
     for stage, spec in stages.items():
-        words = str((spec or {}).get("cmd", "")).split()
+        words = _command(_stage_spec(spec).get("cmd"))
         if len(words) >= 2 and words[0] == "symkit" and words[1] in commands:
             out[stage] = commands[words[1]]
     return out
 
 
-def check(root: Path, dvc_yaml: Path | None = None) -> list[str]:
-    """Every problem found, one line each (empty when ``dvc.yaml`` and the code agree)."""
-    from pipeline.cli import COMMANDS
+def experiment_files(root: Path) -> list[Path]:
+    """The experiments' own pipelines: ``experiments/*/dvc.yaml``, sorted."""
+    return sorted((Path(root) / "experiments").glob("*/dvc.yaml"))
 
+
+def check(root: Path, dvc_yaml: Path | None = None) -> list[str]:
+    """Every problem found, one line each (empty when the pipelines and the code agree): the
+    repository-wide rules, the top-level ``dvc.yaml`` (or ``dvc_yaml``) and every experiment's
+    ``dvc.yaml``."""
     root = Path(root)
-    stages = (yaml.safe_load((dvc_yaml or root / "dvc.yaml").read_text(encoding="utf-8"))
-              or {}).get("stages", {})
     modules = scan(root)
+    problems = _repository_problems(root, modules)
+    problems += check_file(root, dvc_yaml or root / "dvc.yaml", modules, main=True)
+    if dvc_yaml is None:
+        for f in experiment_files(root):
+            problems += check_file(root, f, modules, main=False)
+    return problems
+
+
+def _repository_problems(root: Path, modules: Mapping[str, Module]) -> list[str]:
     problems = []
     for path in sorted(m.path for m in modules.values() if m.path.name == "__init__.py"):
         if not _is_docstring_only(root, path):
             problems.append(f"{path.as_posix()}: a package __init__ may hold only a docstring "
                             "(and dunder names), so that no stage needs to list it")
-    run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
-    for stage in stages:
-        if stage not in run_by:
-            problems.append(f"dvc.yaml: stage {stage!r} does not run a `symkit <command>`")
-        elif run_by[stage] != f"pipeline.stages.{stage}":
-            problems.append(f"dvc.yaml: stage {stage!r} runs {run_by[stage]}; a stage's module is "
-                            f"pipeline.stages.{stage}")
     stage_names = {m for m in modules if m.startswith("pipeline.stages.")
                    and modules[m].path.name != "__init__.py"}
     for name in sorted(modules):
@@ -205,21 +226,52 @@ def check(root: Path, dvc_yaml: Path | None = None) -> list[str]:
     for component in cycles(modules):
         files = ", ".join(modules[m].path.as_posix() for m in component)
         problems.append(f"import cycle: {files}")
+    return problems
+
+
+def check_file(root: Path, dvc_yaml: Path, modules: Mapping[str, Module], *, main: bool
+               ) -> list[str]:
+    """The problems of one pipeline file. Its paths are relative to its folder (an experiment's
+    ``../../pipeline/x.py`` is the repository's ``pipeline/x.py``). In the top-level file a
+    stage is named after its module (``ingest`` runs ``pipeline.stages.ingest``); an
+    experiment's stages may run any stage module (``pretrain`` runs ``train-transformer``)."""
+    from pipeline.cli import COMMANDS
+
+    root = Path(root)
+    label = dvc_yaml.relative_to(root).as_posix() if dvc_yaml.is_relative_to(root) else str(
+        dvc_yaml)
+    stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {})
+    base = dvc_yaml.parent.resolve()
+
+    def in_repo(dep: str) -> str:
+        full = Path(os.path.normpath(base / dep))
+        return full.relative_to(root.resolve()).as_posix() if full.is_relative_to(
+            root.resolve()) else dep
+
+    problems = []
+    run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
+    for stage in stages:
+        if stage not in run_by:
+            problems.append(f"{label}: stage {stage!r} does not run a `symkit <command>`")
+        elif main and run_by[stage] != f"pipeline.stages.{stage}":
+            problems.append(f"{label}: stage {stage!r} runs {run_by[stage]}; a stage's module is "
+                            f"pipeline.stages.{stage}")
     for stage, module in run_by.items():
         if module not in modules:
             continue
         needed = code_files(modules, closure(modules, module))
-        deps = _paths(stages[stage].get("deps"))
+        deps = [in_repo(d) for d in _paths(_stage_spec(stages[stage]).get("deps"))]
         code_deps = [d for d in deps if _is_code_dep(d)]
         for f in sorted(needed):
             if not any(_covers(d, f) for d in code_deps):
-                problems.append(f"dvc.yaml: stage {stage!r} runs {f} but does not list it under "
+                problems.append(f"{label}: stage {stage!r} runs {f} but does not list it under "
                                 "deps (a change to it would not re-run the stage)")
         for d in code_deps:
             if not any(_covers(d, f) for f in needed):
-                problems.append(f"dvc.yaml: stage {stage!r} lists {d} under deps but never "
+                problems.append(f"{label}: stage {stage!r} lists {d} under deps but never "
                                 "imports it (an edit there would re-run the stage for nothing)")
-    problems += _order_problems(stages)
+    problems += [f"{label}: {p}" for p in _order_problems(
+        {k: _stage_spec(v) for k, v in stages.items()})]
     return problems
 
 
@@ -236,7 +288,7 @@ def _order_problems(stages: Mapping[str, Any]) -> list[str]:
         for dep in _paths((spec or {}).get("deps")):
             maker = next((p for out, p in producer.items() if _covers(out, dep)), None)
             if maker is not None and maker != stage and order[maker] > order[stage]:
-                problems.append(f"dvc.yaml: stage {stage!r} reads {dep} from {maker!r}, which is "
+                problems.append(f"stage {stage!r} reads {dep} from {maker!r}, which is "
                                 "listed after it; list stages in pipeline order")
     return problems
 

@@ -45,15 +45,17 @@ def synthetic_pieces(n: int, vocab_size: int, mean_len: int, seed: int) -> list[
 
 def write_token_data(folder: Path, *, n_pieces: int = 40, vocab_size: int = 64,
                      mean_len: int = 120, seed: int = 0, n_augmented: int = 0,
-                     info_extra: dict[str, Any] | None = None) -> dict[str, Path]:
-    """Write the three token artifacts into ``folder``; returns their paths."""
+                     info_extra: dict[str, Any] | None = None, name: str = "piece"
+                     ) -> dict[str, Path]:
+    """Write the three token artifacts into ``folder``; returns their paths. Piece ``i``'s
+    sha256 is that of ``f"{name}{i}"``, so corpora written under other names share no piece."""
     folder = Path(folder)
     pieces = synthetic_pieces(n_pieces, vocab_size, mean_len, seed)
     n_val = max(1, n_pieces // 10)
     rows = []
     for i, ids in enumerate(pieces):
         split = "val" if i < n_val else "test" if i < 2 * n_val else "train"
-        rows.append({"sha256": hashlib.sha256(f"piece{i}".encode()).hexdigest(), "split": split,
+        rows.append({"sha256": hashlib.sha256(f"{name}{i}".encode()).hexdigest(), "split": split,
                      "track": 0, "ids": ids.tolist(), "n_notes": len(ids) // 4})
     df = pd.DataFrame(rows).sort_values("sha256")
     paths = {"tokens": folder / "tokens.parquet", "info": folder / "info.json",

@@ -1,0 +1,381 @@
+"""``symkit adapt-evaluate``: score every arm of an adaptation experiment and choose one.
+
+Every arm (``zero_shot``, the pretrained model as it is, and each trained arm of
+``adaptation.arms`` with every training seed) is scored under the evaluation protocol
+(``docs/evaluation.md``) on three sets of pieces:
+
+- the target's ``val`` and ``test`` (the top-level pipeline's split of the target corpus, in the
+  source tokenizer's ids: ``data/target/tokens``);
+- ``source_val``: the source corpus's val pieces, for retention. Source *train* pieces are never
+  scored: a model is not asked to remember what it can recite.
+
+The models are loaded with :func:`~pipeline.scoring.loading.load_models` (``any_split``: they
+were trained on other splits than the one scored, with this very tokenizer, which is checked).
+The aggregates are :func:`~pipeline.scoring.aggregate.aggregate`'s, with
+``adaptation.decision``'s bootstrap plan; the measures and the decision are
+:mod:`pipeline.adaptation.decision`'s.
+
+Outputs: ``reports/adaptation/per_piece.parquet`` (one row per piece, arm and seed; split
+``source_val`` for the source pieces), ``reports/adaptation.json`` (measures, intervals, the
+decision, licences of both corpora, the decontamination count), ``reports/adaptation.md`` (the
+choice and why in its first lines, then the table of arms), ``reports/figures/adaptation.png`` and
+the sidecar ``reports/adaptation.env.json`` (each arm's wall time and measured peak memory, from
+the training sidecars, beside the estimator's figure; scoring time). Results are a pure function
+of the inputs; the sidecar holds what a machine measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig
+from pipeline.adaptation.decision import decide, measures
+from pipeline.adaptation.figure import adaptation_png
+from pipeline.core.artifacts import (
+    read_json,
+    read_json_or_none,
+    read_parquet,
+    write_bytes,
+    write_json,
+    write_parquet,
+    write_sidecar,
+    write_text,
+)
+from pipeline.core.config import ParamsError, RuntimeConfig, load_section
+from pipeline.scoring.aggregate import aggregate
+from pipeline.scoring.loading import (
+    ModelSpec,
+    load_models,
+    load_transformer,
+    replicate_specs,
+    set_torch_threads,
+)
+from pipeline.scoring.pieces import (
+    PER_PIECE_SCHEMA,
+    match_facts,
+    piece_facts,
+    piece_table,
+    score_rows,
+)
+from pipeline.scoring.protocol import clean_sequences
+from pipeline.tokens.contract import TokenInfo, read_tokens
+
+SOURCE_VAL = "source_val"
+SPLITS = ("val", "test", SOURCE_VAL)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The bootstrap plan of :func:`~pipeline.scoring.aggregate.aggregate`."""
+
+    splits: Sequence[str]
+    n_boot: int
+    ci_level: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class PieceSet:
+    """Token rows to score and their pieces' facts (split, group, notes, seconds)."""
+
+    rows: pd.DataFrame
+    pieces: pd.DataFrame
+    excluded: list[dict[str, Any]]
+
+
+def piece_set(tokens: Path, info: TokenInfo, manifest: Path, splits: Path,
+              wanted: Sequence[str], label: Mapping[str, str] | None = None) -> PieceSet:
+    """The usable rows of ``wanted`` splits with their facts; ``label`` renames splits (the
+    source's ``val`` becomes ``source_val``) after matching them to ``splits.parquet``."""
+    rows = read_tokens(tokens, ["sha256", "split", "track", "ids"], splits=wanted)
+    if set(rows["split"]) - set(wanted):  # read_tokens filtered; a guard for the contract
+        raise ValueError(f"{tokens}: rows outside {list(wanted)}")
+    rows, excluded = clean_sequences(rows.reset_index(drop=True), info)
+    facts = piece_facts(read_parquet(manifest), read_parquet(splits))
+    rows, more = match_facts(rows, facts)
+    facts = facts[facts["sha256"].isin(set(rows["sha256"]))].copy()
+    if label:
+        rows = rows.assign(split=rows["split"].map(lambda s: label.get(s, s)))
+        facts["split"] = facts["split"].map(lambda s: label.get(s, s))
+    bad = sorted(excluded["pieces"] + more, key=lambda p: p["sha256"])
+    return PieceSet(rows, facts, bad)
+
+
+def arm_specs(cfg: AdaptationConfig, arms_dir: Path) -> list[ModelSpec]:
+    """One spec per arm and training seed: ``zero_shot`` is ``adaptation.pretrained``."""
+    out = []
+    for name in cfg.arm_names:
+        folder = Path(cfg.pretrained) if name == ZERO_SHOT else Path(arms_dir) / name
+        out += replicate_specs(ModelSpec(name, folder, load_transformer))
+    return out
+
+
+def licences(metadata: Path) -> dict[str, Any]:
+    """The ``license`` column of a corpus's ``raw_metadata.csv``: pieces per value."""
+    if not Path(metadata).is_file():
+        return {"column": None, "counts": {}, "note": f"{Path(metadata).as_posix()} not found"}
+    with Path(metadata).open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    column = next((c for c in ("license", "licence", "rights") if rows and c in rows[0]), None)
+    if column is None:
+        return {"column": None, "counts": {}, "note": "no license, licence or rights column"}
+    counts: dict[str, int] = {}
+    for r in rows:
+        v = (r.get(column) or "").strip() or "(empty)"
+        counts[v] = counts.get(v, 0) + 1
+    return {"column": column, "counts": dict(sorted(counts.items())), "note": None}
+
+
+def decontamination(report: Path, split_report: Path) -> dict[str, Any]:
+    """How many source pieces were kept out of source train for copying a target val/test
+    piece: the contamination matches and what the source split did with them."""
+    c = read_json_or_none(Path(report)) or {}
+    s = read_json_or_none(Path(split_report)) or {}
+    return {"target_pieces_with_a_copy": {k: v.get("in_reference") for k, v in
+                                          sorted((c.get("by_split") or {}).items())},
+            "matches": c.get("matches"),
+            "listed": s.get("exclude_train_listed"),
+            "groups_kept_out_of_train": s.get("exclude_train_groups"),
+            "pieces_kept_out_of_train": s.get("exclude_train_pieces"),
+            "moved_from_train": s.get("exclude_train_moved")}
+
+
+def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, Path],
+        source: Mapping[str, Path], arms_dir: Path, arm_reports: Path, per_piece: Path,
+        report: Path, markdown: Path, figure: Path, extra: Mapping[str, Any] | None = None
+        ) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    info = TokenInfo.read(target["info"])
+    source_info = TokenInfo.read(source["info"])
+    if source_info.tokenizer_hash != info.tokenizer_hash:
+        raise ParamsError(
+            f"the target tokens ({Path(target['info']).as_posix()}) use tokenizer "
+            f"{info.tokenizer_hash}, the source's ({Path(source['info']).as_posix()}) "
+            f"{source_info.tokenizer_hash}; tokenise the target with `symkit tokenize --from` "
+            "the source's tokenizer.json")
+    sets = [piece_set(target["tokens"], info, target["manifest"], target["splits"],
+                      ["val", "test"]),
+            piece_set(source["tokens"], info, source["manifest"], source["splits"], ["val"],
+                      {"val": SOURCE_VAL})]
+    specs = arm_specs(cfg, arms_dir)
+    set_torch_threads(runtime.torch_threads, ["transformer"])  # results depend on it
+    models, _ = load_models(specs, "cpu", info, strict=True, any_split=True)
+    tables, seconds = [], {}
+    for spec in specs:
+        t = time.perf_counter()
+        for ps in sets:
+            nll = score_rows(models[spec.key], list(ps.rows["ids"]))
+            tables.append(piece_table(ps.rows, nll, ps.pieces, spec.name, spec.seed))
+        seconds[spec.key] = time.perf_counter() - t
+    table = pd.concat(tables, ignore_index=True)
+    table = table.sort_values(["model", "seed", "split", "sha256"]).reset_index(drop=True)
+    assert set(table["split"]) <= set(SPLITS), "only target val/test and source val are scored"
+    write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
+                                                  preserve_index=False))
+    d = cfg.decision
+    plan = Plan(SPLITS, d.n_boot, d.ci_level, d.seed)
+    names = cfg.arm_names
+    agg, paired = aggregate(table, plan, names)
+    _, paired_back = aggregate(table, plan, names[::-1])  # both orders of every pair
+    paired = {**paired, **paired_back}
+    params = {ZERO_SHOT: _zero_shot_params(cfg)}
+    summaries = {}
+    for name in cfg.arms:
+        summaries[name] = read_json(Path(arm_reports) / f"{name}.json")
+        params[name] = summaries[name]["params"]
+    m = measures(cfg, agg, paired, params)
+    for name, s in summaries.items():
+        m[name]["estimate_bytes"] = (s.get("estimate") or {}).get("total_bytes")
+        m[name]["steps"], m[name]["lr"] = s.get("steps"), s.get("lr")
+    m[ZERO_SHOT]["estimate_bytes"] = None
+    decision = decide(cfg, m, paired)
+    seeds = {n: sorted(int(x) for x in table.loc[table["model"] == n, "seed"].dropna().unique())
+             for n in names}
+    out = {
+        "arms": m,
+        "decision": decision,
+        "seeds": seeds,
+        "pieces": {s: int(table.loc[table["split"] == s, "sha256"].nunique()) for s in SPLITS},
+        "excluded": {"target": sets[0].excluded, "source": sets[1].excluded},
+        "tokenizer_hash": info.tokenizer_hash,
+        "protocol": {"unit": "nats_per_note", "n_boot": d.n_boot, "ci_level": d.ci_level,
+                     "seed": d.seed, "splits": list(SPLITS)},
+        "models": agg,
+        "paired": paired,
+        **(extra or {}),
+    }
+    write_json(report, out)
+    write_text(markdown, render_markdown(cfg, out))
+    write_bytes(figure, adaptation_png(m, decision))
+    env = {n: read_json_or_none(Path(arm_reports) / f"{n}.env.json") or {} for n in cfg.arms}
+    write_sidecar(report.with_name(report.stem + ".env.json"), {
+        "arms": {n: {"peak_rss_cold_bytes": e.get("peak_rss_cold_bytes"),
+                     "peak_rss_warm_bytes": e.get("peak_rss_warm_bytes"),
+                     "estimate_bytes": m[n]["estimate_bytes"],
+                     "stage_seconds": e.get("stage_seconds"),
+                     "tokens_per_s": e.get("tokens_per_s")} for n, e in env.items()},
+        "scoring_seconds": {**seconds, "total": time.perf_counter() - t0},
+        "torch_threads": runtime.torch_threads})
+    return out
+
+
+def _zero_shot_params(cfg: AdaptationConfig) -> dict[str, int]:
+    meta = read_json(Path(cfg.pretrained) / "model.json")
+    total = int(meta["params"]["total"])
+    return {"total": total, "trainable": 0, "frozen": total}
+
+
+# ---- report ------------------------------------------------------------------------------------
+def _iv(iv: Mapping[str, float] | None, fmt: str = "{:.4f}", scale: float = 1.0) -> str:
+    if iv is None:
+        return "–"
+    v, lo, hi = (scale * iv[k] for k in ("value", "ci_low", "ci_high"))
+    if not all(math.isfinite(x) for x in (v, lo, hi)):
+        return "n/a"
+    return f"{fmt.format(v)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f} M" if n >= 1_000_000 else f"{n / 1e3:.1f} k" if n >= 1000 else str(n)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "–"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def render_markdown(cfg: AdaptationConfig, out: Mapping[str, Any]) -> str:
+    m, d = out["arms"], out["decision"]
+    helps = d["pretraining_helps"]
+    level = f"{100 * cfg.decision.ci_level:g}%"
+    chosen = d["smallest_adequate"]
+    lines = ["# Adaptation: which arm, and why", ""]
+    if chosen is None:
+        lines.append(f"**No arm is adequate.** None is within {cfg.decision.margin:.0%} of the "
+                     f"best arm ({d['best_arm']}) on target val NLL per note while keeping its "
+                     "forgetting within the bound; see each arm's reasons below.")
+    else:
+        c = m[chosen]
+        lines.append(
+            f"**Choice: `{chosen}`** ({c['kind']}, {_count(c['params_trainable'])} trainable "
+            f"parameters, {_size(c['bytes_to_ship'])} to ship beside the pretrained model). "
+            f"It has the fewest trainable parameters among the arms whose target val NLL per "
+            f"note is within {cfg.decision.margin:.0%} of the best arm's (`{d['best_arm']}`) "
+            f"over the whole {level} interval and whose forgetting on source val stays within "
+            f"{d['forgetting_bound_nats_per_note']:.4f} nats per note "
+            f"({cfg.decision.forgetting_share:.0%} of the "
+            f"{d['taught_nats_per_note']:.4f} that pretraining taught the source).")
+        lines.append("")
+        lines.append(f"- target val NLL per note: {_iv(c['val'])}; test: {_iv(c['test'])}")
+        lines.append(f"- above the best arm on val: "
+                     f"{_iv(d['standing'][chosen]['excess_over_best'], '{:+.2f}%', 100)}")
+        lines.append(f"- forgetting on source val: {_iv(c['forgetting'])} nats per note")
+    lines += ["", f"**Does pretraining help?** {helps['verdict']}: `{helps['arm']}` (the adapted "
+              f"arm best on target val) against `scratch` on target test, relative NLL per note "
+              f"gain {_iv(helps['interval'], '{:+.2f}%', 100)}; PASS needs the whole interval "
+              f"at or above {helps['threshold']:.0%}.", ""]
+    if d.get("note"):
+        lines += [f"Note: {d['note']}.", ""]
+    lines += [f"Intervals: {level}, target and source pieces' groups resampled "
+              f"({cfg.decision.n_boot} replicates), the training seeds ({cfg.seeds} per trained "
+              "arm) as a Student-t term. Pieces scored: " + ", ".join(
+                  f"{k} {v}" for k, v in out["pieces"].items()) + ".", "",
+              "## Arms", "",
+              "| arm | kind | trainable | target val NLL/note | target test NLL/note | gain over "
+              "scratch (test) | forgetting (source val) | estimated memory | to ship | adequate |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, a in m.items():
+        gain = a["vs_scratch"]["test"] if a["vs_scratch"] else None
+        st = d["standing"][name]
+        lines.append(
+            f"| `{name}` | {a['kind']} | {_count(a['params_trainable'])} | {_iv(a['val'])} | "
+            f"{_iv(a['test'])} | {_iv(gain, '{:+.2f}%', 100)} | {_iv(a['forgetting'])} | "
+            f"{_size(a.get('estimate_bytes'))} | {_size(a['bytes_to_ship'])} | "
+            f"{'yes' if st['adequate'] else 'no: ' + '; '.join(st['why_not'])} |")
+    lines += ["", "Forgetting: the arm's source val NLL per note minus the pretrained model's, on "
+              "the same pieces (> 0: it forgot). Gain: (scratch − arm) / scratch. To ship: the "
+              "trained tensors in fp32 (a LoRA arm's adapters, a partial arm's unfrozen "
+              "tensors; scratch and full ship a whole model). Estimated memory: `symkit "
+              "estimate` for the arm on CPU in fp32 (optimiser state for trainable parameters "
+              "only); the measured peak memory and wall time are machine facts, in "
+              "`reports/adaptation.env.json`.", "", "## Data", ""]
+    dc = out.get("decontamination") or {}
+    copied = dc.get("target_pieces_with_a_copy") or {}
+    lines.append("- decontamination: target pieces with a copy in the source: "
+                 + (", ".join(f"{k} {v}" for k, v in copied.items()) or "not checked")
+                 + f"; {dc.get('pieces_kept_out_of_train')} source pieces in "
+                 f"{dc.get('groups_kept_out_of_train')} groups kept out of source train, "
+                 f"{dc.get('moved_from_train')} of them groups the split would otherwise have "
+                 "trained on")
+    for corpus in ("source", "target"):
+        lic = (out.get("licences") or {}).get(corpus) or {}
+        counts = ", ".join(f"{k}: {v}" for k, v in (lic.get("counts") or {}).items())
+        lines.append(f"- {corpus} licences ({lic.get('column') or 'none recorded'}): "
+                     f"{counts or lic.get('note') or '–'}")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--tokens", type=Path, default=Path("data/target/tokens/tokens.parquet"))
+    a("--info", type=Path, default=Path("data/target/tokens/info.json"))
+    a("--manifest", type=Path, default=Path("../../data/manifest.parquet"))
+    a("--splits", type=Path, default=Path("../../data/splits.parquet"))
+    a("--metadata", type=Path, default=Path("../../data/raw_metadata.csv"))
+    a("--source-tokens", type=Path, default=Path("data/tokens/tokens.parquet"))
+    a("--source-info", type=Path, default=Path("data/tokens/info.json"))
+    a("--source-manifest", type=Path, default=Path("data/manifest.parquet"))
+    a("--source-splits", type=Path, default=Path("data/splits.parquet"))
+    a("--source-metadata", type=Path, default=Path("data/raw_metadata.csv"))
+    a("--decontamination", type=Path, default=Path("reports/decontamination.json"))
+    a("--source-split-report", type=Path, default=Path("reports/split.json"))
+    a("--arms-dir", type=Path, default=Path("data/arms"))
+    a("--arm-reports", type=Path, default=Path("reports/arms"))
+    a("--per-piece", type=Path, default=Path("reports/adaptation/per_piece.parquet"))
+    a("--report", type=Path, default=Path("reports/adaptation.json"))
+    a("--markdown", type=Path, default=Path("reports/adaptation.md"))
+    a("--figure", type=Path, default=Path("reports/figures/adaptation.png"))
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = load_section("adaptation", args.params, AdaptationConfig)
+    runtime = load_section("runtime", args.params, RuntimeConfig)
+    extra = {"licences": {"source": licences(args.source_metadata),
+                          "target": licences(args.metadata)},
+             "decontamination": decontamination(args.decontamination,
+                                                args.source_split_report)}
+    try:
+        out = run(cfg, runtime,
+                  target={"tokens": args.tokens, "info": args.info, "manifest": args.manifest,
+                          "splits": args.splits},
+                  source={"tokens": args.source_tokens, "info": args.source_info,
+                          "manifest": args.source_manifest, "splits": args.source_splits},
+                  arms_dir=args.arms_dir, arm_reports=args.arm_reports,
+                  per_piece=args.per_piece, report=args.report, markdown=args.markdown,
+                  figure=args.figure, extra=extra)
+    except ParamsError:
+        raise
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"symkit adapt-evaluate: {e}", file=sys.stderr)
+        return 1
+    d = out["decision"]
+    helps = d["pretraining_helps"]
+    print(f"adapt-evaluate: pretraining helps: {helps['verdict']} ({helps['arm']} vs scratch on "
+          f"test, gain {100 * helps['interval']['value']:+.2f}% "
+          f"[{100 * helps['interval']['ci_low']:+.2f}%, {100 * helps['interval']['ci_high']:+.2f}%]"
+          f"); smallest adequate arm: {d['smallest_adequate']}; best on val: {d['best_arm']}")
+    return 0

@@ -1,0 +1,316 @@
+"""Adaptation experiments (``experiments/adaptation``): arm configs, what each arm trains, where
+retention is measured, and the decision that picks an arm.
+
+Synthetic tokens (:mod:`pipeline.training.synthetic`) stand for the two corpora: one tokenizer
+hash, other pieces and other splits. A tiny model is pretrained on the source; every arm trains a
+few steps from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from safetensors.torch import load_file
+
+from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig, arm_config
+from pipeline.adaptation.decision import decide
+from pipeline.core.artifacts import read_json, read_parquet, write_parquet
+from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.scoring.loading import load_transformer
+from pipeline.scoring.pieces import score_rows
+from pipeline.stages import adapt_evaluate, adapt_train
+from pipeline.stages.train_transformer import run as train_run
+from pipeline.tokens.contract import TokenInfo, read_tokens
+from tests._transformer_data import tiny_config, write_token_data
+
+RUNTIME = RuntimeConfig(torch_threads=1)
+LORA_TARGETS = ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+ARMS = {"scratch": {"kind": "scratch"}, "full": {"kind": "full", "lr": 0.001},
+        "partial": {"kind": "partial", "freeze": ["wte", "wpe", "blocks.0."]},
+        "lora": {"kind": "lora", "lora_rank": 2}}
+
+
+def _facts(tokens: Path, folder: Path) -> dict[str, Path]:
+    """A manifest and a split table for a synthetic token table (each piece its own group)."""
+    df = read_parquet(tokens)
+    man = pd.DataFrame({"sha256": df["sha256"], "status": "ok",
+                        "n_notes": df["n_notes"].astype("int64"), "duration_s": 10.0})
+    splits = pd.DataFrame({"sha256": df["sha256"], "split": df["split"],
+                           "group_id": "g-" + df["sha256"].str[:6]})
+    write_parquet(folder / "manifest.parquet", man)
+    write_parquet(folder / "splits.parquet", splits)
+    return {"manifest": folder / "manifest.parquet", "splits": folder / "splits.parquet"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("adaptation")
+    source = write_token_data(root / "source", n_pieces=30, mean_len=80, seed=0, name="src",
+                              info_extra={"split_hash": "source-split"})
+    target = write_token_data(root / "target", n_pieces=30, mean_len=80, seed=1, name="tgt",
+                              info_extra={"split_hash": "target-split"})
+    source |= _facts(source["tokens"], root / "source")
+    target |= _facts(target["tokens"], root / "target")
+    pre = root / "pretrain"
+    train_run(tiny_config(), RUNTIME, tokens=source["tokens"], info=source["info"],
+              augmented=None, out_dir=pre, summary=root / "pretrain.json", log_dir=root / "log",
+              env=root / "pretrain.env.json")
+    cfg = parse_section("adaptation", {"pretrained": str(pre), "seed": 7, "seeds": 3,
+                                       "steps": 6, "arms": ARMS}, AdaptationConfig)
+    for arm in cfg.arms:
+        adapt_train.run(cfg, tiny_config(), RUNTIME, arm, tokens=target["tokens"],
+                        info=target["info"], out_dir=root / "arms" / arm,
+                        summary=root / "arm_reports" / f"{arm}.json",
+                        log_dir=root / "logs" / arm, env=root / "arm_reports" / f"{arm}.env.json")
+    return {"root": root, "source": source, "target": target, "pre": pre, "cfg": cfg}
+
+
+def _evaluate(world: dict[str, Any], out: Path, cfg: AdaptationConfig | None = None,
+              source: dict[str, Path] | None = None) -> dict[str, Any]:
+    root = world["root"]
+    return adapt_evaluate.run(
+        cfg or world["cfg"], RUNTIME, target=world["target"], source=source or world["source"],
+        arms_dir=root / "arms", arm_reports=root / "arm_reports",
+        per_piece=out / "per_piece.parquet", report=out / "adaptation.json",
+        markdown=out / "adaptation.md", figure=out / "adaptation.png")
+
+
+@pytest.fixture(scope="module")
+def evaluated(world, tmp_path_factory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("evaluated")
+    return {"out": out, "report": _evaluate(world, out)}
+
+
+# ------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize(("arms", "match"), [
+    ({"scratch": {"kind": "scratch"}, "p": {"kind": "partial"}},
+     r"adaptation\.arms\.p.*needs freeze"),
+    ({"scratch": {"kind": "scratch"}, "l": {"kind": "lora"}}, r"adaptation\.arms\.l.*lora_rank"),
+    ({"scratch": {"kind": "scratch"}, "f": {"kind": "full", "lora_rank": 4}},
+     r"adaptation\.arms\.f.*lora_rank is for lora arms"),
+    ({"full": {"kind": "full"}}, r"adaptation\.arms.*0 scratch arms"),
+    ({"scratch": {"kind": "scratch"}, "zero_shot": {"kind": "full"}},
+     r"adaptation\.arms.*'zero_shot' is taken"),
+    ({"scratch": {"kind": "scratch"}, "x": {"kind": "continued"}},
+     r"adaptation\.arms\.x\.kind.*'continued'"),
+])
+def test_a_bad_arm_fails_fast_naming_the_key(arms, match):
+    with pytest.raises(ParamsError, match=match):
+        parse_section("adaptation", {"arms": arms}, AdaptationConfig)
+
+
+def test_every_trained_arm_gets_the_same_budget_and_seeds(world):
+    cfg, base = world["cfg"], tiny_config()
+    runs = {a: arm_config(base, cfg, a) for a in cfg.arms}
+    assert {(c.train.max_steps, c.train.patience, c.replicates, c.seed,
+             c.train.micro_batch * c.train.grad_accum * c.model.max_seq_len)
+            for c in runs.values()} == {(6, 0, 3, 7, 8 * 32)}
+    assert runs["scratch"].finetune.init_from is None
+    assert {runs[a].finetune.init_from for a in ("full", "partial", "lora")} == {
+        str(world["pre"])}
+    assert runs["full"].optim.min_lr == pytest.approx(base.optim.min_lr / 3)  # lr 0.001 of 0.003
+    with pytest.raises(ParamsError, match="no trained arm 'zero_shot'"):
+        arm_config(base, cfg, ZERO_SHOT)
+
+
+def test_adapt_train_refuses_zero_shot(world, monkeypatch, tmp_path, capsys):
+    from pipeline.cli import main
+
+    (tmp_path / "params.yaml").write_text(
+        f"adaptation:\n  pretrained: {world['pre'].as_posix()}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert main(["adapt-train", "zero_shot"]) == 2
+    assert "zero_shot trains nothing" in capsys.readouterr().err
+    assert main(["adapt-train", "nonesuch"]) == 2
+    assert "no trained arm 'nonesuch'" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+# -------------------------------------------------------------------------- what arms change
+def _weights(folder: Path) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in load_file(folder / "model.safetensors").items()}
+
+
+def _changed(world, arm: str) -> dict[str, set[str]]:
+    """Per seed of ``arm``: the tensors that differ from the pretrained model's."""
+    before = _weights(world["pre"])
+    index = read_json(world["root"] / "arms" / arm / "replicates" / "index.json")
+    out = {}
+    for seed in index["seeds"]:
+        after = _weights(world["root"] / "arms" / arm / "replicates" / f"seed-{seed}")
+        assert set(after) == set(before)
+        out[seed] = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert len(out) == 3
+    return out
+
+
+def test_partial_changes_exactly_the_unfrozen_tensors(world):
+    frozen = ("wte", "wpe", "blocks.0.")
+    for changed in _changed(world, "partial").values():
+        names = set(_weights(world["pre"]))
+        assert changed and not {k for k in changed if k.startswith(frozen)}
+        # everything that trains (2-D weights, biases and gains alike) moved
+        assert changed == {k for k in names if not k.startswith(frozen)}
+
+
+def test_lora_changes_only_the_adapted_weights(world):
+    names = set(_weights(world["pre"]))
+    targets = {k for k in names if k.endswith(".weight") and any(
+        f".{t}." in f".{k}" for t in LORA_TARGETS)}
+    assert len(targets) == 2 * len(LORA_TARGETS)  # two blocks
+    for changed in _changed(world, "lora").values():
+        assert changed == targets  # merged adapters; biases, LayerNorms, embeddings untouched
+    summary = read_json(world["root"] / "arm_reports" / "lora.json")
+    assert 0 < summary["params"]["trainable"] < summary["params"]["total"] / 10
+    assert summary["estimate"]["params_trainable"] == summary["params"]["trainable"]
+
+
+def test_full_changes_every_tensor_and_scratch_starts_elsewhere(world):
+    names = set(_weights(world["pre"]))
+    for changed in _changed(world, "full").values():
+        assert changed == names
+    scratch = read_json(world["root"] / "arm_reports" / "scratch.json")
+    assert scratch["init_from"] is None and scratch["params"]["trainable"] == scratch[
+        "params"]["total"]
+
+
+# ----------------------------------------------------------------------------- adapt-evaluate
+def test_zero_shot_is_the_pretrained_model_untrained(world, evaluated, monkeypatch):
+    table = read_parquet(evaluated["out"] / "per_piece.parquet")
+    zs = table[table["model"] == ZERO_SHOT].sort_values(["split", "sha256"])
+    assert list(zs["seed"].dropna().unique()) == [7]  # the pretraining's one seed
+    assert not (world["root"] / "arms" / ZERO_SHOT).exists()
+    info = TokenInfo.read(world["target"]["info"])
+    rows = read_tokens(world["target"]["tokens"], ["sha256", "split", "ids"], ["val", "test"])
+    model = load_transformer(world["pre"] / "replicates" / "seed-7")
+    direct = score_rows(model, [np.asarray(i, dtype=np.int64) for i in rows["ids"]])
+    mine = zs[zs["split"] != "source_val"].set_index("sha256").loc[rows["sha256"], "nll_nats"]
+    np.testing.assert_allclose(mine.to_numpy(), direct, rtol=1e-12)
+    assert info.vocab_size == model.vocab_size
+    params = evaluated["report"]["arms"][ZERO_SHOT]
+    assert params["params_trainable"] == 0 and params["forgetting"] is None
+
+    import pipeline.training.loop as loop
+
+    def no_training(*a, **k):
+        raise AssertionError("adapt-evaluate trained a model")
+
+    monkeypatch.setattr(loop, "train", no_training)
+    _evaluate(world, evaluated["out"] / "again")  # scoring trains nothing
+    assert (evaluated["out"] / "again" / "adaptation.json").read_bytes() == (
+        evaluated["out"] / "adaptation.json").read_bytes()
+
+
+def test_retention_is_measured_on_source_val_never_source_train(world, evaluated):
+    table = read_parquet(evaluated["out"] / "per_piece.parquet")
+    source = read_parquet(world["source"]["tokens"])
+    target = read_parquet(world["target"]["tokens"])
+    assert set(table["split"]) == {"val", "test", "source_val"}
+    scored = set(table.loc[table["split"] == "source_val", "sha256"])
+    assert scored == set(source.loc[source["split"] == "val", "sha256"])
+    assert not scored & set(source.loc[source["split"] != "val", "sha256"])
+    for split in ("val", "test"):
+        assert set(table.loc[table["split"] == split, "sha256"]) == set(
+            target.loc[target["split"] == split, "sha256"])
+    report = evaluated["report"]
+    n_source_val = int((source["split"] == "val").sum())
+    assert report["pieces"]["source_val"] == n_source_val
+    for arm, m in report["arms"].items():
+        assert m["source_val"]["ci_low"] <= m["source_val"]["value"] <= m["source_val"]["ci_high"]
+        if arm != ZERO_SHOT:  # forgetting: the arm minus the pretrained model, on source val
+            diff = (report["models"][arm]["source_val"]["nll_nats"]
+                    - report["models"][ZERO_SHOT]["source_val"]["nll_nats"])
+            notes = report["models"][arm]["source_val"]["n_notes"]
+            assert m["forgetting"]["value"] == pytest.approx(diff / notes)
+
+
+def test_the_report_names_the_choice_first_and_is_deterministic(world, evaluated, tmp_path):
+    report, out = evaluated["report"], evaluated["out"]
+    d = report["decision"]
+    assert d["pretraining_helps"]["verdict"] in {"PASS", "FAIL", "INCONCLUSIVE"}
+    assert set(report["arms"]) == {ZERO_SHOT, *ARMS}
+    text = (out / "adaptation.md").read_text(encoding="utf-8").splitlines()
+    first = "\n".join(text[:4])
+    if d["smallest_adequate"] is None:
+        assert "No arm is adequate" in first
+    else:
+        assert f"Choice: `{d['smallest_adequate']}`" in first and "[" in first
+    assert (out / "adaptation.png").read_bytes()[:4] == b"\x89PNG"
+    _evaluate(world, tmp_path)
+    for name in ("adaptation.json", "per_piece.parquet", "adaptation.md", "adaptation.png"):
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_a_source_of_another_tokenizer_is_refused_naming_both(world, tmp_path):
+    info = read_json(world["source"]["info"])
+    other = tmp_path / "info.json"
+    other.write_text(json.dumps({**info, "tokenizer_hash": "other-hash"}), encoding="utf-8")
+    with pytest.raises(ParamsError, match=r"tokenizer tok-hash.*other-hash"):
+        _evaluate(world, tmp_path, source={**world["source"], "info": other})
+
+
+def test_a_pretrained_model_of_another_tokenizer_is_refused(world, tmp_path):
+    import shutil
+
+    from pipeline.scoring.loading import ModelUnavailable
+
+    pre = tmp_path / "pre"
+    shutil.copytree(world["pre"], pre)
+    meta_path = pre / "replicates" / "seed-7" / "model.json"
+    meta = read_json(meta_path)
+    meta_path.write_text(json.dumps({**meta, "tokenizer_hash": "other-hash"}), encoding="utf-8")
+    cfg = world["cfg"].model_copy(update={"pretrained": str(pre)})
+    with pytest.raises(ModelUnavailable, match=r"zero_shot.*tokenizer_hash other-hash"):
+        _evaluate(world, tmp_path / "out", cfg=cfg)
+
+
+# ---------------------------------------------------------------------------------- decision
+def _iv(v: float, half: float = 0.0) -> dict[str, float]:
+    return {"value": v, "ci_low": v - half, "ci_high": v + half}
+
+
+def _decide(forgetting: dict[str, float], share: float) -> dict[str, Any]:
+    """Four arms: scratch, full (best on val), lora (0.5% behind full, fewest parameters) with
+    the given forgetting, and zero_shot; pretraining taught the source 0.4 nats per note."""
+    cfg = parse_section("adaptation", {
+        "arms": {"scratch": {"kind": "scratch"}, "full": {"kind": "full"},
+                 "lora": {"kind": "lora", "lora_rank": 4}},
+        "decision": {"forgetting_share": share}}, AdaptationConfig)
+    val = {"scratch": 3.0, "full": 2.5, "lora": 2.5125, ZERO_SHOT: 2.9}
+    src = {ZERO_SHOT: 2.0, "scratch": 2.4}
+    params = {ZERO_SHOT: 0, "scratch": 1000, "full": 1000, "lora": 20}
+    m = {}
+    for n in cfg.arm_names:
+        m[n] = {"kind": cfg.kind_of(n), "params_trainable": params[n],
+                "val": _iv(val[n], 0.01), "test": _iv(val[n], 0.01),
+                "source_val": _iv(src.get(n, 2.0 + forgetting.get(n, 0.0)), 0.01),
+                "forgetting": None if n == ZERO_SHOT else _iv(
+                    src.get(n, 2.0 + forgetting.get(n, 0.0)) - 2.0, 0.02)}
+    paired = {}
+    for a in m:
+        for b in m:
+            if a != b:  # rel_improvement of b over a: (a - b) / a
+                rel = (val[a] - val[b]) / val[a]
+                paired[f"{a}_minus_{b}"] = {s: {"rel_improvement": _iv(rel, 0.004)}
+                                            for s in ("val", "test")}
+    return decide(cfg, m, paired)
+
+
+def test_an_arm_over_the_forgetting_bound_is_never_chosen():
+    # lora forgets 0.25 of the 0.4 taught: over the bound at share 0.5 (0.2), within it at 0.75
+    over = _decide({"lora": 0.25, "full": 0.1}, share=0.5)
+    assert over["forgetting_bound_nats_per_note"] == pytest.approx(0.2)
+    assert over["standing"]["lora"]["equivalent"] and not over["standing"]["lora"]["adequate"]
+    assert "forgetting up to" in over["standing"]["lora"]["why_not"][0]
+    assert over["smallest_adequate"] == "full"
+    within = _decide({"lora": 0.25, "full": 0.1}, share=0.75)
+    assert within["smallest_adequate"] == "lora"
+    # full over the bound too: nothing is adequate, and scratch (which forgets all) is not picked
+    none = _decide({"lora": 0.25, "full": 0.3}, share=0.5)
+    assert none["smallest_adequate"] is None
+    assert none["pretraining_helps"]["arm"] == "full"
+    assert none["pretraining_helps"]["verdict"] == "PASS"  # 2.5 vs 3.0: 16.7% > 2%

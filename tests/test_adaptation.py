@@ -314,3 +314,127 @@ def test_an_arm_over_the_forgetting_bound_is_never_chosen():
     assert none["smallest_adequate"] is None
     assert none["pretraining_helps"]["arm"] == "full"
     assert none["pretraining_helps"]["verdict"] == "PASS"  # 2.5 vs 3.0: 16.7% > 2%
+
+
+# ------------------------------------------------------------------------------- registration
+def _experiment(world: dict[str, Any], folder: Path, min_gain: float = 0.02) -> Path:
+    """An adaptation experiment's params.yaml for ``world`` (paths absolute)."""
+    import yaml
+
+    params = folder / "params.yaml"
+    params.write_text(yaml.safe_dump({
+        "tokenize": {"vocab_size": 1000},
+        "adaptation": {"pretrained": str(world["pre"]), "seed": 7, "seeds": 3, "steps": 6,
+                       "arms": ARMS, "decision": {"min_gain": min_gain}}}), encoding="utf-8")
+    return params
+
+
+def _identity(world: dict[str, Any], params: Path) -> dict[str, Any]:
+    from pipeline.adaptation import registration
+
+    missing = params.parent / "no-split-report.json"
+    return registration.identity(
+        params, target_splits=world["target"]["splits"], target_split_report=missing,
+        source_splits=world["source"]["splits"], source_split_report=missing)
+
+
+def _registered_evaluate(world: dict[str, Any], out: Path, params: Path) -> dict[str, Any]:
+    from pipeline.core.config import load_section
+
+    root = world["root"]
+    reg = adapt_evaluate.Registration(out / "preregistration.json", out / "ledger.jsonl",
+                                      _identity(world, params))
+    return adapt_evaluate.run(
+        load_section("adaptation", params, AdaptationConfig), RUNTIME, target=world["target"],
+        source=world["source"], arms_dir=root / "arms", arm_reports=root / "arm_reports",
+        per_piece=out / "per_piece.parquet", report=out / "adaptation.json",
+        markdown=out / "adaptation.md", figure=out / "adaptation.png", registration=reg)
+
+
+def _register(world: dict[str, Any], out: Path, params: Path, force: bool = False
+              ) -> dict[str, Any]:
+    from pipeline.adaptation import registration
+
+    missing = out / "no-split-report.json"
+    return registration.register(
+        params, target_splits=world["target"]["splits"], target_split_report=missing,
+        source_splits=world["source"]["splits"], source_split_report=missing,
+        out=out / "preregistration.json", ledger_path=out / "ledger.jsonl",
+        per_piece=out / "per_piece.parquet", report=out / "adaptation.json", force=force)
+
+
+def test_an_unregistered_run_says_so_and_records_its_look(world, tmp_path):
+    params = _experiment(world, tmp_path)
+    report = _registered_evaluate(world, tmp_path, params)
+    assert report["registration"]["status"] == "NOT REGISTERED"
+    assert "symkit preregister" in (tmp_path / "adaptation.md").read_text(encoding="utf-8")
+    lines = (tmp_path / "ledger.jsonl").read_text(encoding="utf-8").splitlines()
+    target = read_parquet(world["target"]["tokens"])
+    look = json.loads(lines[0])
+    assert len(lines) == 1 and look["source"] == "adapt-evaluate"
+    assert look["pieces"] == sorted(target.loc[target["split"] == "test", "sha256"])
+    _registered_evaluate(world, tmp_path, params)  # the same scores again: the same look
+    assert len((tmp_path / "ledger.jsonl").read_text(encoding="utf-8").splitlines()) == 1
+
+
+def test_the_registered_decision_is_judged_and_a_changed_one_deviates(world, tmp_path):
+    from pipeline.adaptation.registration import AlreadyScored
+
+    params = _experiment(world, tmp_path, min_gain=0.02)
+    rec = _register(world, tmp_path, params)
+    assert not rec["forced"] and rec["identity"]["params"]["decision"]["min_gain"] == 0.02
+    assert rec["identity"]["pieces"]["test"] and rec["identity"]["source"]["pieces"]["val"]
+    report = _registered_evaluate(world, tmp_path, params)
+    assert report["registration"]["status"] == "FOLLOWED, ORDER NOT SHOWN"  # no git here
+    assert report["registration"]["deviations"] == []
+
+    _experiment(world, tmp_path, min_gain=0.4)  # the rule loosened after the look
+    report = _registered_evaluate(world, tmp_path, params)
+    reg = report["registration"]
+    assert reg["status"] == "DEVIATED" and reg["judged_with"] == "the registered decision"
+    assert any("decision.min_gain: registered 0.02, now 0.4" in x for x in reg["deviations"])
+    assert report["decision"]["pretraining_helps"]["threshold"] == 0.02
+    assert "DEVIATED" in (tmp_path / "adaptation.md").read_text(encoding="utf-8")
+
+    with pytest.raises(AlreadyScored, match=r"already exist \(1 look"):
+        _register(world, tmp_path, params)  # the ledger holds a look at these test pieces
+    rec = _register(world, tmp_path, params, force=True)  # the loosened rule, registered late
+    assert rec["forced"] and len(rec["looks_before"]) == 1
+    reg = _registered_evaluate(world, tmp_path, params)["registration"]
+    assert reg["status"] == "DEVIATED" and reg["judged_with"] == "the registered decision"
+    assert any("the decision changed after look 1" in x for x in reg["deviations"])
+
+
+def test_a_registration_forced_over_a_look_follows_after_it(world, tmp_path):
+    params = _experiment(world, tmp_path)
+    _registered_evaluate(world, tmp_path, params)  # scored before any registration
+    rec = _register(world, tmp_path, params, force=True)
+    assert rec["forced"] and rec["looks_before"][0]["registration"] is None
+    report = _registered_evaluate(world, tmp_path, params)
+    assert report["registration"]["status"] == "FOLLOWED AFTER 1 LOOK"
+
+
+def test_an_edited_registration_deviates(world, tmp_path):
+    params = _experiment(world, tmp_path)
+    _register(world, tmp_path, params)
+    path = tmp_path / "preregistration.json"
+    rec = read_json(path)
+    rec["identity"]["params"]["decision"]["margin"] = 0.5
+    path.write_text(json.dumps(rec), encoding="utf-8")
+    reg = _registered_evaluate(world, tmp_path, params)["registration"]
+    assert reg["status"] == "DEVIATED"
+    assert any("was edited after registration" in x for x in reg["deviations"])
+
+
+def test_preregister_in_an_adaptation_folder_registers_it(world, tmp_path, capsys):
+    from pipeline.cli import main
+
+    params = _experiment(world, tmp_path)
+    rc = main(["preregister", "--params", str(params), "--splits",
+               str(world["source"]["splits"]), "--split-report", str(tmp_path / "none.json"),
+               "--target-splits", str(world["target"]["splits"]), "--target-split-report",
+               str(tmp_path / "none.json"), "--out", str(tmp_path / "preregistration.json"),
+               "--ledger", str(tmp_path / "ledger.jsonl")])
+    assert rc == 0, capsys.readouterr().err
+    rec = read_json(tmp_path / "preregistration.json")
+    assert rec["kind"] == "adaptation" and "adaptation decision" in capsys.readouterr().out

@@ -28,9 +28,10 @@ def _git_bytes(*args: str) -> tuple[int, bytes]:
 
 
 def file_at(commit: str, path: Path | str) -> bytes | None:
-    """The bytes of ``path`` (relative to the repository root) at ``commit``; None when the file
-    is absent there or there is no git."""
-    rc, out = _git_bytes("show", f"{commit}:{Path(path).as_posix()}")
+    """The bytes of ``path`` (relative to the working directory, as every other path here: the
+    repository root, or an experiment's folder) at ``commit``; None when the file is absent there
+    or there is no git."""
+    rc, out = _git_bytes("show", f"{commit}:./{Path(path).as_posix()}")
     return out if rc == 0 else None
 
 

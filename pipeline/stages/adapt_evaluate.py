@@ -20,8 +20,14 @@ Outputs: ``reports/adaptation/per_piece.parquet`` (one row per piece, arm and se
 decision, licences of both corpora, the decontamination count), ``reports/adaptation.md`` (the
 choice and why in its first lines, then the table of arms), ``reports/figures/adaptation.png`` and
 the sidecar ``reports/adaptation.env.json`` (each arm's wall time and measured peak memory, from
-the training sidecars, beside the estimator's figure; scoring time). Results are a pure function
-of the inputs; the sidecar holds what a machine measured.
+the training sidecars, beside the estimator's figure; scoring time; git's facts on the
+registration's order). Results are a pure function of the inputs; the sidecar holds what a
+machine measured.
+
+The decision is judged with the registered one when ``reports/preregistration.json`` holds it
+(:mod:`pipeline.adaptation.registration`); the report's first line is the registration's status.
+Every scoring of target test pieces is appended to the experiment's test-access ledger
+``reports/ledger.jsonl`` before anything reads the scores.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from pipeline.adaptation import registration as adapt_registration
 from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig
 from pipeline.adaptation.decision import decide, measures
 from pipeline.adaptation.figure import adaptation_png
@@ -53,6 +60,7 @@ from pipeline.core.artifacts import (
     write_text,
 )
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
+from pipeline.report import history, ledger
 from pipeline.scoring.aggregate import aggregate
 from pipeline.scoring.loading import (
     ModelSpec,
@@ -112,6 +120,16 @@ def piece_set(tokens: Path, info: TokenInfo, manifest: Path, splits: Path,
     return PieceSet(rows, facts, bad)
 
 
+@dataclass(frozen=True)
+class Registration:
+    """What the registration check reads: the record, the experiment's ledger, and the current
+    identity (:func:`pipeline.adaptation.registration.identity`)."""
+
+    path: Path
+    ledger: Path
+    identity: dict[str, Any]
+
+
 def arm_specs(cfg: AdaptationConfig, arms_dir: Path) -> list[ModelSpec]:
     """One spec per arm and training seed: ``zero_shot`` is ``adaptation.pretrained``."""
     out = []
@@ -153,7 +171,8 @@ def decontamination(report: Path, split_report: Path) -> dict[str, Any]:
 
 def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, Path],
         source: Mapping[str, Path], arms_dir: Path, arm_reports: Path, per_piece: Path,
-        report: Path, markdown: Path, figure: Path, extra: Mapping[str, Any] | None = None
+        report: Path, markdown: Path, figure: Path, extra: Mapping[str, Any] | None = None,
+        registration: Registration | None = None, arm_env: Path | None = None
         ) -> dict[str, Any]:
     t0 = time.perf_counter()
     info = TokenInfo.read(target["info"])
@@ -183,6 +202,24 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
     assert set(table["split"]) <= set(SPLITS), "only target val/test and source val are scored"
     write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
                                                   preserve_index=False))
+    reg, git = None, {}
+    if registration is not None:  # a look at the target test pieces, before anyone reads it
+        registered = read_json_or_none(registration.path)
+        look = ledger.look_record(table, registered, source="adapt-evaluate",
+                                  commit=history.head_commit(), time=ledger.now_utc())
+        if look is not None:
+            ledger.append([look], registration.ledger)
+        git = adapt_registration.order(registration.path, report)
+        checked, registered_decision = adapt_registration.check(
+            registered, registration.identity, table, ledger.read(registration.ledger), git)
+        if registered_decision is not None:  # judged with the registered decision
+            cfg = cfg.model_copy(update={"decision": registered_decision})
+        reg = {"status": checked.status, "deviations": checked.deviations,
+               "looks_before": checked.n_looks,
+               "identity_hash": (registered or {}).get("identity_hash")
+               if isinstance(registered, dict) else None,
+               "judged_with": "the registered decision" if registered_decision is not None
+               else "params.yaml's adaptation.decision"}
     d = cfg.decision
     plan = Plan(SPLITS, d.n_boot, d.ci_level, d.seed)
     names = cfg.arm_names
@@ -213,12 +250,14 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
                      "seed": d.seed, "splits": list(SPLITS)},
         "models": agg,
         "paired": paired,
+        **({"registration": reg} if reg is not None else {}),
         **(extra or {}),
     }
     write_json(report, out)
     write_text(markdown, render_markdown(cfg, out))
     write_bytes(figure, adaptation_png(m, decision))
-    env = {n: read_json_or_none(Path(arm_reports) / f"{n}.env.json") or {} for n in cfg.arms}
+    sidecars = Path(arm_env) if arm_env is not None else Path(arm_reports)
+    env = {n: read_json_or_none(sidecars / f"{n}.env.json") or {} for n in cfg.arms}
     write_sidecar(report.with_name(report.stem + ".env.json"), {
         "arms": {n: {"peak_rss_cold_bytes": e.get("peak_rss_cold_bytes"),
                      "peak_rss_warm_bytes": e.get("peak_rss_warm_bytes"),
@@ -226,6 +265,7 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
                      "stage_seconds": e.get("stage_seconds"),
                      "tokens_per_s": e.get("tokens_per_s")} for n, e in env.items()},
         "scoring_seconds": {**seconds, "total": time.perf_counter() - t0},
+        "registration_order": git,
         "torch_threads": runtime.torch_threads})
     return out
 
@@ -262,6 +302,16 @@ def render_markdown(cfg: AdaptationConfig, out: Mapping[str, Any]) -> str:
     level = f"{100 * cfg.decision.ci_level:g}%"
     chosen = d["smallest_adequate"]
     lines = ["# Adaptation: which arm, and why", ""]
+    reg = out.get("registration")
+    if reg is not None:
+        lines.append(f"**Registration: {reg['status']}** ({reg['judged_with']}"
+                     + (f"; registration {str(reg['identity_hash'])[:12]}"
+                        if reg.get("identity_hash") else "") + ").")
+        lines += [f"- deviation: {x}" for x in reg["deviations"]]
+        if reg["status"] == "NOT REGISTERED":
+            lines.append("- register with `symkit preregister` in this folder before the target "
+                         "test set is scored, and commit reports/preregistration.json first")
+        lines.append("")
     if chosen is None:
         lines.append(f"**No arm is adequate.** None is within {cfg.decision.margin:.0%} of the "
                      f"best arm ({d['best_arm']}) on target val NLL per note while keeping its "
@@ -345,10 +395,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--source-split-report", type=Path, default=Path("reports/split.json"))
     a("--arms-dir", type=Path, default=Path("data/arms"))
     a("--arm-reports", type=Path, default=Path("reports/arms"))
+    a("--arm-env", type=Path, default=Path("reports/sidecars/arms"),
+      help="the arms' sidecars (adapt-train --env), read for the timing sidecar only")
     a("--per-piece", type=Path, default=Path("reports/adaptation/per_piece.parquet"))
     a("--report", type=Path, default=Path("reports/adaptation.json"))
     a("--markdown", type=Path, default=Path("reports/adaptation.md"))
     a("--figure", type=Path, default=Path("reports/figures/adaptation.png"))
+    a("--split-report", type=Path, default=Path("../../reports/split.json"),
+      help="the target's split report (its split hash is checked against --splits)")
+    a("--preregistration", type=Path, default=adapt_registration.REGISTRATION)
+    a("--ledger", type=Path, default=adapt_registration.LEDGER,
+      help="the experiment's test-access ledger; this run's target test scores are appended")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -359,6 +416,9 @@ def main(args: argparse.Namespace) -> int:
              "decontamination": decontamination(args.decontamination,
                                                 args.source_split_report)}
     try:
+        registration = Registration(args.preregistration, args.ledger, adapt_registration.identity(
+            args.params, target_splits=args.splits, target_split_report=args.split_report,
+            source_splits=args.source_splits, source_split_report=args.source_split_report))
         out = run(cfg, runtime,
                   target={"tokens": args.tokens, "info": args.info, "manifest": args.manifest,
                           "splits": args.splits},
@@ -366,7 +426,8 @@ def main(args: argparse.Namespace) -> int:
                           "manifest": args.source_manifest, "splits": args.source_splits},
                   arms_dir=args.arms_dir, arm_reports=args.arm_reports,
                   per_piece=args.per_piece, report=args.report, markdown=args.markdown,
-                  figure=args.figure, extra=extra)
+                  figure=args.figure, extra=extra, registration=registration,
+                  arm_env=args.arm_env)
     except ParamsError:
         raise
     except (FileNotFoundError, ValueError, RuntimeError) as e:
@@ -377,5 +438,6 @@ def main(args: argparse.Namespace) -> int:
     print(f"adapt-evaluate: pretraining helps: {helps['verdict']} ({helps['arm']} vs scratch on "
           f"test, gain {100 * helps['interval']['value']:+.2f}% "
           f"[{100 * helps['interval']['ci_low']:+.2f}%, {100 * helps['interval']['ci_high']:+.2f}%]"
-          f"); smallest adequate arm: {d['smallest_adequate']}; best on val: {d['best_arm']}")
+          f"); smallest adequate arm: {d['smallest_adequate']}; best on val: {d['best_arm']}; "
+          f"registration: {out['registration']['status']}")
     return 0

@@ -10,7 +10,9 @@ corpus's tokens, tokenised with the pretraining's tokenizer (``symkit tokenize -
 Outputs, like ``train-transformer``'s: ``data/arms/<ARM>/`` (the first seed's best weights,
 ``replicates/`` with every seed's, ``checkpoints/`` to resume), ``reports/arms/<ARM>.json`` (the
 arm, its kind, its parameter counts, the estimator's memory figure and the training summary),
-per-step logs under ``reports/plots/arms/<ARM>/`` and the sidecar ``reports/arms/<ARM>.env.json``
+per-step logs under ``reports/plots/arms/<ARM>/`` and the sidecar
+``reports/sidecars/arms/<ARM>.env.json``, outside ``reports/arms`` (a dep of adapt_evaluate) so
+that its timings never reach ``dvc.lock``
 (wall time, tokens/s and the measured peak memory: the process's RSS increase over each seed's
 training, sampled every 5 ms; ``peak_rss_cold_bytes`` is the first seed's, which includes what the
 process sets up once, ``peak_rss_warm_bytes`` the largest of the later seeds', what the
@@ -40,6 +42,9 @@ from pipeline.training.device import DistInfo
 from pipeline.training.loop import NonFiniteError, train
 from pipeline.training.outputs import collect, stage_summary, summarise, write_outputs
 from pipeline.training.resume import checkpoint_dir
+
+SIDECARS = Path("reports/sidecars/arms")
+"""Where each arm's sidecar goes (timings, peak memory; git-ignored, not a DVC output)."""
 
 
 def memory_estimate(cfg: TransformerStageConfig, info: TokenInfo, train_tokens: int
@@ -116,7 +121,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: reports/arms/ARM.json")
     parser.add_argument("--log", type=Path, default=None, help="default: reports/plots/arms/ARM")
     parser.add_argument("--env", type=Path, default=None,
-                        help="default: reports/arms/ARM.env.json")
+                        help="default: reports/sidecars/arms/ARM.env.json")
     parser.add_argument("--fresh", action="store_true",
                         help="delete OUT/checkpoints/ first instead of resuming")
 
@@ -135,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
             out_dir=args.out or Path("data/arms") / arm,
             summary=args.summary or Path("reports/arms") / f"{arm}.json",
             log_dir=args.log or Path("reports/plots/arms") / arm,
-            env=args.env or Path("reports/arms") / f"{arm}.env.json", fresh=args.fresh)
+            env=args.env or SIDECARS / f"{arm}.env.json", fresh=args.fresh)
     except ParamsError:
         raise
     except (CheckpointMismatch, NonFiniteError, FileNotFoundError, ValueError) as e:

@@ -34,6 +34,11 @@ Register them before the runs they compare (commit the file, then ``symkit sweep
 run``): every experiment carries the file it ran with, and ``symkit compare`` calls a rule
 DEVIATED when an arm holds another registration or none. ``--comparisons-only`` registers them
 alone, e.g. on an experiment whose test set is already scored.
+
+In an adaptation experiment's folder (params.yaml with an ``adaptation`` section, e.g.
+``experiments/adaptation``) it registers that experiment instead: the target's and the source's
+splits, the frozen sections and the decision (:mod:`pipeline.adaptation.registration`), refusing
+when the experiment's target test scores exist (its ledger, git history, the workspace).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.adaptation import registration as adapt_registration
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import load_section, parse_section, read_params
@@ -185,12 +191,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=Path(comparisons.REGISTRATION),
                         help="where the planned comparisons (params.yaml's compare section) "
                              "are registered")
+    parser.add_argument("--target-splits", type=Path, default=Path("../../data/splits.parquet"),
+                        help="an adaptation experiment's target split (the top-level "
+                             "pipeline's; adaptation experiments only)")
+    parser.add_argument("--target-split-report", type=Path,
+                        default=Path("../../reports/split.json"),
+                        help="its split report (adaptation experiments only)")
     parser.add_argument("--comparisons-only", action="store_true",
                         help="register the planned comparisons only, leaving the experiment's "
                              "registration as it is")
 
 
 def main(args: argparse.Namespace) -> int:
+    if adapt_registration.is_adaptation(args.params):
+        return _register_adaptation(args)
     if not args.comparisons_only:
         rc = _register_experiment(args)
         if rc:
@@ -205,6 +219,33 @@ def main(args: argparse.Namespace) -> int:
         print(f"preregister: {len(rules)} planned comparison{'s' * (len(rules) != 1)} "
               f"({', '.join(r['name'] for r in rules) or 'none'}), {rec['hash'][:12]} -> "
               f"{args.compare_out} (commit it before running the arms)")
+    return 0
+
+
+def _register_adaptation(args: argparse.Namespace) -> int:
+    """An adaptation experiment's registration (:mod:`pipeline.adaptation.registration`), run in
+    its folder: the source's split is ``--splits``, the target's ``--target-splits``."""
+    try:
+        rec = adapt_registration.register(
+            args.params, target_splits=args.target_splits,
+            target_split_report=args.target_split_report, source_splits=args.splits,
+            source_split_report=args.split_report, out=args.out, ledger_path=args.ledger,
+            force=args.force)
+    except adapt_registration.AlreadyScored as e:
+        print(f"symkit preregister: {e}", file=sys.stderr)
+        return 1
+    ident = rec["identity"]
+    print(f"preregister: adaptation decision ({', '.join(sorted(ident['params']['decision']))})"
+          f", target split {ident['split_hash'][:12]} ({len(ident['pieces']['val'])} val, "
+          f"{len(ident['pieces']['test'])} test pieces), source split "
+          f"{ident['source']['split_hash'][:12]} ({len(ident['source']['pieces']['val'])} val "
+          f"pieces), identity {rec['identity_hash'][:12]} -> {args.out} (commit it before the "
+          "results)")
+    if rec["forced"]:
+        n = len(rec["looks_before"])
+        print(f"preregister: warning: registered over {n} earlier look{'s' * (n != 1)} at these "
+              "target test pieces (--force); the report will read FOLLOWED AFTER "
+              f"{n} LOOK{'S' * (n != 1)} at best", file=sys.stderr)
     return 0
 
 

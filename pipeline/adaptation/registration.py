@@ -97,23 +97,6 @@ def identity(params: Path, *, target_splits: Path, target_split_report: Path,
             "packages": {p: packages.get(p) for p in RESULT_PACKAGES}}
 
 
-def existing_looks(test_pieces: Sequence[str], *, ledger_path: Path = LEDGER,
-                   per_piece: Path = PER_PIECE, report: Path = REPORT,
-                   registration: Path = REGISTRATION) -> list[dict[str, Any]]:
-    """Every record of this experiment's scores of any of ``test_pieces``: its ledger's, git
-    history's (every committed per-piece table beside a report with test scores) and the
-    workspace's, one per look."""
-    found = ledger.read(ledger_path) + ledger.scan_git(per_piece, report)
-    here = ledger.workspace_look(per_piece, registration, known=found)
-    found += [here] if here is not None else []
-    out, seen = [], set()
-    for look in ledger.looks_at(found, test_pieces):
-        if ledger.look_key(look.record) not in seen:
-            seen.add(ledger.look_key(look.record))
-            out.append(look.record)
-    return out
-
-
 def register(params: Path, *, target_splits: Path, target_split_report: Path,
              source_splits: Path, source_split_report: Path, out: Path = REGISTRATION,
              ledger_path: Path = LEDGER, per_piece: Path = PER_PIECE, report: Path = REPORT,
@@ -126,8 +109,8 @@ def register(params: Path, *, target_splits: Path, target_split_report: Path,
     old = artifacts.read_json_or_none(out)
     if isinstance(old, dict) and old.get("identity") == ident:
         return old
-    looks = existing_looks(ident["pieces"]["test"], ledger_path=ledger_path,
-                           per_piece=per_piece, report=report, registration=out)
+    looks = ledger.existing_looks(ident["pieces"]["test"], ledger_path=ledger_path,
+                                  per_piece=per_piece, eval_report=report, registration=out)
     ledger.append(looks, ledger_path)  # looks found in git or the workspace are looks
     if looks and not force:
         n = len(looks)

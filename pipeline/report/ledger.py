@@ -382,13 +382,30 @@ def scan_dvc_cache(per_piece: Path = PER_PIECE, cache: Path = Path(".dvc/cache")
     return out
 
 
-def scan_history(per_piece: Path = PER_PIECE) -> list[dict[str, Any]]:
+def scan_history(per_piece: Path = PER_PIECE, eval_report: Path = EVAL
+                 ) -> list[dict[str, Any]]:
     """Every look that git history and the DVC cache hold, git first, one record a look."""
     out, seen = [], set()
-    for rec in scan_git(per_piece) + scan_dvc_cache(per_piece):
+    for rec in scan_git(per_piece, eval_report) + scan_dvc_cache(per_piece):
         if look_key(rec) not in seen:
             seen.add(look_key(rec))
             out.append(rec)
+    return out
+
+
+def existing_looks(test_pieces: Sequence[str], *, ledger_path: Path = LEDGER,
+                   per_piece: Path = PER_PIECE, eval_report: Path = EVAL,
+                   registration: Path = REGISTRATION) -> list[dict[str, Any]]:
+    """Every record of test scores of any of ``test_pieces``: the ledger's, git history's, the
+    DVC cache's and the workspace's, one per look (what ``symkit preregister`` refuses over)."""
+    found = read(ledger_path) + scan_history(per_piece, eval_report)
+    here = workspace_look(per_piece, registration, known=found)
+    found += [here] if here is not None else []
+    out, seen = [], set()
+    for look in looks_at(found, test_pieces):
+        if look_key(look.record) not in seen:
+            seen.add(look_key(look.record))
+            out.append(look.record)
     return out
 
 

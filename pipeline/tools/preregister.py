@@ -84,21 +84,6 @@ def split_pieces(splits: Path, split_report: Path) -> tuple[str, dict[str, list[
     return digest, pieces
 
 
-def existing_looks(test_pieces: list[str], *, ledger_path: Path, per_piece: Path,
-                   registration: Path) -> list[dict[str, Any]]:
-    """Every record of test scores of any of ``test_pieces``: the ledger's, git history's, the
-    DVC cache's and the workspace's, one per look."""
-    found = ledger.read(ledger_path) + ledger.scan_history(per_piece)
-    here = ledger.workspace_look(per_piece, registration, known=found)
-    found += [here] if here is not None else []
-    out, seen = [], set()
-    for look in ledger.looks_at(found, test_pieces):
-        if ledger.look_key(look.record) not in seen:
-            seen.add(ledger.look_key(look.record))
-            out.append(look.record)
-    return out
-
-
 def _where(records: list[dict[str, Any]], eval_scored: bool, eval_report: Path) -> str:
     parts = [f"{r.get('source')} {str(r.get('commit') or '')[:12]}".strip()
              + f" ({r.get('time') or 'time unknown'})" for r in records[:5]]
@@ -123,8 +108,9 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
     old = artifacts.read_json_or_none(out)
     if isinstance(old, dict) and old.get("identity") == ident:
         return old  # the same registration again: nothing to change
-    looks = existing_looks(pieces["test"], ledger_path=ledger_path, per_piece=per_piece,
-                           registration=out)
+    looks = ledger.existing_looks(pieces["test"], ledger_path=ledger_path,
+                                  per_piece=per_piece, eval_report=eval_report,
+                                  registration=out)
     ledger.append(looks, ledger_path)  # looks found elsewhere are looks: the ledger keeps them
     eval_scored = test_scores_exist(artifacts.read_json_or_none(eval_report), digest)
     if (looks or eval_scored) and not force:

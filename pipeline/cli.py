@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                     "train one arm of an adaptation experiment (experiments/adaptation)"),
     "adapt-evaluate": ("pipeline.stages.adapt_evaluate",
                        "score every adaptation arm on target and source; choose the arm"),
+    "adapt-audit": ("pipeline.stages.adapt_audit",
+                    "memorisation audit of every adaptation arm against target and source"),
     "preregister": ("pipeline.tools.preregister",
                     "freeze the decision criteria before scoring test"),
     "ledger": ("pipeline.tools.looks",

@@ -152,7 +152,7 @@ def test_generate_writes_contract_and_is_deterministic(world, tmp_path):
 
 
 def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
-    import pipeline.stages.generate as gen
+    import pipeline.scoring.generation as gen
 
     vocab = artifacts.read_json(world["info"])["vocab_size"]
     models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}

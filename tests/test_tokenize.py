@@ -571,3 +571,55 @@ def test_a_missing_shared_tokenizer_names_the_key(corpus_files, tmp_path):
     cfg = TokenizeConfig.model_validate({"vocab_size": 600, "from": "nowhere/tokenizer.json"})
     with pytest.raises(ParamsError, match=r"tokenize\.from = 'nowhere/tokenizer\.json': no such"):
         run_stage(tmp_path, cfg)
+
+
+def test_also_train_on_adds_another_corpus_train_pieces_only(corpus_files, tmp_path,
+                                                             monkeypatch):
+    """tokenize.also_train_on: the vocabulary learns from this split's train pieces and the
+    other corpus's train pieces (the declared set "source train + target train"), never from the
+    other corpus's val or test pieces, and only this corpus's pieces reach the tables."""
+    seen: list[list[str]] = []
+    original = miditok.MusicTokenizer.train
+
+    def spy(self, *args, iterator=None, **kwargs):
+        out = original(self, *args, iterator=iterator, **kwargs)
+        seen.append(list(iterator.seen))
+        return out
+
+    monkeypatch.setattr(miditok.MusicTokenizer, "train", spy)
+    mine = {k: v for k, v in corpus_files.items() if k.startswith("synth/") and int(k[6:8]) % 2}
+    other = {k: v for k, v in corpus_files.items() if k not in mine}
+    own = write_corpus(tmp_path / "own", mine)
+    theirs = write_corpus(tmp_path / "other", other)
+    d = tmp_path / "other" / "data"
+    cfg = TokenizeConfig.model_validate({
+        "vocab_size": 600, "also_train_on": {"raw_dir": str(d / "raw"),
+                                             "manifest": str(d / "manifest.parquet"),
+                                             "splits": str(d / "splits.parquet")}})
+    run_stage(tmp_path / "own", cfg)
+    train = set(own.loc[own["split"] == "train", "sha256"])
+    other_train = set(theirs.loc[theirs["split"] == "train", "sha256"])
+    other_held = set(theirs.loc[theirs["split"] != "train", "sha256"])
+    assert other_train and other_held
+    assert sorted(seen[-1]) == sorted(train | other_train)
+    assert not other_held & set(seen[-1])
+    tokens = pd.read_parquet(tmp_path / "own" / "data/tokens/tokens.parquet")
+    assert set(tokens["sha256"]) == set(own["sha256"])
+    report = read_json(tmp_path / "own" / OUTPUTS[4])
+    assert report["model_trained_on_pieces"] == len(train | other_train)
+    assert report["model_trained_on_other_corpus"] == {"pieces": len(other_train), "failed": []}
+    # without the other corpus the vocabulary is learned from fewer pieces: other merges
+    run_stage(tmp_path / "own", TokenizeConfig(vocab_size=600))
+    alone = read_json(tmp_path / "own" / OUTPUTS[4])
+    assert "model_trained_on_other_corpus" not in alone  # the key only when the option is set
+    assert alone["tokenizer_hash"] != report["tokenizer_hash"]
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ({"from": "t.json"}, "set at most one of them"),
+    ({"model": "none"}, "needs a trained vocabulary"),
+])
+def test_also_train_on_refuses_what_trains_nothing(extra, match):
+    raw = {"also_train_on": {"raw_dir": "r", "manifest": "m", "splits": "s"}, **extra}
+    with pytest.raises(ParamsError, match=match):
+        parse_section("tokenize", raw, TokenizeConfig)

@@ -44,7 +44,7 @@ from pipeline.training.config import LATER_KEYS
 # absent from a registration and set to that value now is the same experiment, not a deviation.
 LATER_DEFAULTS = {**{f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.items()
                      for k, v in keys.items()},
-                  "tokenize.from": None}
+                  "tokenize.from": None, "tokenize.also_train_on": None}
 
 SCHEMA_VERSION = 3
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",

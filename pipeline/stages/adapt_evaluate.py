@@ -28,6 +28,11 @@ The decision is judged with the registered one when ``reports/preregistration.js
 (:mod:`pipeline.adaptation.registration`); the report's first line is the registration's status.
 Every scoring of target test pieces is appended to the experiment's test-access ledger
 ``reports/ledger.jsonl`` before anything reads the scores.
+
+With ``reports/adapt_audit.json`` (``symkit adapt-audit``) the report and ``adaptation.json``
+(``memorisation``) also carry each arm's memorisation against target train and source train:
+flag-rate excess, extraction excess and membership AUC with their intervals. They are measures
+beside the decision, not part of it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.adaptation import registration as adapt_registration
+from pipeline.adaptation.arms import arm_specs
 from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig
 from pipeline.adaptation.decision import decide, measures
 from pipeline.adaptation.figure import adaptation_png
@@ -63,10 +69,7 @@ from pipeline.core.config import ParamsError, RuntimeConfig, load_section
 from pipeline.report import history, ledger
 from pipeline.scoring.aggregate import aggregate
 from pipeline.scoring.loading import (
-    ModelSpec,
     load_models,
-    load_transformer,
-    replicate_specs,
     set_torch_threads,
 )
 from pipeline.scoring.pieces import (
@@ -130,15 +133,6 @@ class Registration:
     identity: dict[str, Any]
 
 
-def arm_specs(cfg: AdaptationConfig, arms_dir: Path) -> list[ModelSpec]:
-    """One spec per arm and training seed: ``zero_shot`` is ``adaptation.pretrained``."""
-    out = []
-    for name in cfg.arm_names:
-        folder = Path(cfg.pretrained) if name == ZERO_SHOT else Path(arms_dir) / name
-        out += replicate_specs(ModelSpec(name, folder, load_transformer))
-    return out
-
-
 def licences(metadata: Path) -> dict[str, Any]:
     """The ``license`` column of a corpus's ``raw_metadata.csv``: pieces per value."""
     if not Path(metadata).is_file():
@@ -172,8 +166,8 @@ def decontamination(report: Path, split_report: Path) -> dict[str, Any]:
 def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, Path],
         source: Mapping[str, Path], arms_dir: Path, arm_reports: Path, per_piece: Path,
         report: Path, markdown: Path, figure: Path, extra: Mapping[str, Any] | None = None,
-        registration: Registration | None = None, arm_env: Path | None = None
-        ) -> dict[str, Any]:
+        registration: Registration | None = None, arm_env: Path | None = None,
+        audit: Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     info = TokenInfo.read(target["info"])
     source_info = TokenInfo.read(source["info"])
@@ -251,6 +245,8 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
         "models": agg,
         "paired": paired,
         **({"registration": reg} if reg is not None else {}),
+        **({"memorisation": memorisation(read_json(audit), names)}
+           if audit is not None and Path(audit).is_file() else {}),
         **(extra or {}),
     }
     write_json(report, out)
@@ -267,6 +263,29 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
         "scoring_seconds": {**seconds, "total": time.perf_counter() - t0},
         "registration_order": git,
         "torch_threads": runtime.torch_threads})
+    return out
+
+
+def memorisation(audit: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """Per reference corpus (target, source) and arm, the audit's judged flag-rate excess,
+    extraction excess and membership AUC with their intervals (``symkit adapt-audit``)."""
+    keep = {"flag_rate": "excess", "extraction_rate": "excess", "membership_auc": None}
+    out: dict[str, Any] = {}
+    for ref, block in audit.get("references", {}).items():
+        arms = {}
+        for name in names:
+            judged = block.get("judged", {}).get(name, {})
+            arms[name] = {k: {f: judged[k][sub][f] if sub else judged[k][f]
+                              for f in ("value", "ci_low", "ci_high")}
+                          for k, sub in keep.items() if k in judged}
+            if "flag_rate" in judged:
+                arms[name]["flag_rate_value"] = judged["flag_rate"]["value"]
+            if "quality" in judged:
+                q = judged["quality"]
+                arms[name]["quality"] = {k: q.get(k) for k in ("score", "score_band_low")}
+        out[ref] = {"human_test_flag_rate": block.get("human_flag_rate", {}).get("test"),
+                    "human_test_pieces": block.get("human_pieces", {}).get("test"),
+                    "arms": arms}
     return out
 
 
@@ -360,7 +379,9 @@ def render_markdown(cfg: AdaptationConfig, out: Mapping[str, Any]) -> str:
               "tensors; scratch and full ship a whole model). Estimated memory: `symkit "
               "estimate` for the arm on CPU in fp32 (optimiser state for trainable parameters "
               "only); the measured peak memory and wall time are machine facts, in "
-              "`reports/adaptation.env.json`.", "", "## Data", ""]
+              "`reports/adaptation.env.json`.", ""]
+    lines += _memorisation_lines(out.get("memorisation"), level)
+    lines += ["## Data", ""]
     dc = out.get("decontamination") or {}
     copied = dc.get("target_pieces_with_a_copy") or {}
     lines.append("- decontamination: target pieces with a copy in the source: "
@@ -376,6 +397,52 @@ def render_markdown(cfg: AdaptationConfig, out: Mapping[str, Any]) -> str:
                      f"{counts or lic.get('note') or '–'}")
     lines.append("")
     return "\n".join(lines)
+
+
+def _memorisation_lines(mem: Mapping[str, Any] | None, level: str) -> list[str]:
+    if not mem:
+        return []
+    refs = [r for r in ("target", "source") if r in mem]
+    head = ["arm"] + [f"{what} ({r})" for r in refs for what in
+                      ("flag-rate excess", "extraction excess", "membership AUC",
+                       "human-like statistics")]
+    lines = ["## Memorisation", "",
+             "Samples of every arm (`symkit adapt-audit`) against **target train** and against "
+             "**source train**, each read against held-out human music of that corpus: "
+             + "; ".join(f"{r} test windows flagged at "
+                         f"{100 * (mem[r]['human_test_flag_rate'] or 0):.1f}% "
+                         f"({mem[r]['human_test_pieces']} pieces)" for r in refs)
+             + f". Excesses in points with {level} intervals; > 0 over the whole interval: the "
+             "arm copies that corpus more than new human music overlaps it. `zero_shot` never "
+             "saw the target and `scratch` never saw the source: those rows are the chance "
+             "level.", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    names = list(mem[refs[0]]["arms"]) if refs else []
+    for name in names:
+        cells = [f"`{name}`"]
+        for r in refs:
+            a = mem[r]["arms"].get(name, {})
+            cells += [_iv(a.get("flag_rate"), "{:+.1f}", 100),
+                      _iv(a.get("extraction_rate"), "{:+.1f}", 100),
+                      _iv(a.get("membership_auc"), "{:.3f}"), _quality(a.get("quality"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Flag rate: samples whose longest shared span or nearest-neighbour similarity "
+              "with a training piece is above the 95% quantile of that corpus's val windows. "
+              "Extraction: greedy continuations that reproduce a training piece's next ids "
+              "exactly, minus the rate on its test pieces. Membership: training pieces told "
+              "from held-out ones by the arm's loss per note (0.5: cannot). Human-like "
+              "statistics: the share of the audit's music statistics inside that corpus's "
+              "held-out human band, against the share held-out human sets reach in 95% of draws "
+              "(below it: not human-like; a sample that is not music copies nothing, so read "
+              "a low flag rate beside it). The full blocks are in `reports/adaptation/audit/`.",
+              ""]
+    return lines
+
+
+def _quality(q: Mapping[str, Any] | None) -> str:
+    if not q or q.get("score") is None:
+        return "–"
+    low = q.get("score_band_low")
+    return f"{q['score']:.2f}" + (f" (humans ≥ {low:.2f})" if low is not None else "")
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
@@ -403,6 +470,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--figure", type=Path, default=Path("reports/figures/adaptation.png"))
     a("--split-report", type=Path, default=Path("../../reports/split.json"),
       help="the target's split report (its split hash is checked against --splits)")
+    a("--audit", type=Path, default=Path("reports/adapt_audit.json"),
+      help="the arms' memorisation audit (symkit adapt-audit); its section is left out when "
+           "the file is missing")
     a("--preregistration", type=Path, default=adapt_registration.REGISTRATION)
     a("--ledger", type=Path, default=adapt_registration.LEDGER,
       help="the experiment's test-access ledger; this run's target test scores are appended")
@@ -427,7 +497,7 @@ def main(args: argparse.Namespace) -> int:
                   arms_dir=args.arms_dir, arm_reports=args.arm_reports,
                   per_piece=args.per_piece, report=args.report, markdown=args.markdown,
                   figure=args.figure, extra=extra, registration=registration,
-                  arm_env=args.arm_env)
+                  arm_env=args.arm_env, audit=args.audit)
     except ParamsError:
         raise
     except (FileNotFoundError, ValueError, RuntimeError) as e:

@@ -18,6 +18,11 @@ Inputs: ``data/raw/`` (MIDI), ``data/manifest.parquet`` (``path``, ``sha256``, `
 - ``reports/tokenize.json`` (metrics) and ``reports/tokenize.env.json`` (timings, worker
   seconds of encoding and of the round-trip check, cache hits).
 
+With ``tokenize.also_train_on`` the trained vocabulary also learns from another corpus's train
+pieces (an adaptation experiment's "source train + target train"); they are encoded for that
+only, never written to the tables, and ``reports/tokenize.json`` counts them
+(``model_trained_on_other_corpus``).
+
 Invariants: the trained vocabulary sees train pieces only; outputs are byte-identical for any
 worker count, file order, cache state and ``BATCH``; every piece gets a row, failures are
 flagged. With the cache, memory does not grow with the corpus's tokens: encodings are read from
@@ -33,6 +38,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +89,15 @@ from pipeline.tokens.tokenizer import (
 )
 
 
+class AlsoTrainOn(StageConfig):
+    """``tokenize.also_train_on``: another pipeline's corpus, by its stage outputs (paths
+    relative to where the stage runs)."""
+
+    raw_dir: str
+    manifest: str
+    splits: str
+
+
 class TokenizeConfig(StageConfig):
     """``tokenize`` section of params.yaml; each key is documented there, beside its value."""
 
@@ -97,6 +112,19 @@ class TokenizeConfig(StageConfig):
     as it is, its trained vocabulary included, instead of training one on this split: runs that
     share it share every id (:func:`load_shared`). ``tokenizer``, ``config``, ``model`` and
     ``vocab_size`` must describe it."""
+    also_train_on: AlsoTrainOn | None = None
+    """Another corpus whose *train* pieces the trained vocabulary (BPE) also learns from, beside
+    this split's train pieces: the declared set "source train + target train" of an adaptation
+    experiment. Its pieces are encoded for training only, never written to the token tables."""
+
+    @model_validator(mode="after")
+    def _one_vocabulary(self) -> TokenizeConfig:
+        if self.also_train_on is not None and self.from_ is not None:
+            raise ValueError("also_train_on trains the vocabulary and from reuses a trained "
+                             "one: set at most one of them")
+        if self.also_train_on is not None and self.model == "none":
+            raise ValueError("also_train_on needs a trained vocabulary: model is none")
+        return self
 
     @field_validator("tokenizer")
     @classmethod
@@ -181,6 +209,19 @@ def plan_pieces(manifest: Path, splits: Path, raw_dir: Path) -> pd.DataFrame:
                           dtype=object)})
 
 
+def also_pieces(cfg: TokenizeConfig, own: set[str]) -> dict[str, str]:
+    """``tokenize.also_train_on``'s train pieces (sha256 -> source path, sorted), less any this
+    split holds itself (they are its own pieces, in whatever split it put them). A piece of that
+    corpus's val or test never reaches the vocabulary."""
+    if cfg.also_train_on is None:
+        return {}
+    a = cfg.also_train_on
+    other = plan_pieces(Path(a.manifest), Path(a.splits), Path(a.raw_dir))
+    train = other[(other["split"] == "train") & other["path"].notna()]
+    return {sha: path for sha, path in zip(train["sha256"], train["path"], strict=True)
+            if sha not in own}
+
+
 def split_hash(pieces: pd.DataFrame, split_report: Path | None) -> tuple[str, bool | None]:
     """The split identity (:func:`pipeline.core.splits.split_hash`) of the pieces tokenised.
 
@@ -218,7 +259,8 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     for sha, split, path in zip(shas, pieces["split"].tolist(), paths, strict=True):
         if path is not None:
             wanted[sha] = train_offsets if split == "train" else (0,)
-    keys = {(sha, t) for sha, ts in wanted.items() for t in ts}
+    also = also_pieces(cfg, set(wanted))  # encoded for the vocabulary's training only
+    keys = {(sha, t) for sha, ts in wanted.items() for t in ts} | {(sha, 0) for sha in also}
     entries = Entries()
     before = _segment_ids(cache)
     if cache is not None:
@@ -230,6 +272,7 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
         todo = tuple(t for t in wanted[sha] if (sha, t) not in entries)
         if todo:
             jobs.append((sha, path, todo))
+    jobs += [(sha, path, (0,)) for sha, path in also.items() if (sha, 0) not in entries]
     t_plan = time.perf_counter()
     failures: dict[str, tuple[str, str]] = {}
     worker_s: dict[str, float] = {}
@@ -257,7 +300,7 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     if cfg.from_ is not None:
         tokenizer, trained_on = load_shared(cfg, base, Path(cfg.from_)), []
     else:
-        tokenizer, trained_on = train_model(cfg, base, pieces, entries)
+        tokenizer, trained_on = train_model(cfg, base, pieces, entries, sorted(also))
     t_train = time.perf_counter()
     stats = write_tables(tokenizer, pieces, wanted, entries, failures,
                          tokens_dir / "tokens.parquet", tokens_dir / "augmented.parquet")
@@ -278,6 +321,10 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     metrics = {**stats, **info.to_dict(),
                "model_trained_on_pieces": len(train_shas),
                "model_trained_on_hash": sha256_json(train_shas),
+               **({"model_trained_on_other_corpus": {
+                   "pieces": len(set(train_shas) & set(also)),
+                   "failed": sorted(sha for sha in also if sha in failures)}}
+                  if cfg.also_train_on is not None else {}),
                "tokenizer_from_sha256": (sha256_bytes(Path(cfg.from_).read_bytes())
                                          if cfg.from_ is not None else None),
                "split_hash_matches_split_report": s_agrees}
@@ -392,12 +439,13 @@ class TrainingCorpus:
 
 
 def train_model(cfg: TokenizeConfig, tokenizer: Any, pieces: pd.DataFrame,
-                entries: Entries) -> tuple[Any, list[str]]:
-    """Train ``tokenizer`` (in place) with ``cfg.model`` on the train split's base encodings."""
+                entries: Entries, also: Sequence[str] = ()) -> tuple[Any, list[str]]:
+    """Train ``tokenizer`` (in place) with ``cfg.model`` on the train split's base encodings,
+    and on those of ``also`` (``tokenize.also_train_on``'s train pieces)."""
     if cfg.model == "none":
         return tokenizer, []
-    train = sorted(s for s, p in zip(pieces["sha256"], pieces["split"], strict=True)
-                   if p == "train" and (s, 0) in entries)
+    train = sorted({s for s, p in zip(pieces["sha256"], pieces["split"], strict=True)
+                    if p == "train" and (s, 0) in entries} | {s for s in also if (s, 0) in entries})
     corpus = TrainingCorpus(tokenizer, base_byte_table(tokenizer), entries, train)
     tokenizer.train(vocab_size=cfg.vocab_size, model=cfg.model, iterator=corpus)
     return tokenizer, sorted(set(corpus.seen))

@@ -35,12 +35,15 @@ def _models(source: dict[str, Path], target: dict[str, Path]) -> dict[str, Any]:
             "fresh": CountLM(12, vocab, alpha=1e-6).fit(fresh)}
 
 
-@pytest.fixture(scope="module")
-def audited(tmp_path_factory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("adapt_audit")
+OUTPUTS = ("samples.parquet", "adapt_audit.json", "audit/target.json", "audit/source.json",
+           "audit/target_per_sample.parquet", "audit/source_per_sample.parquet",
+           "audit/target_spans.parquet", "audit/source_spans.parquet")
+
+
+def _run(root: Path, out: Path) -> dict[str, Any]:
     target, source = make_world(root / "target", seed=0), make_world(root / "source", seed=1)
     assert target["tokenizer"].read_bytes() == source["tokenizer"].read_bytes()
-    out = adapt_audit.run(
+    return adapt_audit.run(
         GenerateConfig(n_samples=24, n_continuations=0, max_new_tokens=64, files_per_kind=1),
         AuditConfig(human_window=64, human_stride=32, human_windows=4, extraction_pieces=8,
                     membership_pieces=10, n_boot=500),
@@ -48,9 +51,20 @@ def audited(tmp_path_factory) -> dict[str, Any]:
         references={"target": {"tokens": target["tokens"]},
                     "source": {"tokens": source["tokens"]}},
         info=target["info"], tokenizer=target["tokenizer"], fingerprint=None,
-        samples_out=root / "samples.parquet", samples_dir=root / "samples",
-        audit_dir=root / "audit", report=root / "adapt_audit.json")
-    return {"root": root, "out": out}
+        samples_out=out / "samples.parquet", samples_dir=out / "samples",
+        audit_dir=out / "audit", report=out / "adapt_audit.json")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("adapt_audit")
+    return {"root": root, "out": _run(root, root)}
+
+
+def test_a_second_run_writes_the_same_bytes(audited, tmp_path):
+    _run(tmp_path, tmp_path)
+    for rel in OUTPUTS:
+        assert (tmp_path / rel).read_bytes() == (audited["root"] / rel).read_bytes(), rel
 
 
 def _excess(out: dict[str, Any], ref: str, arm: str) -> dict[str, float]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from models.base import SequenceModel
-from pipeline.adaptation.arms import arm_specs
+from pipeline.adaptation.arms import arm_specs, same_tokenizer
 from pipeline.adaptation.config import AdaptationConfig
 from pipeline.core.artifacts import read_json, write_json, write_sidecar
 from pipeline.core.config import (
@@ -53,7 +53,6 @@ from pipeline.scoring import auditing as audit
 from pipeline.scoring import generation as generate
 from pipeline.scoring.loading import ModelUnavailable, load_models, set_torch_threads
 from pipeline.scoring.overlap import Shingling
-from pipeline.tokens.contract import TokenInfo
 
 REFERENCES = ("target", "source")
 """The reference corpora, in the report's order."""
@@ -139,13 +138,10 @@ def main(args: argparse.Namespace) -> int:
     gcfg = load_section("generate", args.params, generate.GenerateConfig)
     acfg = load_section("audit", args.params, audit.AuditConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
-    info = TokenInfo.read(args.info)
-    source_info = TokenInfo.read(args.source_info)
-    if source_info.tokenizer_hash != info.tokenizer_hash:
-        print(f"symkit adapt-audit: the target tokens ({args.info.as_posix()}) use tokenizer "
-              f"{info.tokenizer_hash}, the source's ({args.source_info.as_posix()}) "
-              f"{source_info.tokenizer_hash}: tokenise the target with `symkit tokenize --from` "
-              "the source's tokenizer.json", file=sys.stderr)
+    try:
+        info = same_tokenizer(args.info, args.source_info)
+    except ParamsError as e:
+        print(f"symkit adapt-audit: {e}", file=sys.stderr)
         return 1
     set_torch_threads(runtime.torch_threads, ["transformer"])  # samples depend on it
     specs = arm_specs(cfg, args.arms_dir)

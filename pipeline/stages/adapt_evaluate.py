@@ -51,7 +51,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.adaptation import registration as adapt_registration
-from pipeline.adaptation.arms import arm_specs
+from pipeline.adaptation.arms import arm_specs, same_tokenizer
 from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig
 from pipeline.adaptation.decision import decide, measures
 from pipeline.adaptation.figure import adaptation_png
@@ -169,14 +169,7 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
         registration: Registration | None = None, arm_env: Path | None = None,
         audit: Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
-    info = TokenInfo.read(target["info"])
-    source_info = TokenInfo.read(source["info"])
-    if source_info.tokenizer_hash != info.tokenizer_hash:
-        raise ParamsError(
-            f"the target tokens ({Path(target['info']).as_posix()}) use tokenizer "
-            f"{info.tokenizer_hash}, the source's ({Path(source['info']).as_posix()}) "
-            f"{source_info.tokenizer_hash}; tokenise the target with `symkit tokenize --from` "
-            "the source's tokenizer.json")
+    info = same_tokenizer(target["info"], source["info"])
     sets = [piece_set(target["tokens"], info, target["manifest"], target["splits"],
                       ["val", "test"]),
             piece_set(source["tokens"], info, source["manifest"], source["splits"], ["val"],

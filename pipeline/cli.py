@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "split": ("pipeline.stages.split", "grouped train/val/test split and leakage audit"),
     "contamination": ("pipeline.stages.contamination",
                       "which val/test pieces also appear in other corpora (--against DIR)"),
+    "conditions": ("pipeline.stages.conditions",
+                   "per-piece key, meter, density, polyphony, tempo and metadata conditions"),
     "tokenize": ("pipeline.stages.tokenize",
                  "miditok tokenizer (BPE on train only) and token tables"),
     "train-ngram": ("pipeline.stages.train_ngram", "fit n-gram baselines, choose the order on val"),

@@ -1,15 +1,17 @@
-"""Per-piece conditions from notes (pipeline.music.conditions): key, density, polyphony, bands,
-on hand-built notes with known answers and against music21's key finder on real chorales."""
+"""Per-piece conditions (pipeline.conditions.extract): key, density, polyphony and bands on
+hand-built notes with known answers and against music21's key finder on real chorales; meter and
+tempo on hand-built MIDI files and against music21 on real chorales."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.music.conditions import (
+from pipeline.conditions.extract import (
     band,
     density,
     estimate_key,
+    meter_and_tempo,
     pitch_class_profile,
     polyphony,
 )
@@ -101,3 +103,73 @@ def test_a_transposed_piece_has_the_transposed_key():
         k = estimate_key(pitch_class_profile(pitch + shift, dur))
         assert (k.tonic, k.mode) == ((base.tonic + shift) % 12, base.mode)
         assert k.correlation == pytest.approx(base.correlation)
+
+
+def _midi(time_signatures=(), tempos=(), tpq: int = 480) -> bytes:
+    """One quarter note under the given (beat, numerator, denominator) and (beat, qpm) events,
+    added in the order given."""
+    from symusic import Note, Score, Tempo, TimeSignature, Track
+
+    score = Score(tpq)
+    for beat, num, den in time_signatures:
+        score.time_signatures.append(TimeSignature(round(beat * tpq), num, den))
+    for beat, qpm in tempos:
+        score.tempos.append(Tempo(round(beat * tpq), float(qpm)))
+    track = Track("t", 0, False)
+    track.notes.append(Note(0, tpq, 60, 80))
+    score.tracks.append(track)
+    return score.dumps_midi()
+
+
+@pytest.mark.parametrize(("num", "den", "qpm"), [(3, 4, 90), (6, 8, 60), (4, 4, 120),
+                                                 (5, 4, 132.5), (2, 2, 72), (7, 8, 208)],
+                         ids=lambda v: str(v))
+def test_meter_and_tempo_of_a_hand_built_file(num, den, qpm):
+    assert meter_and_tempo(_midi([(0, num, den)], [(0, qpm)])) == (f"{num}/{den}", qpm)
+
+
+def test_the_first_meter_and_tempo_win_whatever_the_event_order():
+    data = _midi(time_signatures=[(8, 4, 4), (0, 3, 4)], tempos=[(4, 60), (0, 100)])
+    assert meter_and_tempo(data) == ("3/4", 100.0)
+    # a tempo event that is not at the start still counts: it is the file's first
+    assert meter_and_tempo(_midi(tempos=[(4, 66)])) == (None, 66.0)
+
+
+def test_a_file_without_meter_or_tempo_gives_none():
+    assert meter_and_tempo(_midi()) == (None, None)
+    assert meter_and_tempo(_midi([(0, 3, 4)])) == ("3/4", None)
+
+
+def test_bytes_symusic_cannot_read_raise():
+    with pytest.raises(RuntimeError):
+        meter_and_tempo(b"MThd\x00\x00\x00\x06garbage")
+
+
+def test_meter_and_tempo_agree_with_music21_on_real_chorales(bach_dir):
+    """Chorales written to MIDI by music21: the meter is the score's first time signature, the
+    tempo its first metronome mark (music21 writes 120 when there is none)."""
+    import csv
+
+    from music21 import corpus, tempo
+
+    rows = list(csv.DictReader((bach_dir / "metadata.csv").open(encoding="utf-8")))
+    meters = set()
+    for row in rows:
+        score = corpus.parse(f"bach/bwv{row['bwv']}")
+        ts = score.recurse().getElementsByClass("TimeSignature").first()
+        marks = score.recurse().getElementsByClass(tempo.MetronomeMark)
+        qpm = marks.first().getQuarterBPM() if marks.first() is not None else 120.0
+        meter, ours = meter_and_tempo((bach_dir / row["path"]).read_bytes())
+        assert meter == ts.ratioString, row
+        assert ours == pytest.approx(qpm, abs=0.01), row
+        meters.add(meter)
+    assert meters == {"3/4", "4/4"}  # BWV 269 is in 3/4
+
+
+def test_a_chorale_with_a_metronome_mark_has_its_tempo():
+    """BWV 1.6 carries a metronome mark of 76 (music21 writes 120 for the others)."""
+    from pipeline.stages.corpus import chorale_midi
+
+    data, error = chorale_midi({"bwv": "1.6"})
+    assert data is not None, error
+    assert meter_and_tempo(data) == ("4/4", 76.0)

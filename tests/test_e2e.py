@@ -50,7 +50,8 @@ TINY = {
 # Artifacts that must be byte-identical when the whole pipeline is forced to run again.
 ARTIFACTS = [
     "data/manifest.parquet", "data/notes.parquet", "data/dedupe/pairs.parquet",
-    "data/dedupe/clusters.parquet", "data/splits.parquet", "data/tokenizer.json",
+    "data/dedupe/clusters.parquet", "data/splits.parquet", "data/conditions.parquet",
+    "reports/conditions.json", "data/tokenizer.json",
     "data/tokens/tokens.parquet", "data/tokens/info.json", "data/ngram/model.npz",
     "data/transformer/model.safetensors", "data/transformer/replicates/index.json",
     "data/transformer/replicates/seed-1236/model.safetensors",

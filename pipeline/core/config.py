@@ -30,6 +30,7 @@ SECTIONS: dict[str, str] = {
     "dedupe": "pipeline.music.duplicates:DedupeConfig",
     "split": "pipeline.stages.split:SplitConfig",
     "contamination": "pipeline.stages.contamination:ContaminationConfig",
+    "condition": "pipeline.conditions.config:ConditionConfig",
     "tokenize": "pipeline.stages.tokenize:TokenizeConfig",
     "ngram": "pipeline.stages.train_ngram:NGramConfig",
     "evaluate": "pipeline.stages.evaluate:EvaluateConfig",

@@ -1,8 +1,9 @@
-"""Per-piece conditions derived from the notes: key (tonic and mode), note density and polyphony.
+"""Per-piece conditions derived from the notes: key (tonic and mode), note density and
+polyphony; and from the MIDI file: meter and tempo.
 
-Each is a pure function of a piece's notes table (onsets and durations in beats, as ingest's
-``data/notes.parquet`` holds them), so a condition is reproducible from the piece alone and can
-be checked against it.
+Each note condition is a pure function of a piece's notes table (onsets and durations in beats, as
+ingest's ``data/notes.parquet`` holds them), and meter and tempo are pure functions of the file's
+bytes, so a condition is reproducible from the piece alone and can be checked against it.
 
 - **Key**: the duration-weighted pitch-class profile correlated with the Krumhansl-Kessler major
   and minor key profiles rotated to every tonic (the Krumhansl-Schmuckler algorithm); the best of
@@ -13,6 +14,14 @@ be checked against it.
 - **Density**: notes per beat over the piece's span (first onset to last offset).
 - **Polyphony**: the mean number of sounding notes over the time at least one note sounds.
 
+- **Meter**: the file's first time signature (the earliest; of several at that time, the first
+  in file order) as ``"numerator/denominator"``, e.g. ``"3/4"``; None when the file has none.
+- **Tempo**: the file's first tempo event in quarter notes per minute, from the microseconds per
+  quarter the file stores (``60e6 / mspq``) rounded to 0.01 qpm: that rounding gives back the
+  value the file was written with (the whole microseconds move it by under 0.001 qpm below 240
+  qpm); None when the file has none. A file without one plays at MIDI's default of 120 qpm, and
+  music21 writes 120 for a score without a metronome mark, so 120 often means "not marked".
+
 Drum notes carry no pitch class and are left out of the key; they count for density and
 polyphony like any other note.
 """
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -109,3 +119,33 @@ def band(value: float, edges: Sequence[float], labels: Sequence[str]) -> str:
     if len(labels) != len(edges) + 1 or list(edges) != sorted(edges):
         raise ValueError(f"band: {len(edges)} ascending edges need {len(edges) + 1} labels")
     return labels[int(np.searchsorted(np.asarray(edges, dtype=np.float64), value, "right"))]
+
+
+def first_meter(score: Any) -> str | None:
+    """The first time signature of a ``symusic.Score`` as ``"3/4"``; None when it has none (or
+    a numerator or denominator that is not positive)."""
+    events = list(score.time_signatures)
+    if not events:
+        return None
+    first = min(events, key=lambda e: e.time)  # min keeps the first of equal times
+    num, den = int(first.numerator), int(first.denominator)
+    return f"{num}/{den}" if num > 0 and den > 0 else None
+
+
+def first_tempo_qpm(score: Any) -> float | None:
+    """The first tempo of a ``symusic.Score`` in quarter notes per minute (rounded to 0.01);
+    None when it has none (or a non-positive one)."""
+    events = list(score.tempos)
+    if not events:
+        return None
+    mspq = int(min(events, key=lambda e: e.time).mspq)
+    return round(60_000_000 / mspq, 2) if mspq > 0 else None
+
+
+def meter_and_tempo(data: bytes) -> tuple[str | None, float | None]:
+    """(:func:`first_meter`, :func:`first_tempo_qpm`) of MIDI bytes. Raises ``RuntimeError`` (or
+    ``ValueError``) when symusic cannot read them."""
+    import symusic
+
+    score = symusic.Score.from_midi(data)
+    return first_meter(score), first_tempo_qpm(score)

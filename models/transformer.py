@@ -7,6 +7,13 @@ output projection tied to the token embedding. ``forward(idx, targets, loss_mask
 (targets equal to ``IGNORE_INDEX`` or where ``loss_mask`` is false never count), so padding can
 never change it.
 
+Conditions (``cond_slot_sizes``, docs/conditioning.md): a conditioned model also takes, per
+sequence, one condition id per slot, ``cond`` (B, K). Their embeddings (``wce``) are summed and
+added to every position's input, so a condition is an input only: it is never a target, never in
+the logits and never in the loss or the NLL. Slot ``k`` owns ids ``offset_k .. offset_k + size_k
+- 1``, the first meaning "no condition"; ``cond=None`` gives every slot its "none" id (the
+unconditioned model that condition dropout trains).
+
 ``load_scorer(model_dir)`` returns a :class:`TransformerScorer`, which meets the
 ``models.base.SequenceModel`` protocol used by evaluation and generation. Weights are read from
 ``model.safetensors`` and the architecture from ``model.json`` (both written by the
@@ -45,16 +52,33 @@ class TransformerConfig:
     dropout: float = 0.0  # embeddings and residual branches
     attn_dropout: float = 0.0  # attention probabilities; > 0 forces the slow math kernel on CPU
     bias: bool = True
+    cond_slot_sizes: tuple[int, ...] = ()  # ids per condition slot, its "none" id included
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cond_slot_sizes", tuple(int(n) for n in self.cond_slot_sizes))
+        if any(n < 2 for n in self.cond_slot_sizes):
+            raise ValueError(f"cond_slot_sizes={list(self.cond_slot_sizes)}: every slot needs its "
+                             "'none' id and at least one label")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         for name in ("vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
 
+    @property
+    def cond_offsets(self) -> tuple[int, ...]:
+        """First id of each condition slot, which is also its "none" id."""
+        return tuple(sum(self.cond_slot_sizes[:k]) for k in range(len(self.cond_slot_sizes)))
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The architecture as plain data; ``cond_slot_sizes`` only when the model has conditions
+        (an unconditioned model's ``model.json`` is what it was before conditions existed)."""
+        d = asdict(self)
+        if d["cond_slot_sizes"]:
+            d["cond_slot_sizes"] = list(d["cond_slot_sizes"])
+        else:
+            del d["cond_slot_sizes"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TransformerConfig:
@@ -126,6 +150,13 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        # Registered last, so an unconditioned model draws exactly the initial weights it did
+        # before conditions existed.
+        self.wce: nn.Embedding | None = None
+        if cfg.cond_slot_sizes:
+            self.wce = nn.Embedding(sum(cfg.cond_slot_sizes), cfg.n_embd)
+            self.register_buffer("cond_none", torch.tensor(cfg.cond_offsets, dtype=torch.long),
+                                 persistent=False)
         self.reset_parameters(generator)
 
     @torch.no_grad()
@@ -143,6 +174,8 @@ class GPT(nn.Module):
                                 generator=generator)
             else:
                 nn.init.normal_(p, 0.0, std, generator=generator)
+        if self.wce is not None:  # "no condition" adds nothing until training moves it
+            self.wce.weight[self.cond_none] = 0.0
 
     def forward(
         self,
@@ -151,6 +184,7 @@ class GPT(nn.Module):
         loss_mask: torch.Tensor | None = None,
         reduction: str = "mean",
         segments: torch.Tensor | None = None,
+        cond: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``idx`` (B, T) ids -> logits (B, T, V) and, given ``targets`` (B, T), the loss.
 
@@ -161,6 +195,9 @@ class GPT(nn.Module):
         ``segments`` (B, T) ints packs several pieces into a row: each maximal run of equal
         values is one piece, which attends only to earlier positions of itself (block-diagonal
         causal mask) and whose positions count from 0, so its logits are those of the piece alone.
+
+        ``cond`` (B, K) condition ids of each row (conditioned models only; None = "none" in
+        every slot). A condition is added to the inputs, never predicted.
         """
         T = idx.shape[1]
         if self.config.max_seq_len < T:
@@ -169,7 +206,12 @@ class GPT(nn.Module):
         mask = None
         if segments is not None:
             pos, mask = segment_positions_and_mask(segments)  # (B, T), (B, 1, T, T)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        if self.wce is not None:
+            x = x + self.condition_embedding(cond, idx.shape[0])[:, None, :]
+        elif cond is not None and cond.numel():
+            raise ValueError("this model was trained without conditions; pass cond=None")
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x, mask)  # (B, T, C)
         x = self.ln_f(x)
@@ -177,6 +219,21 @@ class GPT(nn.Module):
         if targets is None:
             return logits, None
         return logits, masked_cross_entropy(logits, targets, loss_mask, reduction)
+
+    def condition_embedding(self, cond: torch.Tensor | None, batch: int) -> torch.Tensor:
+        """(B, K) condition ids (None: every slot's "none") -> (B, C), the sum over slots."""
+        assert self.wce is not None
+        if cond is None:
+            cond = self.cond_none.expand(batch, -1)
+        K = len(self.config.cond_slot_sizes)
+        if cond.shape != (batch, K):
+            raise ValueError(f"cond has shape {tuple(cond.shape)}, expected ({batch}, {K})")
+        lo = self.cond_none  # (K,)
+        hi = lo + torch.tensor(self.config.cond_slot_sizes, device=lo.device)
+        if ((cond < lo) | (cond >= hi)).any():
+            raise ValueError("condition ids outside their slots "
+                             f"(slot sizes {list(self.config.cond_slot_sizes)})")
+        return self.wce(cond).sum(dim=1)  # (B, K, C) -> (B, C)
 
     def num_params(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
@@ -264,8 +321,12 @@ class TransformerScorer:
     """
 
     def __init__(self, model: GPT, *, bos_id: int, eos_id: int, pad_id: int | None,
-                 device: str = "cpu", stride: int | None = None, batch_size: int = 32) -> None:
+                 device: str = "cpu", stride: int | None = None, batch_size: int = 32,
+                 condition: dict[str, Any] | None = None) -> None:
         self.model = model.eval().float().to(device)
+        self.condition = condition
+        """``model.json``'s ``condition`` entry (names, vocabulary, its hash) of a conditioned
+        model; None for an unconditioned one."""
         self.device = device
         self.vocab_size = int(model.config.vocab_size)
         self.eos_id = int(eos_id)
@@ -293,20 +354,39 @@ class TransformerScorer:
             done = end
         return out
 
+    def _cond_rows(self, conds: np.ndarray | None, n: int) -> np.ndarray | None:
+        """``conds`` checked against the model: (n, K) int64, or None for an unconditioned call."""
+        if conds is None:
+            return None
+        conds = np.asarray(conds, dtype=np.int64)
+        K = len(self.model.config.cond_slot_sizes)
+        if K == 0:
+            raise ValueError("this model was trained without conditions; pass conds=None")
+        if conds.shape != (n, K):
+            raise ValueError(f"conds has shape {conds.shape}, expected ({n}, {K})")
+        return conds
+
     @torch.no_grad()
-    def _logprobs(self, batch: list[np.ndarray]) -> torch.Tensor:
-        """Right-padded batch of inputs -> (B, T, V) log-probabilities with PAD/BOS masked."""
+    def _logprobs(self, batch: list[np.ndarray], cond: np.ndarray | None = None) -> torch.Tensor:
+        """Right-padded batch of inputs (and their (B, K) conditions) -> (B, T, V)
+        log-probabilities with PAD/BOS masked."""
         T = max(len(b) for b in batch)
         idx = torch.full((len(batch), T), self.eos_id, dtype=torch.long)
         for i, b in enumerate(batch):
             idx[i, : len(b)] = torch.as_tensor(b, dtype=torch.long)
-        logits, _ = self.model(idx.to(self.device))
+        c = None if cond is None else torch.as_tensor(cond, dtype=torch.long).to(self.device)
+        logits, _ = self.model(idx.to(self.device), cond=c)
         logits = logits.float()
         for special in {self.bos_id, self.pad_id} - {None, self.eos_id}:
             logits[..., special] = float("-inf")
         return torch.log_softmax(logits, dim=-1)  # (B, T, V)
 
-    def token_nll(self, seqs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    def token_nll(self, seqs: Sequence[np.ndarray],
+                  conds: np.ndarray | None = None) -> list[np.ndarray]:
+        """NLL of every target (protocol above); ``conds`` (N, K): each sequence's condition ids
+        for a conditioned model (None: "no condition" in every slot). Conditions change the
+        inputs only: the targets, and so the number of NLLs, are those of the sequence."""
+        conds = self._cond_rows(conds, len(seqs))
         jobs = []  # (seq index, inputs, targets, skip)
         out = []
         for s, seq in enumerate(seqs):
@@ -322,7 +402,8 @@ class TransformerScorer:
         results: dict[int, np.ndarray] = {}
         for b0 in range(0, len(order), self.batch_size):
             chunk = order[b0 : b0 + self.batch_size]
-            lp = self._logprobs([jobs[j][1] for j in chunk])
+            cond = None if conds is None else conds[[jobs[j][0] for j in chunk]]
+            lp = self._logprobs([jobs[j][1] for j in chunk], cond)
             for row, j in enumerate(chunk):
                 _, _, tgt, skip = jobs[j]
                 t = torch.as_tensor(tgt, dtype=torch.long, device=lp.device)
@@ -335,13 +416,16 @@ class TransformerScorer:
         return out
 
     @torch.no_grad()
-    def next_logprobs(self, contexts: Sequence[np.ndarray]) -> np.ndarray:
+    def next_logprobs(self, contexts: Sequence[np.ndarray],
+                      conds: np.ndarray | None = None) -> np.ndarray:
+        """(B, V) next-id log-probabilities; ``conds`` (B, K) as in :meth:`token_nll`."""
+        conds = self._cond_rows(conds, len(contexts))
         T = self.model.config.max_seq_len
         rows = []
         for b0 in range(0, len(contexts), self.batch_size):
             batch = [np.concatenate([[self.bos_id], np.asarray(c, dtype=np.int64)])[-T:]
                      for c in contexts[b0 : b0 + self.batch_size]]
-            lp = self._logprobs(batch)
+            lp = self._logprobs(batch, None if conds is None else conds[b0 : b0 + len(batch)])
             last = torch.as_tensor([len(b) - 1 for b in batch], device=lp.device)
             rows.append(lp[torch.arange(len(batch), device=lp.device), last].double().cpu())
         if not rows:
@@ -353,4 +437,5 @@ def load_scorer(model_dir: Path, device: str = "cpu", stride: int | None = None)
     """Load ``model_dir/model.{safetensors,json}`` as a ``SequenceModel`` (fp32, eval mode)."""
     model, meta = load_model(Path(model_dir), device)
     return TransformerScorer(model, bos_id=meta["bos_id"], eos_id=meta["eos_id"],
-                             pad_id=meta.get("pad_id"), device=device, stride=stride)
+                             pad_id=meta.get("pad_id"), device=device, stride=stride,
+                             condition=meta.get("condition"))

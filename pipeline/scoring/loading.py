@@ -72,7 +72,7 @@ def load_transformer(model_dir: Path, device: str = "cpu",
                           f"{Path(model_dir).as_posix()} (max_seq_len {limit}); use 1..{limit}")
     return TransformerScorer(scorer.model, bos_id=scorer.bos_id, eos_id=scorer.eos_id,
                              pad_id=scorer.pad_id, device=device, stride=stride,
-                             batch_size=scorer.batch_size)
+                             batch_size=scorer.batch_size, condition=scorer.condition)
 
 
 def default_specs(ngram_dir: Path, transformer_dir: Path, names: Sequence[str] = MODEL_NAMES,

@@ -22,9 +22,11 @@ PER_PIECE_SCHEMA = pa.schema([
 model trained once."""
 
 
-def score_rows(model: Any, ids: Sequence[np.ndarray]) -> np.ndarray:
-    """Total NLL (nats) of each sequence under the protocol; checks the target count."""
-    per = model.token_nll(list(ids))
+def score_rows(model: Any, ids: Sequence[np.ndarray],
+               conds: np.ndarray | None = None) -> np.ndarray:
+    """Total NLL (nats) of each sequence under the protocol; checks the target count.
+    ``conds`` (N, K): each sequence's condition ids, for a conditioned model only."""
+    per = model.token_nll(list(ids)) if conds is None else model.token_nll(list(ids), conds=conds)
     for i, (t, s) in enumerate(zip(per, ids, strict=True)):
         if len(t) != len(s) + 1:
             raise ValueError(f"{type(model).__name__}.token_nll returned {len(t)} values for a "

@@ -30,14 +30,23 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
 - ``power.<a>_minus_<b>``: the minimum detectable effect of the relative improvement on the test
   groups, estimated from val's per-group sums (:func:`pipeline.scoring.power.detectable_effect`).
 
+- A conditioned transformer (``condition.use``, docs/conditioning.md) scores every piece with the
+  piece's own conditions, in the model's vocabulary; its targets, and so every NLL's count, are
+  those of the unconditioned protocol, so it compares with the n-gram on the same tokens.
+  ``conditioning`` adds the shuffled-condition diagnostic on val
+  (:mod:`pipeline.conditions.diagnostics`): NLL per note with each piece's own, shuffled and
+  removed conditions, averaged over the training seeds, and the paired gaps with their group
+  bootstrap intervals (each seed's beside them).
+
 Inputs: ``data/tokens/tokens.parquet``, ``data/tokens/info.json``, ``data/manifest.parquet``,
-``data/splits.parquet``, model folders (``data/ngram``, ``data/transformer``). Outputs:
+``data/splits.parquet``, ``data/conditions.parquet`` (read only for a conditioned model), model
+folders (``data/ngram``, ``data/transformer``). Outputs:
 ``reports/eval/per_piece.parquet`` (``sha256``, ``split``, ``model``, ``seed`` (null without
 training seeds), ``group_id``, ``nll_nats``, ``n_tokens``, ``n_notes``, ``duration_s``; sorted by
 model, seed, split, sha256; the train subset's rows have split ``train``),
 ``reports/eval.json`` (``protocol``, ``models``, ``paired``, ``gap``, ``power``, ``seeds``,
 ``train_subset``, ``unavailable``, ``excluded``, ``fidelity``: the scored pieces whose tokens lose
-notes, see :func:`fidelity_block`) and
+notes, see :func:`fidelity_block`; ``conditioning`` for a conditioned model only) and
 the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or does not load is
 listed under ``unavailable`` with the reason; the stage still scores the others.
 
@@ -57,10 +66,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from pydantic import Field, field_validator
 
+from pipeline.conditions.assign import model_vocab, with_vocab
+from pipeline.conditions.diagnostics import gap_summary, variant_sums
+from pipeline.conditions.table import read_conditions
 from pipeline.core.artifacts import (
     read_json,
     read_json_or_none,
@@ -191,8 +204,9 @@ def registration_check(path: Path | None, cfg: EvaluateConfig,
 def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
         manifest: Path, splits: Path, specs: Sequence[ModelSpec], per_piece: Path,
         report: Path, preregistration: Path | None = None,
-        ledger_path: Path | None = None) -> EvaluateSummary:
-    """Score every available model on ``cfg.splits``; write the per-piece table and eval.json."""
+        ledger_path: Path | None = None, conditions: Path | None = None) -> EvaluateSummary:
+    """Score every available model on ``cfg.splits``; write the per-piece table and eval.json.
+    A conditioned model reads its pieces' conditions from ``conditions``."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
     all_rows = read_tokens(tokens, ["sha256", "split", "track", "ids", "flags"],
@@ -213,16 +227,17 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     specs = [r for spec in specs for r in replicate_specs(spec)]
     set_torch_threads(runtime.torch_threads, [s.key for s in specs])  # results depend on it
     models, unavailable = load_models(specs, cfg.device, tok_info)
+    cond_of = _condition_ids(models, conditions)
     tables, seconds = [], {}
     for spec in sorted((s for s in specs if s.key in models), key=lambda s: s.key):
         model, key = models[spec.key], spec.key
         t = time.perf_counter()
-        nll = score_rows(model, list(rows["ids"]))
+        nll = score_rows(model, list(rows["ids"]), cond_of(key, rows["sha256"]))
         tables.append(piece_table(rows, nll, pieces, spec.name, spec.seed))
         seconds[key] = time.perf_counter() - t
         if len(train):  # scored apart, so val/test scores never depend on the subset
             t = time.perf_counter()
-            nll = score_rows(model, list(train["ids"]))
+            nll = score_rows(model, list(train["ids"]), cond_of(key, train["sha256"]))
             tables.append(piece_table(train, nll, train_pieces, spec.name, spec.seed))
             seconds[f"{key}.train_subset"] = time.perf_counter() - t
     table = (pd.concat(tables, ignore_index=True) if tables
@@ -238,6 +253,11 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     train_metrics, gap = generalisation(table, cfg, names)
     for name, block in train_metrics.items():
         agg[name]["train_subset"] = block
+    t = time.perf_counter()
+    conditioning = conditioning_block(models, specs, cond_of, rows[rows["split"] == "val"],
+                                      facts, cfg)
+    if conditioning:
+        seconds["conditioning"] = time.perf_counter() - t
     n_test_groups = facts.loc[facts["split"] == "test", "group_id"].nunique()
     excluded_counts: dict[str, int] = {}
     for p in excluded["pieces"]:
@@ -255,6 +275,7 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
         "excluded": {**excluded, "counts": excluded_counts},
         "fidelity": fidelity,
         "preregistration": registration_check(preregistration, cfg, tok_info),
+        **({"conditioning": conditioning} if conditioning else {}),
     })
     write_sidecar(report.with_name(report.stem + ".env.json"),
                   {"seconds": {**seconds, "total": time.perf_counter() - t0},
@@ -262,6 +283,60 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     scored = {n: {s: agg[n][s]["nats_per_token"]["value"] for s in cfg.splits} for n in agg}
     return EvaluateSummary(scored, unavailable, len(excluded["pieces"]),
                            {n: g["nats_per_token"]["value"] for n, g in gap.items()})
+
+
+def _condition_ids(models: dict[str, Any], conditions: Path | None):
+    """``cond_of(key, sha256s)``: the (N, K) condition ids of pieces for the model ``key`` (in its
+    own vocabulary), or None for an unconditioned model. The table is read only when a model is
+    conditioned."""
+    vocabs = {k: model_vocab(getattr(m, "condition", None)) for k, m in models.items()}
+    vocabs = {k: v for k, v in vocabs.items() if v is not None}
+    if not vocabs:
+        return lambda key, shas: None
+    if conditions is None:
+        key = sorted(vocabs)[0]
+        raise ParamsError(f"{key} is conditioned on {list(vocabs[key].names)}: pass the "
+                          "condition table (--conditions data/conditions.parquet)")
+    table = read_conditions(conditions)
+    bound = {k: with_vocab(table, v) for k, v in vocabs.items()}
+
+    def cond_of(key: str, shas: Sequence[str]) -> np.ndarray | None:
+        return bound[key].many(list(shas)) if key in bound else None
+    return cond_of
+
+
+def conditioning_block(models: dict[str, Any], specs: Sequence[ModelSpec], cond_of: Any,
+                       val: pd.DataFrame, facts: pd.DataFrame,
+                       cfg: EvaluateConfig) -> dict[str, Any]:
+    """eval.json's ``conditioning``: per conditioned model, the shuffled-condition diagnostic on
+    val (:mod:`pipeline.conditions.diagnostics`), its sums averaged over the training seeds, and
+    each seed's own. Empty when no model is conditioned or val was not scored."""
+    if val.empty:
+        return {}
+    fact = facts.set_index("sha256").loc[val["sha256"]]
+    groups = fact["group_id"].astype(str).tolist()
+    first = ~val["sha256"].duplicated().to_numpy()  # a piece's notes count on its first row
+    notes = np.where(first, fact["n_notes"].to_numpy(dtype=np.float64), 0.0)
+    by_model: dict[str, list[tuple[int | None, dict[str, np.ndarray]]]] = {}
+    names: dict[str, list[str]] = {}
+    for spec in sorted((s for s in specs if s.key in models), key=lambda s: s.key):
+        cond = cond_of(spec.key, val["sha256"])
+        if cond is None:
+            continue
+        vocab = model_vocab(models[spec.key].condition)
+        sums = variant_sums(models[spec.key], list(val["ids"]), cond, vocab.none_ids(), cfg.seed)
+        by_model.setdefault(spec.name, []).append((spec.seed, sums))
+        names[spec.name] = list(vocab.names)
+    out = {}
+    for name, runs in sorted(by_model.items()):
+        mean = {k: np.mean([r[k] for _, r in runs], axis=0) for k in runs[0][1]}
+        kw = {"seed": cfg.seed, "n_boot": cfg.n_boot, "level": cfg.ci_level}
+        out[name] = {"split": "val", "conditions": names[name],
+                     "shuffle_seed": cfg.seed,
+                     **gap_summary(mean, groups, notes, **kw),
+                     "per_seed": {str(seed): gap_summary(sums, groups, notes, **kw)
+                                  for seed, sums in runs if seed is not None}}
+    return out
 
 
 def _train_subset(rows: pd.DataFrame, info: TokenInfo, facts: pd.DataFrame, n: int, seed: int
@@ -315,6 +390,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--per-piece", type=Path, default=Path("reports/eval/per_piece.parquet"))
     a("--report", type=Path, default=Path("reports/eval.json"))
     a("--preregistration", type=Path, default=Path("reports/preregistration.json"))
+    a("--conditions", type=Path, default=Path("data/conditions.parquet"),
+      help="condition table (`symkit conditions`); read only for a conditioned model")
     a("--ledger", type=Path, default=ledger.LEDGER,
       help="test-access ledger this run's test scores are appended to")
 
@@ -326,7 +403,8 @@ def main(args: argparse.Namespace) -> int:
                   splits=args.splits,
                   specs=default_specs(args.ngram_dir, args.transformer_dir, stride=cfg.stride),
                   per_piece=args.per_piece, report=args.report,
-                  preregistration=args.preregistration, ledger_path=args.ledger)
+                  preregistration=args.preregistration, ledger_path=args.ledger,
+                  conditions=args.conditions)
     for name, by_split in summary.scored.items():
         figures = ", ".join(f"{s} {v:.4f}" for s, v in by_split.items())
         gap = summary.gap.get(name)

@@ -17,6 +17,12 @@ Invariants:
 - Packing (``transformer.data.pack``, :class:`PackedRows`): a training row holds consecutive
   windows of the same stream while their targets fit; optimiser step ``s`` then consumes rows
   ``[s·E, (s+1)·E)`` instead of windows, and the batch's ``segments`` keep each window to itself.
+- Conditions (``condition.use``, docs/conditioning.md): each example carries its piece's (K,)
+  condition ids (``Corpus.train_cond`` / ``val_cond``), and every window of it the same ids
+  (``Batch.cond``). They are inputs only and never change the targets. Condition dropout replaces
+  a training window's ids by every slot's "none" with a probability, drawn from a generator seeded
+  by ``(seed, stream position)``, so it too is a pure function of the step. Packing refuses
+  conditions: a packed row holds several pieces.
 - Batches are gathered from one flat array of the training tokens by index arithmetic
   (:meth:`WindowStream.batch`, :meth:`PackedRows.batch`); validation batches, built once per
   evaluation, use :func:`make_batch` over a list of windows.
@@ -30,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.conditions.assign import PieceConditions, transposed_ids
+from pipeline.conditions.vocab import ConditionVocab
 from pipeline.core.artifacts import read_parquet
 from pipeline.tokens.contract import IGNORE_INDEX, TokenInfo, read_tokens
 
@@ -42,6 +50,13 @@ class Corpus:
     val: list[np.ndarray]
     n_augmented: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    conditions: PieceConditions | None = None  # the pieces' condition ids (None: unconditioned)
+    train_cond: list[np.ndarray] = field(default_factory=list)  # (K,) ids per train example
+    val_cond: list[np.ndarray] = field(default_factory=list)  # (K,) ids per val example
+
+    @property
+    def cond_vocab(self) -> ConditionVocab | None:
+        return None if self.conditions is None else self.conditions.vocab
 
 
 def _check_ids(ids: np.ndarray, info: TokenInfo) -> str | None:
@@ -60,12 +75,14 @@ def _wrap(ids: np.ndarray, info: TokenInfo) -> np.ndarray:
     return np.concatenate([[info.bos_id], ids.astype(np.int64), [info.eos_id]]).astype(np.int64)
 
 
-def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None) -> Corpus:
-    """Read train/val examples (plus train augmentations when ``augmented`` exists)."""
+def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None,
+                conditions: PieceConditions | None = None) -> Corpus:
+    """Read train/val examples (plus train augmentations when ``augmented`` exists), with each
+    example's condition ids when ``conditions`` is given."""
     table = read_tokens(tokens, ["sha256", "split", "track", "ids"])
     table = table.sort_values(["split", "sha256", "track"], kind="stable")
-    corpus = Corpus(train=[], val=[])
-    for split, ids in zip(table["split"], table["ids"], strict=True):
+    corpus = Corpus(train=[], val=[], conditions=conditions)
+    for sha, split, ids in zip(table["sha256"], table["split"], table["ids"], strict=True):
         if split not in ("train", "val"):
             continue
         arr = np.asarray(ids, dtype=np.int64)
@@ -74,9 +91,12 @@ def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None) ->
             corpus.skipped[f"{split}:{why}"] = corpus.skipped.get(f"{split}:{why}", 0) + 1
             continue
         (corpus.train if split == "train" else corpus.val).append(_wrap(arr, info))
+        if conditions is not None:
+            (corpus.train_cond if split == "train" else corpus.val_cond).append(conditions.of(sha))
     if augmented is not None and Path(augmented).exists():
         aug = read_parquet(augmented, columns=["sha256", "transpose", "ids"])
-        for ids in aug.sort_values(["sha256", "transpose"], kind="stable")["ids"]:
+        aug = aug.sort_values(["sha256", "transpose"], kind="stable")
+        for sha, semitones, ids in zip(aug["sha256"], aug["transpose"], aug["ids"], strict=True):
             arr = np.asarray(ids, dtype=np.int64)
             why = _check_ids(arr, info)
             if why:
@@ -84,6 +104,8 @@ def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None) ->
                 continue
             corpus.train.append(_wrap(arr, info))
             corpus.n_augmented += 1
+            if conditions is not None:
+                corpus.train_cond.append(transposed_ids(conditions, sha, int(semitones)))
     return corpus
 
 
@@ -93,14 +115,17 @@ class Batch:
     y: torch.Tensor  # (B, T) target ids, IGNORE_INDEX where padded
     mask: torch.Tensor  # (B, T) bool, True where the target counts
     segments: torch.Tensor | None = None  # (B, T) packed rows: piece index in the row, -1 = pad
+    cond: torch.Tensor | None = None  # (B, K) condition ids of each row's piece
 
     @property
     def n_valid(self) -> int:
         return int(self.mask.sum())
 
 
-def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: int) -> Batch:
-    """Windows of up to ``seq_len + 1`` tokens -> (B, seq_len) inputs/targets/mask."""
+def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: int,
+               cond: np.ndarray | None = None) -> Batch:
+    """Windows of up to ``seq_len + 1`` tokens (and their (B, K) condition ids) -> (B, seq_len)
+    inputs/targets/mask."""
     B = len(windows)
     x = torch.full((B, seq_len), pad_id, dtype=torch.long)
     y = torch.full((B, seq_len), IGNORE_INDEX, dtype=torch.long)
@@ -111,7 +136,8 @@ def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: int) -> Batch:
         t = torch.as_tensor(w, dtype=torch.long)
         x[i, :n] = t[:-1]
         y[i, :n] = t[1:]
-    return Batch(x, y, y != IGNORE_INDEX)
+    c = None if cond is None else torch.as_tensor(np.asarray(cond, dtype=np.int64))
+    return Batch(x, y, y != IGNORE_INDEX, cond=c)
 
 
 class WindowStream:
@@ -122,10 +148,14 @@ class WindowStream:
     loop over windows; :meth:`window` and :meth:`position` give the same windows one at a time.
     """
 
-    def __init__(self, examples: list[np.ndarray], seq_len: int, seed: int) -> None:
+    def __init__(self, examples: list[np.ndarray], seq_len: int, seed: int,
+                 cond: list[np.ndarray] | None = None) -> None:
         if not examples:
             raise ValueError("no training examples (is the train split empty?)")
+        if cond is not None and len(cond) != len(examples):
+            raise ValueError(f"{len(cond)} condition rows for {len(examples)} examples")
         self.examples = examples
+        self.cond = None if cond is None else np.stack(cond).astype(np.int64)  # (n, K)
         self.seq_len = seq_len
         self.seed = seed
         self.lengths = np.array([len(e) for e in examples], dtype=np.int64)
@@ -193,7 +223,8 @@ class WindowStream:
         last = len(self.flat) - 1
         x = np.where(valid, self.flat[np.minimum(src, last)], pad_id)
         y = np.where(valid, self.flat[np.minimum(src + 1, last)], IGNORE_INDEX)
-        return Batch(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(valid))
+        cond = None if self.cond is None else torch.from_numpy(self.cond[ex])
+        return Batch(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(valid), cond=cond)
 
 
 class PackedRows:
@@ -214,6 +245,9 @@ class PackedRows:
     CHUNK = 4096  # window lengths computed per scan
 
     def __init__(self, stream: WindowStream) -> None:
+        if stream.cond is not None:
+            raise ValueError("packed rows hold several pieces, each with its own conditions; "
+                             "set transformer.data.pack: false to train with conditions")
         self.stream = stream
         self._starts = [0]  # _starts[r]: first stream position of row r
         self._used: list[int] = []  # targets in row r
@@ -299,11 +333,31 @@ def val_windows(examples: list[np.ndarray], seq_len: int, max_windows: int = 0) 
 
     ``max_windows > 0`` keeps that many, evenly spaced over the full list (deterministic).
     """
+    return [examples[e][s : s + seq_len + 1]
+            for e, s in val_window_plan(examples, seq_len, max_windows)]
+
+
+def val_window_plan(examples: list[np.ndarray], seq_len: int,
+                    max_windows: int = 0) -> list[tuple[int, int]]:
+    """(example index, first position) of each window :func:`val_windows` returns, in order."""
     out = []
-    for ex in examples:
+    for e, ex in enumerate(examples):
         n = len(ex) - 1  # targets
-        out.extend(ex[s : min(s + seq_len, n) + 1] for s in range(0, n, seq_len))
+        out.extend((e, s) for s in range(0, n, seq_len))
     if 0 < max_windows < len(out):
         keep = np.linspace(0, len(out) - 1, max_windows).round().astype(int)
         out = [out[i] for i in sorted(set(keep.tolist()))]
+    return out
+
+
+def drop_conditions(cond: torch.Tensor, none_ids: np.ndarray, p: float, seed: int,
+                    position: int) -> torch.Tensor:
+    """Condition dropout: each row of ``cond`` (B, K) becomes every slot's "none" with
+    probability ``p``. The draw comes from a generator seeded by ``(seed, position)`` (the
+    batch's first stream position), so a resumed run drops the same rows."""
+    if p <= 0 or cond.shape[1] == 0:
+        return cond
+    drop = np.random.default_rng([seed, position]).random(cond.shape[0]) < p
+    out = cond.clone()
+    out[torch.from_numpy(drop)] = torch.as_tensor(none_ids, dtype=out.dtype)
     return out

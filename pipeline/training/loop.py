@@ -51,6 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from models.lora import param_counts
 from models.transformer import export_state
+from pipeline.conditions.vocab import ConditionVocab
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.config import CheckpointSection, TrainSection, TransformerStageConfig
@@ -60,8 +61,9 @@ from pipeline.training.data import (
     PackedRows,
     Shard,
     WindowStream,
+    drop_conditions,
     make_batch,
-    val_windows,
+    val_window_plan,
 )
 from pipeline.training.device import DistInfo, TrainDevice, make_device
 from pipeline.training.resume import fingerprint, gather_rng, open_resume, restore_rng
@@ -110,6 +112,7 @@ class TrainResult:
     n_val_windows: int
     examples: int  # training examples (windows) consumed, all ranks
     padded_share: float | None  # padded positions among the training positions seen
+    conditions: ConditionVocab | None = None  # the vocabulary of a conditioned run
 
 
 @dataclass
@@ -131,14 +134,22 @@ class Batches:
     seq_len: int  # T
     pad_id: int
     packed: PackedRows | None = None  # transformer.data.pack: rows of several windows
+    val_cond: np.ndarray | None = None  # (len(val), K) condition ids of the validation windows
+    cond_none: np.ndarray | None = None  # (K,) every slot's "none" id
+    cond_dropout: float = 0.0  # probability a training window's conditions become "none"
 
     def micro_batch(self, step: int, micro: int) -> Batch:
         """This rank's micro-batch ``micro`` of optimiser step ``step``: x, y, mask (B, T)
-        (and segments when packed)."""
+        (and segments when packed, conditions when conditioned)."""
         rows = self.shard.micro_positions(step, micro)
         if self.packed is not None:
             return self.packed.batch(rows, self.pad_id)
-        return self.stream.batch(rows, self.pad_id)
+        b = self.stream.batch(rows, self.pad_id)
+        if b.cond is None or self.cond_none is None:
+            return b
+        cond = drop_conditions(b.cond, self.cond_none, self.cond_dropout, self.stream.seed,
+                               rows.start)
+        return Batch(b.x, b.y, b.mask, b.segments, cond)
 
     def n_targets(self, step: int) -> int:
         """Valid targets of optimiser step ``step``, all ranks (from lengths, no tensors)."""
@@ -181,9 +192,11 @@ class StepStats:
 def train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir: Path, *,
           threads: int, dist: DistInfo | None = None,
           on_step: Callable[[TrainState], None] | None = None,
-          echo: Echo = print) -> TrainResult:
+          echo: Echo = print, cond_dropout: float = 0.0) -> TrainResult:
     """Train (or resume) according to ``cfg``; checkpoints in ``ckpt_dir`` (rank 0 writes).
 
+    A corpus with conditions (``corpus.conditions``) trains a conditioned model, each training
+    window's conditions dropped to "none" with probability ``cond_dropout`` (``condition.dropout``).
     ``on_step`` is called after every completed step (after its checkpoint, if any); an
     exception raised there behaves like a kill. Global torch RNG state is forked, so the caller's
     RNG is left untouched.
@@ -191,30 +204,43 @@ def train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir
     dist = dist or DistInfo()
     torch.set_num_threads(threads)
     dev = make_device(cfg.device, cfg.precision, dist)
-    fp = fingerprint(cfg, info, threads, dist.world_size)
+    fp = fingerprint(cfg, info, threads, dist.world_size,
+                     conditions=condition_identity(corpus, cond_dropout))
     with torch.random.fork_rng(devices=dev.rng_devices):
         return _train(cfg, info, corpus, Path(ckpt_dir), dev, fp, on_step or _ignore,
-                      echo if dist.is_main else _ignore)
+                      echo if dist.is_main else _ignore, cond_dropout)
 
 
 def _ignore(_: object) -> None:
     pass
 
 
+def condition_identity(corpus: Corpus, cond_dropout: float) -> dict[str, Any] | None:
+    """What the run identity records of the conditions (None for an unconditioned run, whose
+    identity is then what it was before conditions existed)."""
+    if corpus.conditions is None:
+        return None
+    v = corpus.conditions.vocab
+    return {"names": list(v.names), "vocab_hash": v.hash, "ids_sha256": corpus.conditions.digest(),
+            "dropout": cond_dropout}
+
+
 def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir: Path,
            dev: TrainDevice, fp: dict[str, Any], on_step: Callable[[TrainState], None],
-           echo: Echo) -> TrainResult:
+           echo: Echo, cond_dropout: float) -> TrainResult:
     """:func:`train` inside the forked RNG: set up, resume, loop until a stop rule fires."""
     t0 = time.perf_counter()
     tr = cfg.train
-    data = _batches(cfg, info, corpus, dev.dist)
+    data = _batches(cfg, info, corpus, dev.dist, cond_dropout)
 
     # Set-up. Dropout draws from the default generators: seed them per rank (checkpoints keep their
     # states). The initial weights come from their own generator, the same on every rank.
     torch.manual_seed(cfg.seed + dev.dist.rank)
+    vocab = corpus.cond_vocab
     model, ft_report = build_model(cfg.model, cfg.finetune, info.vocab_size,
                                    torch.Generator().manual_seed(cfg.seed),
-                                   tokenizer_hash=info.tokenizer_hash)
+                                   tokenizer_hash=info.tokenizer_hash,
+                                   cond_slot_sizes=() if vocab is None else vocab.slot_sizes)
     model.to(dev.device)
     opt = make_optimizer(model, cfg.optim, dev.device_type)
     sched = make_scheduler(opt, cfg.optim, tr.max_steps)
@@ -261,7 +287,7 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
         # No extra evaluation at a wall-clock pause: the resumed run must match an unpaused one.
         if state.step % tr.eval_every == 0 or state.stop_reason in ("max_steps", "max_tokens"):
             row["val_loss"] = evaluate(m.model, data.val, data.seq_len, data.pad_id, dev,
-                                       2 * tr.micro_batch)
+                                       2 * tr.micro_batch, data.val_cond)
             if _track_best(state, row["val_loss"], tr.patience):
                 best = export_state(m.model)
         if state.step % tr.log_every == 0 or state.stop_reason or state.step == 1:
@@ -281,7 +307,7 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
         seconds=time.perf_counter() - t0, steps_this_run=state.step - start_step,
         tokens_this_run=state.tokens - start_tokens, n_train_examples=len(data.stream),
         n_val_windows=len(data.val), examples=data.examples(state.step),
-        padded_share=_padded_share(state, data))
+        padded_share=_padded_share(state, data), conditions=corpus.cond_vocab)
 
 
 def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: float) -> StepStats:
@@ -297,6 +323,8 @@ def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: floa
         b = data.micro_batch(step, micro)  # x, y, mask: (B, T)
         last = micro == data.shard.grad_accum - 1
         packed = {} if b.segments is None else {"segments": b.segments.to(dev.device)}
+        if b.cond is not None:
+            packed["cond"] = b.cond.to(dev.device)
         with _no_sync(m.ddp, not last):
             with dev.autocast():
                 _, nll = m.fwd(b.x.to(dev.device), b.y.to(dev.device), b.mask.to(dev.device),
@@ -349,18 +377,21 @@ def _padded_share(state: TrainState, data: Batches) -> float | None:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, windows: list[np.ndarray], seq_len: int, pad_id: int,
-             dev: TrainDevice, batch_size: int) -> float | None:
-    """Token-weighted mean NLL (nats) over ``windows``; None when there are none."""
+             dev: TrainDevice, batch_size: int, cond: np.ndarray | None = None) -> float | None:
+    """Token-weighted mean NLL (nats) over ``windows`` (with their (N, K) condition ids ``cond``
+    for a conditioned model); None when there are none."""
     if not windows:
         return None
     was_training = model.training
     model.eval()
     sums = []
     for b0 in range(0, len(windows), batch_size):
-        batch = make_batch(windows[b0 : b0 + batch_size], seq_len, pad_id)
+        batch = make_batch(windows[b0 : b0 + batch_size], seq_len, pad_id,
+                           None if cond is None else cond[b0 : b0 + batch_size])
+        extra = {} if batch.cond is None else {"cond": batch.cond.to(dev.device)}
         with dev.autocast():
             _, nll = model(batch.x.to(dev.device), batch.y.to(dev.device),
-                           batch.mask.to(dev.device), reduction="sum")
+                           batch.mask.to(dev.device), reduction="sum", **extra)
         sums.append(nll.float())
     model.train(was_training)
     total = 0.0
@@ -372,15 +403,24 @@ def evaluate(model: nn.Module, windows: list[np.ndarray], seq_len: int, pad_id: 
 
 # ------------------------------------------------------------------------------ set-up helpers
 def _batches(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus,
-             dist: DistInfo) -> Batches:
+             dist: DistInfo, cond_dropout: float = 0.0) -> Batches:
     T = cfg.model.max_seq_len
-    stream = WindowStream(corpus.train, T, cfg.seed)
+    conditioned = corpus.conditions is not None
+    stream = WindowStream(corpus.train, T, cfg.seed, corpus.train_cond if conditioned else None)
+    plan = val_window_plan(corpus.val, T, cfg.data.val_max_windows)
+    val_cond = None
+    if conditioned:
+        k = corpus.conditions.vocab.n_slots
+        val_cond = np.asarray([corpus.val_cond[e] for e, _ in plan], dtype=np.int64).reshape(-1, k)
     return Batches(stream=stream,
                    shard=Shard(dist.rank, dist.world_size, cfg.train.micro_batch,
                                cfg.train.grad_accum),
-                   val=val_windows(corpus.val, T, cfg.data.val_max_windows),
+                   val=[corpus.val[e][s : s + T + 1] for e, s in plan],
                    seq_len=T, pad_id=info.pad_id,
-                   packed=PackedRows(stream) if cfg.data.pack else None)
+                   packed=PackedRows(stream) if cfg.data.pack else None,
+                   val_cond=val_cond,
+                   cond_none=corpus.conditions.vocab.none_ids() if conditioned else None,
+                   cond_dropout=cond_dropout)
 
 
 def _restore(c: ckpt.Checkpoint, model: nn.Module, opt: torch.optim.Optimizer,

@@ -97,6 +97,11 @@ def summarise(tr: TrainSection, info: TokenInfo, corpus: Corpus,
         "tokenizer_hash": info.tokenizer_hash,
         "split_hash": info.split_hash,
         "vocab_size": info.vocab_size,
+        **({} if r.conditions is None else {"condition": {
+            "names": list(r.conditions.names), "vocab_hash": r.conditions.hash,
+            "labels": {n: list(x) for n, x in zip(r.conditions.names, r.conditions.labels,
+                                                    strict=True)},
+            "dropout": r.fingerprint["config"]["condition"]["dropout"]}}),
     }
 
 
@@ -145,6 +150,9 @@ def collect(seed: int, r: TrainResult, info: TokenInfo, summary: dict[str, Any])
         "best_val_loss": r.state.best_val, "config_hash": r.fingerprint["config_hash"],
         "seed": seed,
     }
+    cond = r.fingerprint["config"].get("condition")
+    if cond is not None:  # only a conditioned model's model.json names its conditions
+        meta["condition"] = {**cond, "vocab": r.conditions.to_dict()}
     timing = {"seconds": r.seconds, "steps_this_run": r.steps_this_run,
               "tokens_this_run": r.tokens_this_run,
               "tokens_per_s": _rate(r.tokens_this_run, r.seconds),

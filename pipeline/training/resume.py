@@ -35,26 +35,29 @@ FRESH_HINT = ("rerun with `symkit train-transformer --fresh` (deletes the old ch
 
 
 def fingerprint(cfg: TransformerStageConfig, info: TokenInfo, threads: int,
-                world_size: int) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: result-affecting config and data hashes."""
+                world_size: int, conditions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: result-affecting config and data hashes, and
+    the conditions of a conditioned run (names, vocabulary, every piece's ids, dropout)."""
     conf = result_config(cfg, threads, world_size)
     init = cfg.finetune.init_from
     if init:
         conf["init_sha256"] = sha256_file(Path(init) / "model.safetensors")
     conf["vocab_size"] = info.vocab_size
+    if conditions is not None:
+        conf["condition"] = conditions
     return {"config": conf, "config_hash": sha256_json(conf),
             "tokenizer_hash": info.tokenizer_hash, "split_hash": info.split_hash}
 
 
 def checkpoint_dir(out_dir: Path, cfg: TransformerStageConfig, info: TokenInfo, threads: int,
-                   world_size: int) -> Path:
+                   world_size: int, conditions: dict[str, Any] | None = None) -> Path:
     """``OUT/checkpoints/run-<identity>``: one sub-folder per run identity.
 
     The identity hashes the result-affecting config, tokenizer and split. A controlled comparison
     (``dvc exp run -S ...``) so starts its own run instead of meeting another run's checkpoints, and
     switching back finds the earlier run finished. Resuming still verifies every hash.
     """
-    run_id = sha256_json(fingerprint(cfg, info, threads, world_size))
+    run_id = sha256_json(fingerprint(cfg, info, threads, world_size, conditions))
     return Path(out_dir) / "checkpoints" / f"run-{run_id[:16]}"
 
 

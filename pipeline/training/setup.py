@@ -50,8 +50,8 @@ def make_scheduler(opt: torch.optim.Optimizer, o: OptimSection,
 
 
 def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
-                generator: torch.Generator, tokenizer_hash: str | None = None
-                ) -> tuple[GPT, dict[str, Any]]:
+                generator: torch.Generator, tokenizer_hash: str | None = None,
+                cond_slot_sizes: tuple[int, ...] = ()) -> tuple[GPT, dict[str, Any]]:
     """Fresh model from ``transformer.model``, or the ``finetune.init_from`` model with frozen
     layers or LoRA adapters. Returns the model and a report (``init_from``, frozen names, LoRA
     layers). Initial weights come from ``generator``.
@@ -59,15 +59,22 @@ def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
     ``tokenizer_hash``: the current tokenizer's (``data/tokens/info.json``). An ``init_from``
     model must have been trained on that very tokenizer: a vocabulary of the same size with
     other BPE merges gives every id another meaning, and would load without a shape error. A
-    model that records another hash, or none, is refused naming both."""
+    model that records another hash, or none, is refused naming both.
+
+    ``cond_slot_sizes``: the condition slots of a conditioned run (docs/conditioning.md). An
+    ``init_from`` model without conditions gets a fresh condition embedding (an unconditioned
+    model learns to follow conditions); one with conditions must have these very slots."""
     arch = TransformerConfig(vocab_size=vocab_size, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
                              n_head=m.n_head, n_embd=m.n_embd, mlp_ratio=m.mlp_ratio,
-                             dropout=m.dropout, attn_dropout=m.attn_dropout, bias=m.bias)
+                             dropout=m.dropout, attn_dropout=m.attn_dropout, bias=m.bias,
+                             cond_slot_sizes=cond_slot_sizes)
     report: dict[str, Any] = {"init_from": ft.init_from, "frozen": [], "lora_layers": []}
     if not ft.init_from:
         return GPT(arch, generator), report
     base, meta = load_init(Path(ft.init_from))
     training_only = {"dropout", "attn_dropout"}
+    if not base.config.cond_slot_sizes:
+        training_only.add("cond_slot_sizes")  # conditions added on top of an unconditioned model
     ours = {k: v for k, v in arch.to_dict().items() if k not in training_only}
     theirs = {k: v for k, v in base.config.to_dict().items() if k not in training_only}
     if ours != theirs:
@@ -86,7 +93,10 @@ def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
             "run with the model's own tokenizer (the same data/tokenizer.json), or train from "
             "scratch")
     model = GPT(arch, generator)  # same shapes; dropout from params
-    model.load_state_dict(base.state_dict())
+    missing, _ = model.load_state_dict(base.state_dict(), strict=not cond_slot_sizes)
+    if [k for k in missing if not k.startswith("wce.")]:
+        raise ParamsError(f"transformer.finetune.init_from = {ft.init_from!r}: its weights lack "
+                          f"{sorted(missing)}")
     report["init_tokenizer_hash"] = theirs_tok
     if ft.freeze:
         try:

@@ -1,0 +1,332 @@
+"""Conditioned training and scoring: the condition vocabulary, the model's condition embedding,
+condition dropout, the run identity and the shuffled-condition diagnostic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from models.transformer import GPT, TransformerConfig, TransformerScorer
+from pipeline.conditions.assign import piece_conditions, transpose_label, transposed_ids
+from pipeline.conditions.diagnostics import condition_gap, shuffle_conditions, verdict
+from pipeline.conditions.vocab import ConditionVocab, fit_vocab
+from pipeline.tokens.contract import TokenInfo
+from pipeline.training.data import Corpus, WindowStream, drop_conditions
+from pipeline.training.loop import train
+from pipeline.training.resume import checkpoint_dir
+from tests._transformer_data import BOS, EOS, PAD, tiny_config
+
+
+# ------------------------------------------------------------------------------ vocabulary
+def test_vocab_slots_none_ids_and_unseen_labels():
+    v = fit_vocab(["key", "density"], [{"key": "G major", "density": "low"},
+                                       {"key": "C major", "density": None},
+                                       {"key": "G major", "density": "high"}])
+    assert v.labels == (("C major", "G major"), ("high", "low"))
+    assert v.slot_sizes == (3, 3) and v.size == 6
+    assert v.none_ids().tolist() == [0, 3]
+    assert v.encode({"key": "G major", "density": "low"}).tolist() == [2, 5]
+    # missing, None, NaN and a label train never had all mean "none"
+    assert v.encode({"key": "F# minor"}).tolist() == [0, 3]
+    assert v.encode({"key": float("nan"), "density": None}).tolist() == [0, 3]
+    assert v.decode([2, 3]) == {"key": "G major", "density": None}
+    assert ConditionVocab.from_dict(v.to_dict()) == v
+    other = fit_vocab(["key", "density"], [{"key": "A minor", "density": "low"}])
+    assert other.hash != v.hash
+
+
+def test_piece_conditions_learn_labels_from_train_only():
+    table = pd.DataFrame({"sha256": ["c", "a", "b"], "split": ["test", "train", "val"],
+                          "key": ["E minor", "D major", "A minor"]})
+    pc = piece_conditions(table, ["key"])
+    assert pc.vocab.labels == (("D major",),)  # val's and test's labels are not learned
+    assert pc.of("a").tolist() == [1]
+    assert pc.of("b").tolist() == [0] and pc.of("c").tolist() == [0]
+    assert pc.of("not-listed").tolist() == [0]
+    assert pc.many(["a", "b"]).shape == (2, 1)
+    with pytest.raises(ValueError, match="no column 'tempo'"):
+        piece_conditions(table, ["tempo"])
+
+
+def test_transposition_moves_the_key_only():
+    assert transpose_label("key", "G major", 2) == "A major"
+    assert transpose_label("key", "B minor", 1) == "C minor"
+    assert transpose_label("key", "C major", -1) == "B major"
+    assert transpose_label("density", "low", 5) == "low"
+    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
+                          "key": ["C major", "D major"], "density": ["low", "low"]})
+    pc = piece_conditions(table, ["key", "density"])
+    assert pc.vocab.decode(transposed_ids(pc, "a", 2)) == {"key": "D major", "density": "low"}
+    # a transposed key that train never had is "none", not another key
+    assert pc.vocab.decode(transposed_ids(pc, "a", 1)) == {"key": None, "density": "low"}
+
+
+# ---------------------------------------------------------------------------------- model
+def _cfg(**kw) -> TransformerConfig:
+    return TransformerConfig(vocab_size=16, max_seq_len=16, n_layer=1, n_head=2, n_embd=16, **kw)
+
+
+def test_unconditioned_weights_and_model_json_are_unchanged_by_conditions():
+    plain = GPT(_cfg(), torch.Generator().manual_seed(3))
+    cond = GPT(_cfg(cond_slot_sizes=(3, 4)), torch.Generator().manual_seed(3))
+    for name, p in plain.state_dict().items():
+        assert torch.equal(p, cond.state_dict()[name]), name
+    assert "cond_slot_sizes" not in _cfg().to_dict()
+    assert _cfg(cond_slot_sizes=(3, 4)).to_dict()["cond_slot_sizes"] == [3, 4]
+    assert TransformerConfig.from_dict(_cfg(cond_slot_sizes=(3, 4)).to_dict()).cond_slot_sizes \
+        == (3, 4)
+    # "none" rows start at zero: before training, removed conditions add nothing
+    assert torch.count_nonzero(cond.wce.weight[[0, 3]]) == 0
+
+
+def test_conditions_are_inputs_never_targets():
+    model = GPT(_cfg(cond_slot_sizes=(3,)), torch.Generator().manual_seed(0)).eval()
+    with torch.no_grad():
+        model.wce.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
+    idx = torch.tensor([[1, 5, 6, 7]])
+    targets = torch.tensor([[5, 6, 7, 2]])
+    logits, loss = model(idx, targets, cond=torch.tensor([[2]]))
+    assert logits.shape == (1, 4, 16)  # the output space is the token vocabulary alone
+    # the loss is the cross-entropy of the token targets only, whatever the condition
+    manual = torch.nn.functional.cross_entropy(logits[0], targets[0])
+    assert torch.allclose(loss, manual)
+    # a condition changes the prediction (it is an input) ...
+    other, _ = model(idx, cond=torch.tensor([[1]]))
+    assert not torch.allclose(logits, other)
+    # ... and cond=None is every slot's "none"
+    a, _ = model(idx)
+    b, _ = model(idx, cond=torch.tensor([[0]]))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="outside their slots"):
+        model(idx, cond=torch.tensor([[3]]))
+    with pytest.raises(ValueError, match="without conditions"):
+        GPT(_cfg(), torch.Generator().manual_seed(0))(idx, cond=torch.tensor([[1]]))
+
+
+def test_scorer_keeps_the_protocols_target_count_under_conditions():
+    model = GPT(_cfg(cond_slot_sizes=(3, 2)), torch.Generator().manual_seed(0))
+    scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=4)
+    seqs = [np.array([5, 6, 7]), np.arange(3, 15) % 13 + 3]  # the second needs windows
+    conds = np.array([[1, 4], [2, 3]])
+    out = scorer.token_nll(seqs, conds=conds)
+    assert [len(o) for o in out] == [4, 13]
+    assert not np.allclose(out[0], scorer.token_nll(seqs, conds=np.array([[2, 4], [2, 3]]))[0])
+    with pytest.raises(ValueError, match="expected \\(2, 2\\)"):
+        scorer.token_nll(seqs, conds=np.array([[1], [2]]))
+    plain = TransformerScorer(GPT(_cfg(), torch.Generator().manual_seed(0)), bos_id=BOS,
+                              eos_id=EOS, pad_id=PAD)
+    with pytest.raises(ValueError, match="without conditions"):
+        plain.token_nll(seqs, conds=conds)
+
+
+# ----------------------------------------------------------------------------- training data
+def test_condition_dropout_is_seeded_by_position():
+    cond = torch.tensor([[2, 5]] * 400)
+    none = np.array([0, 3])
+    a = drop_conditions(cond, none, 0.25, seed=7, position=40)
+    assert torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=40))
+    assert not torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=41))
+    dropped = (a == torch.tensor([0, 3])).all(dim=1)
+    assert ((a == torch.tensor([2, 5])).all(dim=1) | dropped).all()  # whole rows, never halves
+    assert 0.18 < dropped.float().mean() < 0.32
+    assert torch.equal(drop_conditions(cond, none, 0.0, seed=7, position=40), cond)
+
+
+def test_windows_carry_their_pieces_conditions():
+    examples = [np.array([BOS, 3, 4, 5, EOS]), np.array([BOS, 6, 7, EOS])]
+    stream = WindowStream(examples, 8, seed=1, cond=[np.array([1]), np.array([2])])
+    b = stream.batch(range(0, 6), PAD)
+    first = {3: 1, 6: 2}
+    assert [first[int(x)] for x in b.x[:, 1]] == b.cond[:, 0].tolist()
+
+
+# ------------------------------------------------------------------- training and diagnostic
+INFO = TokenInfo(vocab_size=12, pad_id=PAD, bos_id=BOS, eos_id=EOS, tokenizer_hash="t",
+                 split_hash="s")
+
+
+def _pieces(n: int, seed: int, planted: bool) -> tuple[list[np.ndarray], list[str]]:
+    """Short pieces of ids 3..10. Planted: label "a" pieces draw from 3..6 and "b" from 7..10,
+    so the condition tells the first tokens; otherwise the labels are coin flips."""
+    rng = np.random.default_rng(seed)
+    pieces, labels = [], []
+    for _ in range(n):
+        label = "a" if rng.random() < 0.5 else "b"
+        lo = 3 if label == "a" or not planted else 7
+        hi = 11 if not planted else lo + 4
+        if not planted:
+            lo = 3
+        pieces.append(rng.integers(lo, hi, size=4))
+        labels.append(label)
+    return pieces, labels
+
+
+def _trained(tmp_path, planted: bool):
+    train_p, train_l = _pieces(200, 1, planted)
+    val_p, val_l = _pieces(60, 2, planted)
+    table = pd.DataFrame({
+        "sha256": [f"t{i:03d}" for i in range(200)] + [f"v{i:03d}" for i in range(60)],
+        "split": ["train"] * 200 + ["val"] * 60, "mode": train_l + val_l})
+    pc = piece_conditions(table, ["mode"])
+    wrap = [np.concatenate([[BOS], p, [EOS]]) for p in train_p + val_p]
+    corpus = Corpus(train=wrap[:200], val=wrap[200:], conditions=pc,
+                    train_cond=[pc.of(f"t{i:03d}") for i in range(200)],
+                    val_cond=[pc.of(f"v{i:03d}") for i in range(60)])
+    cfg = tiny_config(model={"max_seq_len": 8, "dropout": 0.0},
+                      optim={"lr": 0.01, "min_lr": 0.001},
+                      train={"max_steps": 150, "micro_batch": 16, "grad_accum": 1,
+                             "eval_every": 50})
+    r = train(cfg, INFO, corpus, tmp_path / "ck", threads=1, echo=lambda _: None,
+              cond_dropout=0.2)
+    model = r.model
+    model.load_state_dict(r.best)
+    scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    cond = pc.many([f"v{i:03d}" for i in range(60)])
+    return condition_gap(scorer, val_p, cond, pc.vocab.none_ids(),
+                         groups=[f"g{i}" for i in range(60)], notes=[4] * 60, seed=0, n_boot=500)
+
+
+def test_diagnostic_shows_a_gap_where_the_condition_matters(tmp_path):
+    gap = _trained(tmp_path, planted=True)
+    assert verdict(gap["shuffled_minus_correct"]) == "follows"
+    assert verdict(gap["removed_minus_correct"]) == "follows"
+    assert gap["nll_per_note"]["correct"]["value"] < gap["nll_per_note"]["removed"]["value"]
+
+
+def test_diagnostic_shows_no_gap_where_the_condition_carries_nothing(tmp_path):
+    gap = _trained(tmp_path, planted=False)
+    assert verdict(gap["shuffled_minus_correct"]) == "no gap shown"
+    assert abs(gap["shuffled_minus_correct"]["value"]) < 0.05
+
+
+def test_shuffle_is_seeded_and_keeps_label_counts():
+    cond = np.array([[1], [1], [2], [2], [2]])
+    a = shuffle_conditions(cond, 3)
+    assert np.array_equal(a, shuffle_conditions(cond, 3))
+    assert sorted(a[:, 0].tolist()) == [1, 1, 2, 2, 2]
+
+
+def test_conditions_enter_the_run_identity():
+    from pipeline.training.loop import condition_identity
+
+    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
+                          "mode": ["major", "minor"]})
+    pc = piece_conditions(table, ["mode"])
+    cfg = tiny_config()
+    corpus = Corpus(train=[], val=[], conditions=pc)
+    plain = checkpoint_dir(tmp := __import__("pathlib").Path("m"), cfg, INFO, 1, 1)
+    assert plain == checkpoint_dir(tmp, cfg, INFO, 1, 1, None)
+    ident = condition_identity(corpus, 0.1)
+    with_cond = checkpoint_dir(tmp, cfg, INFO, 1, 1, ident)
+    assert with_cond != plain
+    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(corpus, 0.2)) != with_cond
+    swapped = piece_conditions(table.assign(mode=["minor", "major"]), ["mode"])
+    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(
+        Corpus(train=[], val=[], conditions=swapped), 0.1)) != with_cond
+
+
+# ------------------------------------------------------------------ the stages, conditioned
+def _condition_table(splits_path, path):
+    from pipeline.conditions.table import conditions_schema
+    from pipeline.core.artifacts import write_parquet
+
+    splits = pd.read_parquet(splits_path).sort_values("sha256")
+    rows = [{"sha256": sha, "split": split, "density": ("low", "high")[i % 2],
+             "key": "C major" if i % 3 else None}
+            for i, (sha, split) in enumerate(zip(splits["sha256"], splits["split"],
+                                                 strict=True))]
+    import pyarrow as pa
+    write_parquet(path, pa.Table.from_pylist(rows, conditions_schema()))
+    return path
+
+
+def _train_stage(paths, root, use, dropout=0.1, name="model"):
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.core.config import RuntimeConfig
+    from pipeline.stages.train_transformer import run
+
+    return run(tiny_config(), RuntimeConfig(torch_threads=1), tokens=paths["tokens"],
+               info=paths["info"], augmented=None, out_dir=root / name,
+               summary=root / f"{name}.json", log_dir=root / f"{name}-log",
+               env=root / f"{name}.env.json",
+               condition=ConditionConfig(use=use, dropout=dropout),
+               conditions=paths.get("conditions"))
+
+
+def test_training_and_evaluate_stages_with_conditions(tmp_path):
+    from pipeline.core.artifacts import read_json
+    from pipeline.core.config import RuntimeConfig
+    from pipeline.scoring.loading import default_specs
+    from pipeline.stages.evaluate import EvaluateConfig
+    from pipeline.stages.evaluate import run as evaluate
+    from tests.test_train_ngram import write_corpus
+
+    paths = write_corpus(tmp_path / "data")
+    paths["conditions"] = _condition_table(paths["splits"], tmp_path / "data" / "cond.parquet")
+    summary = _train_stage(paths, tmp_path, ["density", "key"])
+    meta = read_json(tmp_path / "model" / "model.json")
+    assert meta["config"]["cond_slot_sizes"] == [3, 2]  # high, low, none; C major, none
+    assert meta["condition"]["names"] == ["density", "key"]
+    assert meta["condition"]["vocab"]["labels"] == [["high", "low"], ["C major"]]
+    assert meta["condition"]["dropout"] == 0.1
+    assert summary["condition"]["names"] == ["density", "key"]  # reports/train.json
+    assert summary["condition"]["labels"] == {"density": ["high", "low"], "key": ["C major"]}
+    weights = (tmp_path / "model" / "model.safetensors").read_bytes()
+    # a re-run resumes the finished run: the same weights
+    _train_stage(paths, tmp_path, ["density", "key"])
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    # other conditions are another run, not a resume of this one
+    _train_stage(paths, tmp_path, ["density"], name="model")
+    assert len(list((tmp_path / "model" / "checkpoints").glob("run-*"))) == 2
+    _train_stage(paths, tmp_path, ["density", "key"])  # back to the first: its own weights
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    cfg = EvaluateConfig(n_boot=200, splits=["val"], stride=16)
+    specs = default_specs(tmp_path / "no-ngram", tmp_path / "model", stride=cfg.stride)
+    evaluate(cfg, RuntimeConfig(torch_threads=1), tokens=paths["tokens"], info=paths["info"],
+             manifest=paths["manifest"], splits=paths["splits"], specs=specs,
+             per_piece=tmp_path / "eval" / "pp.parquet", report=tmp_path / "eval.json",
+             conditions=paths["conditions"])
+    report = read_json(tmp_path / "eval.json")
+    block = report["conditioning"]["transformer"]
+    assert block["conditions"] == ["density", "key"] and block["split"] == "val"
+    assert set(block["nll_per_note"]) == {"correct", "shuffled", "removed"}
+    # the scored NLL is the "correct" variant's: the pieces with their own conditions
+    assert block["nll_per_note"]["correct"]["value"] == pytest.approx(
+        report["models"]["transformer"]["val"]["nats_per_note"]["value"])
+    assert block["shuffled_minus_correct"]["verdict"] in ("follows", "no gap shown", "hurt")
+
+
+def test_unconditioned_stage_reads_no_condition_table(tmp_path):
+    from pipeline.core.artifacts import read_json
+    from tests.test_train_ngram import write_corpus
+
+    paths = write_corpus(tmp_path / "data")
+    paths["conditions"] = tmp_path / "missing.parquet"  # never read
+    _train_stage(paths, tmp_path, [])
+    meta = read_json(tmp_path / "model" / "model.json")
+    assert "condition" not in meta and "cond_slot_sizes" not in meta["config"]
+
+
+def test_conditions_without_table_or_with_packing_are_refused(tmp_path):
+    from pipeline.core.artifacts import ArtifactError
+    from pipeline.core.config import ParamsError
+    from tests.test_train_ngram import write_corpus
+
+    paths = write_corpus(tmp_path / "data")
+    paths["conditions"] = tmp_path / "missing.parquet"
+    with pytest.raises(ArtifactError, match=r"missing\.parquet"):
+        _train_stage(paths, tmp_path, ["density"])
+    paths["conditions"] = _condition_table(paths["splits"], tmp_path / "cond.parquet")
+    with pytest.raises(ParamsError, match=r"condition\.use .*'tempo'"):
+        _train_stage(paths, tmp_path, ["tempo"])  # no train piece has a tempo label
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.core.config import RuntimeConfig
+    from pipeline.stages.train_transformer import run
+    with pytest.raises(ParamsError, match="pack"):
+        run(tiny_config(data={"pack": True}), RuntimeConfig(torch_threads=1),
+            tokens=paths["tokens"], info=paths["info"], augmented=None,
+            out_dir=tmp_path / "m", summary=tmp_path / "s.json", log_dir=tmp_path / "l",
+            env=tmp_path / "e.json", condition=ConditionConfig(use=["density"]),
+            conditions=paths["conditions"])

@@ -5,6 +5,12 @@ transformer are sampled by the same loop. Every sequence has its own seeded
 ``numpy.random.Generator``; a batch draws one uniform per live sequence per step, so a sample's
 tokens do not depend on the batch size or on which other sequences are in the batch.
 
+A conditioned transformer (docs/conditioning.md) takes one row of condition ids per prompt
+(``conds``); a ``guidance`` scale other than 1 mixes its conditioned and unconditioned
+next-token log-probabilities as classifier-free guidance does (MusicGen samples this way):
+``log p_u + guidance · (log p_c − log p_u)``, renormalised. 1 is the conditioned model alone, 0
+the unconditioned one, above 1 pushes away from the unconditioned distribution.
+
 Invariants: ``temperature == 0`` is greedy (argmax, lowest id on ties) and draws no random
 numbers; forbidden ids (PAD, BOS, other specials) are never produced; EOS ends a sequence and is
 not part of the returned ids.
@@ -76,6 +82,21 @@ def draw(probs: np.ndarray, rng: np.random.Generator | None) -> int:
     return int(min(np.searchsorted(cum, u, side="right"), len(cum) - 1))
 
 
+def guided(logp_cond: np.ndarray, logp_uncond: np.ndarray, scale: float) -> np.ndarray:
+    """Classifier-free guidance on (B, V) log-probabilities, renormalised per row. An id
+    impossible under both stays impossible; one impossible under either alone follows the mix
+    (impossible whenever its weight is positive)."""
+    c = np.asarray(logp_cond, dtype=np.float64)
+    u = np.asarray(logp_uncond, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        mixed = u + scale * (c - u)
+    mixed = np.where(np.isneginf(c) & np.isneginf(u), -np.inf, mixed)
+    mixed = np.where(np.isnan(mixed), -np.inf, mixed)
+    top = np.max(mixed, axis=1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    return mixed - top - np.log(np.sum(np.exp(mixed - top), axis=1, keepdims=True))
+
+
 def eos_id(model: SequenceModel) -> int:
     """The model's EOS column (``eos_id``; an estimator that inferred it keeps ``eos_id_``)."""
     eos = getattr(model, "eos_id", None)
@@ -95,16 +116,29 @@ def sample_sequences(
     rngs: Sequence[np.random.Generator] | None,
     forbid: Sequence[int] = (),
     batch_size: int = 16,
+    conds: np.ndarray | None = None,
+    guidance: float = 1.0,
+    none_ids: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """Continue each prompt (may be empty) by up to ``max_new_tokens`` ids; stop at EOS.
 
     Returns only the new ids (int32), one array per prompt, in prompt order. ``rngs`` has one
-    generator per prompt (ignored and may be ``None`` when ``temperature == 0``).
+    generator per prompt (ignored and may be ``None`` when ``temperature == 0``). ``conds``
+    (N, K): each prompt's condition ids for a conditioned model; with ``guidance != 1`` the
+    unconditioned side uses ``none_ids`` (K,) in every row.
     """
     greedy = params.temperature == 0
     eos = eos_id(model)
     if not greedy and (rngs is None or len(rngs) != len(prompts)):
         raise ValueError("sampling with temperature > 0 needs one generator per prompt")
+    if conds is not None:
+        conds = np.asarray(conds, dtype=np.int64)
+        if len(conds) != len(prompts):
+            raise ValueError(f"{len(conds)} condition rows for {len(prompts)} prompts")
+        if guidance != 1.0 and none_ids is None:
+            raise ValueError("guidance needs the model's 'none' condition ids (none_ids)")
+    elif guidance != 1.0:
+        raise ValueError("guidance needs conditions (conds)")
     results: list[np.ndarray] = []
     for start in range(0, len(prompts), max(1, batch_size)):
         idx = range(start, min(start + batch_size, len(prompts)))
@@ -116,7 +150,14 @@ def sample_sequences(
             if not rows:
                 break
             contexts = [np.concatenate([ctx[j], np.asarray(new[j], dtype=np.int64)]) for j in rows]
-            logp = np.asarray(model.next_logprobs(contexts))
+            if conds is None:
+                logp = np.asarray(model.next_logprobs(contexts))
+            else:
+                c = conds[[idx[j] for j in rows]]
+                logp = np.asarray(model.next_logprobs(contexts, conds=c))
+                if guidance != 1.0:
+                    none = np.broadcast_to(np.asarray(none_ids, dtype=np.int64), c.shape)
+                    logp = guided(logp, model.next_logprobs(contexts, conds=none), guidance)
             for r, j in enumerate(rows):
                 probs = filtered_probs(logp[r], params, forbid)
                 tok = draw(probs, None if greedy else rngs[idx[j]])  # type: ignore[index]

@@ -86,6 +86,8 @@ from pipeline.tokens.tokenizer import (
     SUPPORTED,
     make_tokenizer,
     tokenizer_config_args,
+    tokenizer_hash,
+    tokenizer_text,
 )
 
 
@@ -307,9 +309,8 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     entries.close()
     t_assemble = time.perf_counter()
 
-    tok_dict = {k: v for k, v in tokenizer.to_dict().items() if not k.endswith("_version")}
-    tok_text = json.dumps(tok_dict, indent=4)  # miditok's own layout, minus version strings
-    tok_hash = sha256_bytes(tok_text.encode("utf-8"))
+    tok_text = tokenizer_text(tokenizer)
+    tok_hash = tokenizer_hash(tokenizer)
     s_hash, s_agrees = split_hash(pieces, split_report)
     info = TokenInfo(tokenizer=cfg.tokenizer, model=cfg.model, vocab_size=len(tokenizer),
                      base_vocab_size=base_vocab, pad_id=int(tokenizer.pad_token_id),

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.artifacts import ArtifactError, read_json
+from pipeline.core.artifacts import ArtifactError, read_json, sha256_bytes
 from pipeline.tokens.contract import SPECIAL_TOKENS
 
 SUPPORTED = ("REMI", "TSD", "MIDILike", "Structured")
@@ -116,6 +117,19 @@ def load_tokenizer(path: Path | str) -> Any:
     if cls is None:
         raise ArtifactError.for_path(path, f"names no miditok tokenization ({name!r})")
     return cls(params=Path(path))
+
+
+def tokenizer_text(tokenizer: Any) -> str:
+    """The tokenizer as ``data/tokenizer.json`` holds it: miditok's JSON layout, version strings
+    left out (they do not change a single id)."""
+    tok_dict = {k: v for k, v in tokenizer.to_dict().items() if not k.endswith("_version")}
+    return json.dumps(tok_dict, indent=4)
+
+
+def tokenizer_hash(tokenizer: Any) -> str:
+    """The tokenizer's identity, as ``data/tokens/info.json`` and every model record it: the
+    sha256 of :func:`tokenizer_text`."""
+    return sha256_bytes(tokenizer_text(tokenizer).encode("utf-8"))
 
 
 def decode_ids(tokenizer: Any, ids: Sequence[int]) -> tuple[Any, str | None]:

@@ -751,3 +751,41 @@ def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_
     artifacts.write_json(p.preregistration, rec)
     report(tmp_path, params, p)
     assert "Power at registration: not stated" in p.md_out.read_text()
+
+
+@pytest.mark.parametrize(("section", "deviation"), [
+    (None, None),
+    ({"use": [], "dropout": 0.3}, None),  # no condition in use: still the unconditioned model
+    ({"use": ["key"]}, "condition.use: registered unconditioned, now ['key']"),
+])
+def test_conditions_after_an_unconditioned_registration(tmp_path, section, deviation):
+    # the condition section came after the committed registration, which registered an
+    # unconditioned model; only conditions in use change that experiment
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = {k: v for k, v in yaml.safe_load(params.read_text()).items() if k != "condition"}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, before_scores=True)
+    if section is not None:
+        data["condition"] = section
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert (s.decision == "DEVIATED") is (deviation is not None)
+    if deviation:
+        assert deviation in p.md_out.read_text()
+
+
+def test_a_conditioned_registration_freezes_its_conditions(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["condition"] = {"use": ["key", "density"], "dropout": 0.1}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    rec = register(tmp_path, params, p, before_scores=True)
+    assert rec["identity"]["params"]["condition"]["use"] == ["key", "density"]
+    assert report(tmp_path, params, p).n_deviations == 0
+    data["condition"]["dropout"] = 0.5
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert s.decision == "DEVIATED"
+    assert "condition.dropout: registered 0.1, now 0.5" in p.md_out.read_text()

@@ -48,10 +48,12 @@ LATER_DEFAULTS = {**{f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.ite
 
 SCHEMA_VERSION = 3
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",
-                   "criteria")
+                   "criteria", "condition")
 """params.yaml sections that shape results and are known before scoring. ``corpus``, ``ingest``,
 ``dedupe`` and ``split`` are frozen through the split hash and the pieces; ``runtime`` and
-``report`` do not change results."""
+``report`` do not change results. ``condition`` came later: a registration without it registered
+an unconditioned model, which a ``condition`` section with ``use: []`` still is
+(:func:`_condition_differences`)."""
 BOUND_SPLITS = ("val", "test")
 """Splits whose pieces the registration lists, and the report compares with the scored ones."""
 
@@ -224,10 +226,23 @@ def _identity_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]
     for section in FROZEN_SECTIONS:
         if section == "criteria":
             out += _rule_differences(old_params.get(section), new_params.get(section))
+        elif section == "condition":
+            out += _condition_differences(old_params, new_params)
         else:
             out += diff_flat(old_params.get(section), new_params.get(section), section)
     out += diff_flat(old.get("packages"), new.get("packages"), "package")
     return out
+
+
+def _condition_differences(old_params: dict[str, Any], new_params: dict[str, Any]) -> list[str]:
+    """The ``condition`` section's differences. A registration made before the section existed
+    registered an unconditioned model: the same experiment as ``use: []`` (or no section) now,
+    whatever the bands say, since only conditions in use reach a model."""
+    old, new = old_params.get("condition"), new_params.get("condition")
+    if old is None:  # registered before the section existed, or without one
+        use = new.get("use") if isinstance(new, dict) else None
+        return [] if not use else [f"condition.use: registered unconditioned, now {use!r}"]
+    return diff_flat(old, new, "condition")
 
 
 def _rule_differences(old: Any, new: Any) -> list[str]:

@@ -341,6 +341,8 @@ class _ToyConditioned:
 
     def next_logprobs(self, contexts, conds=None):
         out = np.full((len(contexts), 10), -np.inf)
+        if conds is None:  # unconditioned: every slot "none"
+            conds = np.zeros((len(contexts), 1), dtype=np.int64)
         for r, c in enumerate(conds):
             if c[0] == 0:
                 out[r, 5:9] = np.log(0.25)
@@ -384,3 +386,147 @@ def test_sampling_follows_each_prompts_condition():
     with pytest.raises(ValueError, match="none_ids"):
         sample_sequences(model, [np.array([])], max_new_tokens=1, params=SamplingParams(),
                          rngs=[np.random.default_rng(0)], conds=conds[:1], guidance=2.0)
+
+
+# ------------------------------------------------------------------------------ adherence
+def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str, np.ndarray]:
+    """Two octaves of a scale with its tonic triad stressed, ``per_beat`` notes per beat."""
+    steps = [0, 2, 4, 5, 7, 9, 11] if mode == "major" else [0, 2, 3, 5, 7, 8, 10]
+    pitch = [60 + tonic + s for s in steps] + [72 + tonic + s for s in steps]
+    pitch += [60 + tonic, 64 + tonic - (mode == "minor"), 67 + tonic] * 4
+    n = len(pitch)
+    return {"onset": np.arange(n) / per_beat, "duration": np.full(n, 1.0 / per_beat),
+            "pitch": np.asarray(pitch)}
+
+
+def test_measured_labels_of_planted_windows():
+    from pipeline.conditions.adherence import measured_labels
+    from pipeline.conditions.config import ConditionConfig
+
+    cfg = ConditionConfig()
+    assert measured_labels(_scale_notes(7), cfg)["key"] == "G major"
+    assert measured_labels(_scale_notes(9, "minor"), cfg)["mode"] == "minor"
+    assert measured_labels(_scale_notes(0, per_beat=1), cfg)["density"] == "low"
+    assert measured_labels(_scale_notes(0, per_beat=8), cfg)["density"] == "high"
+    empty = {"onset": np.zeros(0), "duration": np.zeros(0), "pitch": np.zeros(0, dtype=int)}
+    assert measured_labels(empty, cfg)["key"] is None
+
+
+def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
+    from pipeline.conditions.adherence import adherence, measured_labels
+    from pipeline.conditions.config import ConditionConfig
+
+    cfg = ConditionConfig()
+    tonics = [0, 2, 4, 5, 7, 9] * 10
+    names = ["C", "D", "E", "F", "G", "A"]
+    requested = [{"key": f"{names[[0, 2, 4, 5, 7, 9].index(t)]} major"} for t in tonics]
+    follows = [measured_labels(_scale_notes(t), cfg) for t in tonics]
+    ignores = [measured_labels(_scale_notes(0), cfg) for _ in tonics]  # always C major
+    human = follows[:12]
+    common = {"requested": requested, "unconditioned": ignores, "human_own": requested[:12],
+              "human": human, "human_units": [f"p{i // 2}" for i in range(12)],
+              "measurable": {"key": True, "meter": False}, "n_boot": 500}
+    good = adherence(["key", "meter"], conditioned=follows, **common)
+    bad = adherence(["key", "meter"], conditioned=ignores, **common)
+    assert good["meter"] == {"measurable": False}
+    assert good["key"]["rate"]["value"] == 1.0 and good["key"]["ceiling"]["value"] == 1.0
+    assert good["key"]["floor"]["value"] == pytest.approx(1 / 6)
+    assert good["key"]["shuffled"]["ci_high"] < 0.5  # unrelated requests rarely match
+    assert bad["key"]["rate"]["value"] == pytest.approx(1 / 6)
+    assert bad["key"]["rate"]["ci_high"] < good["key"]["rate"]["ci_low"]
+    # a request for nothing does not count
+    none_req = adherence(["key"], **{**common, "requested": [{"key": None}] * 60},
+                         conditioned=follows)
+    assert none_req["key"]["rate"]["n"] == 0 and none_req["key"]["rate"]["value"] is None
+
+
+# ------------------------------------------------------------- generate and audit, conditioned
+class _ToyWithVocab(_ToyConditioned):
+    """The toy model as a conditioned transformer scorer presents itself: a ``condition`` entry
+    like model.json's. Slot ``key``: id 0 none, 1 "C major", 2 "D major", 3 "E major"."""
+
+    def __init__(self) -> None:
+        self.condition = {"names": ["key"], "vocab": {
+            "names": ["key"], "labels": [["C major", "D major", "E major"]]}}
+
+
+class _ScaleTokenizer:
+    """Decodes ids 5..8 as notes: the most frequent id picks the scale (5 C major, 6 C, 7 D,
+    8 E), so a sample that follows request "D major" decodes as D major."""
+
+    one_token_stream = True
+    config = None
+
+    def decode(self, ids):
+        import symusic
+
+        tonic = {5: 0, 6: 0, 7: 2, 8: 4}[max(set(ids), key=list(ids).count)]
+        notes = _scale_notes(tonic)
+        score = symusic.Score(480)
+        track = symusic.Track()
+        for o, d, p in zip(notes["onset"], notes["duration"], notes["pitch"], strict=True):
+            track.notes.append(symusic.Note(int(o * 480), int(d * 480), int(p), 80))
+        score.tracks.append(track)
+        return score
+
+
+def test_generate_draws_conditioned_samples_under_held_out_requests():
+    from pipeline.scoring.generation import (
+        CONDITIONED,
+        GenerateConfig,
+        generate_for_model,
+        select_requests,
+    )
+
+    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(6)],
+                          "split": ["val", "test", "val", "test", "train", "train"],
+                          "key": ["C major", "D major", "E major", "B minor", "D major", None]})
+    requests = select_requests(table, 12, seed=3)
+    assert len(requests) == 12 and {sha for sha, _ in requests} <= {"h0", "h1", "h2", "h3"}
+    assert requests == select_requests(table, 12, seed=3)
+    cfg = GenerateConfig(n_samples=4, n_continuations=0, max_new_tokens=20, n_conditioned=12)
+    rows = generate_for_model(_ToyWithVocab(), "transformer", cfg, [], forbid=[],
+                              requests=requests)
+    cond = [r for r in rows if r["kind"] == CONDITIONED]
+    assert len(cond) == 12 and len([r for r in rows if r["kind"] == "unconditional"]) == 4
+    import json
+
+    for r, (sha, req) in zip(cond, requests, strict=True):
+        asked = json.loads(r["condition"])
+        assert r["request_sha256"] == sha
+        # a label the model never learned (B minor) is asked as "none"
+        assert asked == {"key": req["key"] if req["key"] != "B minor" else None}
+        if asked["key"] is not None:
+            want = 5 + ["C major", "D major", "E major"].index(asked["key"]) + 1
+            assert np.mean(np.asarray(r["ids"]) == want) > 0.7
+    # an unconditioned model draws no conditioned samples, whatever the requests
+    plain = generate_for_model(_ToyConditioned.__new__(_ToyConditioned), "m", cfg, [],
+                               forbid=[], requests=requests)
+    assert not [r for r in plain if r["kind"] == CONDITIONED]
+
+
+def test_audit_adherence_on_generated_and_human_windows():
+    from pipeline.conditions.adherence import audit_adherence
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.scoring.generation import GenerateConfig, generate_for_model, select_requests
+
+    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(9)], "split": ["val", "test"] * 4
+                          + ["val"], "key": ["C major", "D major", "E major"] * 3})
+    requests = select_requests(table, 30, seed=1)
+    cfg = GenerateConfig(n_samples=30, n_continuations=0, max_new_tokens=16, n_conditioned=30)
+    samples = pd.DataFrame(generate_for_model(_ToyWithVocab(), "transformer", cfg, [],
+                                              forbid=[], requests=requests))
+    samples["condition"] = samples.get("condition")
+    # human pieces: ids that decode to their own key
+    ids_of = {"C major": 6, "D major": 7, "E major": 8}
+    heldout = pd.DataFrame({"sha256": table["sha256"], "track": 0,
+                            "ids": [[ids_of[k]] * 32 for k in table["key"]]})
+    out = audit_adherence(samples, _ScaleTokenizer(), heldout, table, width=16, stride=16,
+                          max_windows=2, cfg=ConditionConfig(), seed=0, n_boot=300, level=0.95)
+    block = out["transformer"]
+    assert block["conditions"] == ["key"] and block["n_conditioned"] == 30
+    key = block["key"]
+    assert key["ceiling"]["value"] == 1.0 and key["ceiling"]["units"] == 9
+    assert key["rate"]["value"] > 0.8
+    assert key["rate"]["ci_low"] > key["floor"]["ci_high"]  # unconditioned samples do not follow
+    assert key["rate"]["value"] > key["shuffled"]["value"]

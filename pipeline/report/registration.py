@@ -44,7 +44,8 @@ from pipeline.training.config import LATER_KEYS
 # absent from a registration and set to that value now is the same experiment, not a deviation.
 LATER_DEFAULTS = {**{f"transformer.{sec}.{k}": v for sec, keys in LATER_KEYS.items()
                      for k, v in keys.items()},
-                  "tokenize.from": None, "tokenize.also_train_on": None}
+                  "tokenize.from": None, "tokenize.also_train_on": None,
+                  "generate.n_conditioned": 240, "generate.guidance": 1.0}
 
 SCHEMA_VERSION = 3
 FROZEN_SECTIONS = ("tokenize", "ngram", "transformer", "evaluate", "generate", "audit",

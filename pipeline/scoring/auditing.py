@@ -308,8 +308,12 @@ def per_seed_checks(checks: Mapping[str, ModelCheck], cfg: AuditConfig
 def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
         info: Path, tokenizer: Path, per_sample: Path, report: Path, spans: Path,
         shingling: Shingling | None = None, splits: Path | None = None,
-        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None) -> AuditSummary:
-    """Audit every sample and every val/test human window; write the table and audit.json."""
+        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None,
+        conditions: Path | None = None, condition_cfg: Any = None) -> AuditSummary:
+    """Audit every sample and every val/test human window; write the table and audit.json.
+    With a conditioned model's ``conditioned`` samples, audit.json also gets ``adherence``
+    (:func:`pipeline.conditions.adherence.audit_adherence`; ``conditions`` is the condition
+    table, ``condition_cfg`` the ``condition`` section whose bands measure the windows)."""
     tok = load_tokenizer(tokenizer)
     table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens",
                                                    "n_notes"])
@@ -376,6 +380,17 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     result["judged"] = judge(df, checks, cfg, seed_checks)
     for name, by_seed in seed_checks.items():
         result["judged"][name]["per_seed"] = per_seed_checks(by_seed, cfg)
+    if "kind" in gen and (gen["kind"] == "conditioned").any():
+        from pipeline.conditions.adherence import audit_adherence
+        from pipeline.conditions.config import ConditionConfig
+        from pipeline.conditions.table import read_conditions
+
+        if conditions is None:
+            raise ValueError("conditioned samples need the condition table (--conditions)")
+        result["adherence"] = audit_adherence(
+            gen, tok, heldout, read_conditions(conditions), width=width, stride=cfg.human_stride,
+            max_windows=cfg.human_windows, cfg=condition_cfg or ConditionConfig(),
+            seed=cfg.seed, n_boot=cfg.n_boot, level=cfg.ci_level)
     artifacts.write_json(report, result)
     fr = result["flag_rate"]
     return AuditSummary(len(df), fr["samples"], fr["human_test"])

@@ -38,6 +38,13 @@ Outputs:
   ``per_seed.<seed>`` keeps each seed's membership and extraction on the same pieces (see
   docs/report.md for the keys).
 
+A conditioned transformer's ``conditioned`` samples are also measured for **adherence**: how
+often each sample's key, mode, density and polyphony, measured from its first ``human_window``
+generated ids, equal the labels it was asked for, against the unconditioned samples (floor),
+shuffled requests and held-out human windows against their own piece's labels (ceiling)
+(:mod:`pipeline.conditions.adherence`; inputs ``data/conditions.parquet`` and the ``condition``
+section's bands); audit.json ``adherence.<model>``.
+
 Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
 ``flag_quantile`` of the val human windows. :func:`judge` then judges each model against its
 baseline, with intervals: the flag rate against the test windows' rate, membership inference
@@ -55,6 +62,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline.conditions.config import ConditionConfig
 from pipeline.core.config import RuntimeConfig, load_section
 from pipeline.scoring.auditing import (  # noqa: F401  (the stage's API, re-exported)
     SPANS_SCHEMA,
@@ -90,6 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the split's groups, resampled whole in membership's interval")
     parser.add_argument("--fingerprint", type=Path, default=Path("data/dedupe/fingerprint.json"),
                         help="dedupe's shingle settings, reused for nearest-neighbour similarity")
+    parser.add_argument("--conditions", type=Path, default=Path("data/conditions.parquet"),
+                        help="condition table (`symkit conditions`); read only when the samples "
+                             "include a conditioned model's")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -108,7 +119,9 @@ def main(args: argparse.Namespace) -> int:
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
             tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
             spans=args.spans, shingling=Shingling.read(args.fingerprint),
-            splits=args.splits if args.splits.exists() else None, seeds=seeds)
+            splits=args.splits if args.splits.exists() else None, seeds=seeds,
+            conditions=args.conditions,
+            condition_cfg=load_section("condition", args.params, ConditionConfig))
     print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
           f"human test {s.human_flag_rate} -> {args.report}")
     return 0

@@ -21,6 +21,14 @@ Outputs:
   table, and the audit judges them all). A sample that fails to decode keeps its row with
   ``decode_ok = false`` and is counted.
 
+A conditioned transformer (``condition.use``, docs/conditioning.md) also draws
+``n_conditioned`` samples of kind ``conditioned``, each under the labels of a held-out (val or
+test) piece drawn with replacement from ``data/conditions.parquet`` (so requests follow the
+labels' real frequencies), with classifier-free guidance ``guidance``; its unconditional samples
+and continuations use no condition. samples.parquet then has two more columns, ``condition``
+(the requested labels, JSON) and ``request_sha256``. The audit measures how often the samples
+follow their request (:mod:`pipeline.conditions.adherence`).
+
 Each sample has its own generator seeded by (seed, model name, kind, index), so adding a model or
 a sample leaves the other samples unchanged.
 
@@ -39,6 +47,8 @@ from pathlib import Path
 
 from pipeline.core.config import RuntimeConfig, load_section
 from pipeline.scoring.generation import (  # noqa: F401  (the stage's API, re-exported)
+    CONDITIONED,
+    CONDITIONED_SCHEMA,
     KINDS,
     SAMPLES_SCHEMA,
     GenerateConfig,
@@ -66,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--samples-out", type=Path, default=Path("data/samples/samples.parquet"))
     parser.add_argument("--samples-dir", type=Path, default=Path("reports/samples"))
+    parser.add_argument("--conditions", type=Path, default=Path("data/conditions.parquet"),
+                        help="condition table (`symkit conditions`); read only for a "
+                             "conditioned model")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -83,7 +96,8 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     s = run(cfg, models, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
-            samples_out=args.samples_out, samples_dir=args.samples_dir, seeds=seeds)
+            samples_out=args.samples_out, samples_dir=args.samples_dir, seeds=seeds,
+            conditions=args.conditions)
     print(f"generate: {s.n_samples} samples ({s.n_decode_failures} failed to decode), "
           f"{s.n_prompts} prompts -> {args.samples_out}")
     return 0

@@ -789,3 +789,34 @@ def test_a_conditioned_registration_freezes_its_conditions(tmp_path):
     s = report(tmp_path, params, p)
     assert s.decision == "DEVIATED"
     assert "condition.dropout: registered 0.1, now 0.5" in p.md_out.read_text()
+
+
+def test_conditioning_section_only_for_a_conditioned_model(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    report(tmp_path, params, p)
+    assert "## Conditioning" not in p.md_out.read_text()
+    iv = {"value": 2.0, "ci_low": 1.9, "ci_high": 2.1}
+    ev = artifacts.read_json(p.eval)
+    ev["conditioning"] = {"transformer": {
+        "conditions": ["key", "density"], "groups": 5, "split": "val",
+        "nll_per_note": {"correct": iv, "shuffled": {**iv, "value": 2.3},
+                         "removed": {**iv, "value": 2.2}},
+        "shuffled_minus_correct": {"value": 0.3, "ci_low": 0.2, "ci_high": 0.4,
+                                   "verdict": "follows"},
+        "removed_minus_correct": {"value": 0.2, "ci_low": -0.1, "ci_high": 0.4,
+                                  "verdict": "no gap shown"}}}
+    artifacts.write_json(p.eval, ev)
+    audit = artifacts.read_json(p.audit)
+    audit["adherence"] = {"transformer": {
+        "conditions": ["density", "key"], "n_conditioned": 240, "window": 128,
+        "density": {"measurable": True, "rate": {"value": 0.61, "ci_low": 0.55, "ci_high": 0.67},
+                    "floor": iv, "shuffled": iv, "ceiling": iv},
+        "key": {"measurable": False}}}
+    artifacts.write_json(p.audit, audit)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    assert "## Conditioning" in md
+    assert "| shuffled − correct | 0.3 [0.2, 0.4] | follows |" in md
+    assert "| density | 0.61 [0.55, 0.67] |" in md
+    assert "| key | not measurable from a sample |" in md

@@ -20,6 +20,7 @@ from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
 from pipeline.music.stats import STATS
 from pipeline.report.audio import midi_to_flac, notes_to_flac
+from pipeline.report.conditioning_section import conditioning
 from pipeline.report.criteria import flatten
 from pipeline.report.document import (
     NA,
@@ -888,6 +889,7 @@ def add_sections(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any],
     data_card(doc, cfg, reports, inputs)
     models(doc, cfg, reports, params)
     metrics_section(doc, cfg, reports, metrics, inputs)
+    conditioning(doc, cfg.digits, reports)
     memorisation(doc, cfg, reports.get("audit"), inputs)
     music(doc, cfg, reports.get("audit"))
     samples(doc, cfg, reports.get("audit"), inputs, params)

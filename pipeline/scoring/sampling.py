@@ -156,7 +156,7 @@ def sample_sequences(
                 c = conds[[idx[j] for j in rows]]
                 logp = np.asarray(model.next_logprobs(contexts, conds=c))
                 if guidance != 1.0:
-                    none = np.broadcast_to(np.asarray(none_ids, dtype=np.int64), c.shape)
+                    none = np.broadcast_to(np.asarray(none_ids, dtype=np.int64), c.shape).copy()
                     logp = guided(logp, model.next_logprobs(contexts, conds=none), guidance)
             for r, j in enumerate(rows):
                 probs = filtered_probs(logp[r], params, forbid)

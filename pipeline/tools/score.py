@@ -1,0 +1,208 @@
+"""``symkit score``: the NLL of MIDI files under a trained transformer, outside the DVC stages
+(docs/inference.md).
+
+Files and folders (folders are searched recursively for ``.mid``/``.midi``/``.kar`` files, sorted)
+are read, checked and encoded in worker processes as the tokenize stage encodes a piece
+(:mod:`pipeline.scoring.inference`), then scored under the evaluate stage's protocol: each token
+sequence framed ``BOS x_1..x_n EOS``, ``n + 1`` targets, special ids removed, long sequences in
+sliding windows (:func:`pipeline.scoring.pieces.score_rows`). A file's NLL is the sum over its
+sequences; per note it divides by the file's notes counted as ingest counts them.
+
+A conditioned model scores each file with the file's own built-in conditions, measured as the
+conditions stage measures them (``--conditions auto``; a label the model's vocabulary lacks
+becomes "none" and is listed in ``conditions_unknown``), with "none" in every slot
+(``--conditions none``), and ``--condition NAME=LABEL`` fixes a slot for every file.
+
+Output (``--out``, CSV or Parquet by its extension): one row per file, in input order, bad files
+included (:data:`pipeline.scoring.inference.STATUSES`); columns :data:`COLUMNS`, then for a
+conditioned model one ``condition_<name>`` column per slot (the label used, ``<none>`` for "no
+condition") and ``conditions_unknown``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.core.artifacts import write_parquet, write_text
+from pipeline.core.progress import progress
+from pipeline.music.midi import list_midi_paths
+from pipeline.scoring.inference import (
+    FileResult,
+    Inference,
+    InferenceError,
+    labels_of,
+    measured_conditions,
+    open_model,
+    parse_conditions,
+    read_files,
+)
+from pipeline.scoring.pieces import score_rows
+
+COLUMNS = pa.schema([
+    ("path", pa.string()), ("sha256", pa.string()), ("status", pa.string()),
+    ("detail", pa.string()), ("n_notes", pa.int64()), ("n_sequences", pa.int64()),
+    ("n_tokens", pa.int64()), ("nll_nats", pa.float64()), ("nll_per_note", pa.float64()),
+    ("nll_per_token", pa.float64()),
+])
+"""Columns of every output; ``n_tokens`` counts the targets scored (each sequence's ids and its
+EOS, as evaluate counts them); the ``nll_*`` columns are null for a file not scored."""
+
+FILES_PER_CALL = 32
+"""Files scored per model call (a progress step)."""
+
+
+def collect_paths(inputs: Sequence[Path | str]) -> list[str]:
+    """Each input as given: a folder becomes its MIDI files (recursively, sorted by path), any
+    other path stays itself (a missing or non-MIDI file gets its status row). Repeats are
+    dropped; the order is the inputs'."""
+    out: dict[str, None] = {}
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            out.update(dict.fromkeys((p / rel).as_posix() for rel in list_midi_paths(p)))
+        else:
+            out[p.as_posix()] = None
+    return list(out)
+
+
+def condition_rows(inf: Inference, results: Sequence[FileResult], mode: str,
+                   fixed: dict[str, str | None]) -> tuple[list[dict[str, str | None]], list[str]]:
+    """Per file, its label per slot (None: "none") and the measured labels the model lacks."""
+    labels, unknown = [], []
+    for r in results:
+        if mode == "auto":
+            got, missing = measured_conditions(inf, r.measured)
+        else:
+            got, missing = dict.fromkeys(inf.vocab.names), []
+        got.update(fixed)
+        labels.append(got)
+        unknown.append("; ".join(m for m in missing if m.partition("=")[0] not in fixed))
+    return labels, unknown
+
+
+def run(inf: Inference, scorer: Any, results: Sequence[FileResult], paths: Sequence[str], *,
+        mode: str = "auto", fixed: dict[str, str | None] | None = None,
+        show_progress: bool | str = "auto") -> pa.Table:
+    """Score the files ``read_files`` gave; one row per file (module docstring)."""
+    fixed = fixed or {}
+    conditioned = inf.vocab is not None
+    labels, unknown = (condition_rows(inf, results, mode, fixed) if conditioned
+                       else ([{}] * len(results), [""] * len(results)))
+    ok = [i for i, r in enumerate(results) if r.status == "ok"]
+    nll: dict[int, float] = {}
+    bar = progress(total=len(ok), desc="score", enabled=show_progress)
+    for lo in range(0, len(ok), FILES_PER_CALL):
+        part = ok[lo : lo + FILES_PER_CALL]
+        owner = [i for i in part for _ in results[i].rows]
+        seqs = [ids for i in part for _, ids in results[i].rows]
+        conds = (np.stack([inf.vocab.encode(labels[i]) for i in owner]) if conditioned and owner
+                 else None)
+        per_seq = score_rows(scorer, seqs, conds) if seqs else np.zeros(0)
+        for i in part:
+            nll[i] = math.fsum(float(v) for v, o in zip(per_seq, owner, strict=True) if o == i)
+        bar.update(len(part))
+    bar.close()
+    rows = []
+    for i, (path, r) in enumerate(zip(paths, results, strict=True)):
+        scored = i in nll
+        n_tokens = sum(len(ids) + 1 for _, ids in r.rows) if scored else None
+        row = {"path": path, "sha256": r.sha256, "status": r.status, "detail": r.detail,
+               "n_notes": r.n_notes, "n_sequences": len(r.rows) if scored else None,
+               "n_tokens": n_tokens, "nll_nats": nll.get(i),
+               "nll_per_note": nll[i] / r.n_notes if scored else None,
+               "nll_per_token": nll[i] / n_tokens if scored else None}
+        if conditioned:
+            shown = labels_of(inf, labels[i])
+            row.update({f"condition_{n}": shown[n] if scored else None for n in inf.vocab.names})
+            row["conditions_unknown"] = unknown[i] if scored else None
+        rows.append(row)
+    schema = COLUMNS
+    if conditioned:
+        schema = pa.schema([*COLUMNS, *[(f"condition_{n}", pa.string())
+                                        for n in inf.vocab.names],
+                            ("conditions_unknown", pa.string())])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_scores(table: pa.Table, out: Path) -> None:
+    """CSV or Parquet by ``out``'s extension, written atomically."""
+    if out.suffix.lower() == ".parquet":
+        write_parquet(out, table)
+    else:
+        write_text(out, table.to_pandas().to_csv(index=False))
+
+
+# ----------------------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("inputs", nargs="+", type=Path, metavar="PATH",
+      help="MIDI files and/or folders (searched recursively for .mid/.midi/.kar, sorted)")
+    a("--model", type=Path, default=Path("data/transformer"),
+      help="a trained transformer's folder: model.json + model.safetensors (default: "
+           "data/transformer; a training seed: data/transformer/replicates/seed-<seed>)")
+    a("--tokenizer", type=Path, default=Path("data/tokenizer.json"),
+      help="the tokenizer the model was trained with (default: data/tokenizer.json)")
+    a("--out", type=Path, default=Path("scores.csv"),
+      help="output table, .csv or .parquet (default: scores.csv)")
+    a("--conditions", choices=["auto", "none"], default="auto",
+      help="conditioned model: auto = each file's own measured conditions, none = every slot "
+           "'none' (default: auto)")
+    a("--condition", action="append", default=[], metavar="NAME=LABEL",
+      help="conditioned model: use this label for every file (repeatable; overrides "
+           "--conditions for that condition)")
+    a("--stride", type=int, default=None,
+      help="sliding-window step for sequences longer than the model's context (default: "
+           "max_seq_len // 4, which is evaluate.stride's default for the default model)")
+    a("--batch-size", type=int, default=32, help="windows per model call (speed only)")
+    a("--device", default="cpu", help="torch device: cpu | cuda | cuda:N (default: cpu)")
+    a("--torch-threads", type=int, default=2,
+      help="torch CPU threads (default: 2, runtime.torch_threads' default; results depend on it)")
+    a("--workers", type=int, default=1, help="processes that read and encode files (default: 1)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return _main(args)
+    except InferenceError as e:
+        print(f"symkit score: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    if args.out.suffix.lower() not in (".csv", ".parquet"):
+        raise InferenceError(f"--out {args.out.as_posix()}: name a .csv or .parquet file")
+    for name in ("batch_size", "torch_threads", "workers"):
+        if getattr(args, name) < 1:
+            raise InferenceError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    inf = open_model(args.model, args.tokenizer)
+    fixed = parse_conditions(args.condition, inf)
+    paths = collect_paths(args.inputs)
+    if not paths:
+        raise InferenceError(f"no MIDI files (.mid, .midi, .kar) under "
+                             f"{', '.join(p.as_posix() for p in args.inputs)}")
+    # Files are read in forked workers before torch loads the model.
+    results = read_files(paths, inf, with_conditions=inf.vocab is not None
+                         and args.conditions == "auto", workers=args.workers)
+    scorer = inf.scorer(args.device, args.stride, args.batch_size, args.torch_threads)
+    table = run(inf, scorer, results, paths, mode=args.conditions, fixed=fixed)
+    write_scores(table, args.out)
+    statuses = Counter(table["status"].to_pylist())
+    n_ok = statuses.pop("ok", 0)
+    scored = table.filter(pc.equal(table["status"], "ok"))
+    notes = sum(scored["n_notes"].to_pylist())
+    summary = (f", {sum(scored['nll_nats'].to_pylist()) / notes:.4f} nats per note over them"
+               if notes else "")
+    others = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    print(f"score: {len(paths)} files, {n_ok} scored{summary}"
+          + (f"; not scored: {others}" if others else "") + f" -> {args.out.as_posix()}")
+    return 0

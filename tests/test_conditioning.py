@@ -530,3 +530,53 @@ def test_audit_adherence_on_generated_and_human_windows():
     assert key["rate"]["value"] > 0.8
     assert key["rate"]["ci_low"] > key["floor"]["ci_high"]  # unconditioned samples do not follow
     assert key["rate"]["value"] > key["shuffled"]["value"]
+
+
+# ------------------------------------------------------------------------ doctor's checks
+def _notes_and_table(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.conditions.adherence import measured_labels
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.core.artifacts import write_parquet
+
+    pieces = {f"{i:02d}": _scale_notes(t, m, per_beat=b)
+              for i, (t, m, b) in enumerate([(0, "major", 1), (7, "major", 8), (9, "minor", 2),
+                                             (2, "major", 4)])}
+    rows = [{"sha256": sha, "onset": n["onset"].tolist(), "duration": n["duration"].tolist(),
+             "pitch": n["pitch"].tolist(), "is_drum": [False] * len(n["pitch"])}
+            for sha, n in pieces.items()]
+    write_parquet(tmp_path / "notes.parquet", pa.Table.from_pylist(rows))
+    cfg = ConditionConfig()
+    table = pd.DataFrame([{"sha256": sha, "split": "train",
+                           **{k: measured_labels(n, cfg)[k]
+                              for k in ("key", "mode", "density", "polyphony")}}
+                          for sha, n in pieces.items()])
+    return table, cfg
+
+
+def test_doctor_alignment_catches_conditions_attached_to_other_pieces(tmp_path):
+    from pipeline.conditions.checks import check_alignment
+
+    table, cfg = _notes_and_table(tmp_path)
+    ok, detail = check_alignment(table, tmp_path / "notes.parquet", cfg)
+    assert ok, detail
+    shifted = table.assign(sha256=np.roll(table["sha256"].to_numpy(), 1))  # off by one row
+    ok, detail = check_alignment(shifted, tmp_path / "notes.parquet", cfg)
+    assert not ok and "labels differ" in detail
+
+
+def test_doctor_combination_catches_conditions_that_name_groups_together():
+    from pipeline.conditions.checks import check_combination
+
+    # key alone and density alone are each shared by several groups; together they name one
+    keys = ["C major", "C major", "G major", "G major"] * 3
+    dens = ["low", "high", "low", "high"] * 3
+    table = pd.DataFrame({"sha256": [f"p{i}" for i in range(12)], "split": "train",
+                          "key": keys, "density": dens})
+    splits = pd.DataFrame({"sha256": table["sha256"],
+                           "group_id": [f"g{i % 4}" for i in range(12)]})
+    ok, _ = check_combination(table, splits, ["key"])
+    assert ok
+    ok, detail = check_combination(table, splits, ["key", "density"])
+    assert not ok and "identifies groups" in detail

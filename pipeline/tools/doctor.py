@@ -16,6 +16,16 @@ Checks, and what a failure points at:
   of the future makes every other number look too good);
 - ``overfit``: one fixed batch is memorised (loss near zero) in a few hundred steps -> model /
   optimiser (a model that cannot memorise 100 tokens has a bug, not a data problem).
+
+Conditioning checks (docs/conditioning.md), when ``data/conditions.parquet`` exists:
+- ``cond_align``: the note conditions of 50 seeded pieces, re-measured from
+  ``data/notes.parquet``, equal the table's -> a table attached to other pieces, or other bands;
+- ``cond_combo`` (with ``condition.use``): the conditions together do not identify train groups
+  -> drop a condition;
+- ``cond_gap`` (a conditioned model in ``data/transformer``): val NLL per note with correct,
+  shuffled and removed conditions; fails when the model does *better* with shuffled conditions
+  than with its own (the interval wholly below 0) -> conditions misaligned in training or scoring.
+  No gap is a finding about the model (it ignores its condition), reported, not a failure.
 """
 
 from __future__ import annotations
@@ -245,12 +255,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--info", type=Path, default=Path("data/tokens/info.json"))
     parser.add_argument("--tokenizer", type=Path, default=Path("data/tokenizer.json"))
     parser.add_argument("--overfit-steps", type=int, default=300)
+    parser.add_argument("--conditions", type=Path, default=Path("data/conditions.parquet"))
+    parser.add_argument("--notes", type=Path, default=Path("data/notes.parquet"))
+    parser.add_argument("--splits", type=Path, default=Path("data/splits.parquet"))
+    parser.add_argument("--transformer-dir", type=Path, default=Path("data/transformer"))
+
+
+def condition_checks(ccfg: Any, *, conditions: Path, notes: Path, splits: Path, tokens: Path,
+                     info: Path, transformer_dir: Path) -> list[CheckResult]:
+    """The conditioning checks (module docstring); none without a condition table."""
+    if not Path(conditions).exists():
+        return []
+    from pipeline.conditions.checks import check_alignment, check_combination
+    from pipeline.conditions.table import read_conditions
+
+    table = read_conditions(conditions)
+    out = []
+    if Path(notes).exists():
+        out.append(_result("cond_align", *check_alignment(table, notes, ccfg)))
+    if ccfg.use and Path(splits).exists():
+        out.append(_result("cond_combo", *check_combination(table, read_parquet(splits),
+                                                              ccfg.use)))
+    model_json = Path(transformer_dir) / "model.json"
+    if model_json.exists() and Path(tokens).exists() and Path(info).exists():
+        from pipeline.core.artifacts import read_json
+
+        if read_json(model_json).get("condition") is not None:
+            out.append(_condition_gap(table, tokens, info, transformer_dir))
+    return out
+
+
+def _condition_gap(table: Any, tokens: Path, info: Path, transformer_dir: Path) -> CheckResult:
+    from models.transformer import load_scorer
+    from pipeline.conditions.assign import model_vocab, with_vocab
+    from pipeline.conditions.diagnostics import condition_gap
+    from pipeline.scoring.protocol import clean_sequences
+
+    scorer = load_scorer(transformer_dir)
+    vocab = model_vocab(scorer.condition)
+    rows = read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_notes"])
+    rows, _ = clean_sequences(rows[rows["split"] == "val"].reset_index(drop=True),
+                              TokenInfo.read(info))
+    if rows.empty:
+        return CheckResult("cond_gap", "SKIP", "no val rows to score")
+    gap = condition_gap(scorer, list(rows["ids"]), with_vocab(table, vocab).many(rows["sha256"]),
+                        vocab.none_ids(), groups=list(rows["sha256"]),
+                        notes=[int(n) for n in rows["n_notes"]], n_boot=500)
+    s, r = gap["shuffled_minus_correct"], gap["removed_minus_correct"]
+    return _result("cond_gap", s["verdict"] != "hurt",
+                   f"{len(rows)} val rows, conditions {list(vocab.names)}: shuffled − correct "
+                   f"{s['value']:+.4f} [{s['ci_low']:+.4f}, {s['ci_high']:+.4f}] ({s['verdict']}),"
+                   f" removed − correct {r['value']:+.4f} ({r['verdict']}) nats per note")
 
 
 def main(args: argparse.Namespace) -> int:
+    from pipeline.conditions.config import ConditionConfig
+
     cfg = load_section("transformer", args.params, TransformerStageConfig)
+    ccfg = load_section("condition", args.params, ConditionConfig)
     results = run_checks(cfg, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
                          overfit_steps=args.overfit_steps)
+    results += condition_checks(ccfg, conditions=args.conditions, notes=args.notes,
+                                splits=args.splits, tokens=args.tokens, info=args.info,
+                                transformer_dir=args.transformer_dir)
     for r in results:
         print(f"{r.status:<4}  {r.name:<11} {r.detail}")
     failed = [r.name for r in results if r.failed]

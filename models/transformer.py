@@ -174,8 +174,12 @@ class GPT(nn.Module):
                                 generator=generator)
             else:
                 nn.init.normal_(p, 0.0, std, generator=generator)
-        if self.wce is not None:  # "no condition" adds nothing until training moves it
-            self.wce.weight[self.cond_none] = 0.0
+        if self.wce is not None:
+            # Zero: a conditioned model starts as the unconditioned one (every condition adds
+            # nothing) and training moves each label's row from there. Drawn like the token
+            # embedding, the summed rows are as large as a token's and slowed training by
+            # about 250 steps on the chorales (val loss 4.65 against 4.22 at step 700).
+            self.wce.weight.zero_()
 
     def forward(
         self,

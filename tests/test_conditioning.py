@@ -77,8 +77,11 @@ def test_unconditioned_weights_and_model_json_are_unchanged_by_conditions():
     assert _cfg(cond_slot_sizes=(3, 4)).to_dict()["cond_slot_sizes"] == [3, 4]
     assert TransformerConfig.from_dict(_cfg(cond_slot_sizes=(3, 4)).to_dict()).cond_slot_sizes \
         == (3, 4)
-    # "none" rows start at zero: before training, removed conditions add nothing
-    assert torch.count_nonzero(cond.wce.weight[[0, 3]]) == 0
+    # the condition embedding starts at zero: before training, the conditioned model's
+    # predictions are the unconditioned one's, whatever the condition
+    assert torch.count_nonzero(cond.wce.weight) == 0
+    idx = torch.tensor([[1, 5, 6]])
+    assert torch.equal(plain.eval()(idx)[0], cond.eval()(idx, cond=torch.tensor([[2, 5]]))[0])
 
 
 def test_conditions_are_inputs_never_targets():
@@ -107,6 +110,8 @@ def test_conditions_are_inputs_never_targets():
 
 def test_scorer_keeps_the_protocols_target_count_under_conditions():
     model = GPT(_cfg(cond_slot_sizes=(3, 2)), torch.Generator().manual_seed(0))
+    with torch.no_grad():  # as if trained: conditions move the predictions
+        model.wce.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
     scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=4)
     seqs = [np.array([5, 6, 7]), np.arange(3, 15) % 13 + 3]  # the second needs windows
     conds = np.array([[1, 4], [2, 3]])

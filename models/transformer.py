@@ -8,11 +8,13 @@ output projection tied to the token embedding. ``forward(idx, targets, loss_mask
 never change it.
 
 Conditions (``cond_slot_sizes``, docs/conditioning.md): a conditioned model also takes, per
-sequence, one condition id per slot, ``cond`` (B, K). Their embeddings (``wce``) are summed and
-added to every position's input, so a condition is an input only: it is never a target, never in
-the logits and never in the loss or the NLL. Slot ``k`` owns ids ``offset_k .. offset_k + size_k
-- 1``, the first meaning "no condition"; ``cond=None`` gives every slot its "none" id (the
-unconditioned model that condition dropout trains).
+sequence, one condition id per slot, ``cond`` (B, K). Their embeddings (``wce``, zero at
+initialisation) are summed and added to the input of the window's first position, which every
+later position attends to (added to every position, the vector outgrew the token embeddings
+under AdamW and slowed training; docs/conditioning.md). A condition is an input only: it is never
+a target, never in the logits and never in the loss or the NLL. Slot ``k`` owns ids
+``offset_k .. offset_k + size_k - 1``, the first meaning "no condition"; ``cond=None`` gives every
+slot its "none" id (the unconditioned model that condition dropout trains).
 
 ``load_scorer(model_dir)`` returns a :class:`TransformerScorer`, which meets the
 ``models.base.SequenceModel`` protocol used by evaluation and generation. Weights are read from
@@ -211,8 +213,9 @@ class GPT(nn.Module):
         if segments is not None:
             pos, mask = segment_positions_and_mask(segments)  # (B, T), (B, 1, T, T)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
-        if self.wce is not None:
-            x = x + self.condition_embedding(cond, idx.shape[0])[:, None, :]
+        if self.wce is not None:  # on the window's first position: later ones attend to it
+            c = self.condition_embedding(cond, idx.shape[0])  # (B, C)
+            x = torch.cat([x[:, :1] + c[:, None, :], x[:, 1:]], dim=1)
         elif cond is not None and cond.numel():
             raise ValueError("this model was trained without conditions; pass cond=None")
         x = self.drop(x)

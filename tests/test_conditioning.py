@@ -439,6 +439,10 @@ def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
     assert good["key"]["shuffled"]["ci_high"] < 0.5  # unrelated requests rarely match
     assert bad["key"]["rate"]["value"] == pytest.approx(1 / 6)
     assert bad["key"]["rate"]["ci_high"] < good["key"]["rate"]["ci_low"]
+    # the registrable differences: a model that follows clears the floor, one that ignores
+    # its request does not
+    assert good["key"]["minus_floor"]["ci_low"] > 0 and good["key"]["minus_shuffled"]["ci_low"] > 0
+    assert bad["key"]["minus_floor"]["ci_low"] <= 0 <= bad["key"]["minus_floor"]["ci_high"]
     # a request for nothing does not count
     none_req = adherence(["key"], **{**common, "requested": [{"key": None}] * 60},
                          conditioned=follows)

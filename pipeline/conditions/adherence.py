@@ -58,13 +58,15 @@ def matches(requested: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[s
 
 
 def rate(hits: np.ndarray, units: Sequence[str], *, seed: int, n_boot: int,
-         level: float) -> dict[str, Any]:
+         level: float, replicates: bool = False) -> dict[str, Any]:
     """Share of counted pairs that match, with a percentile interval from a bootstrap over
-    ``units`` (a sample, or a human piece whose windows are correlated)."""
+    ``units`` (a sample, or a human piece whose windows are correlated). ``replicates`` keeps
+    the bootstrap replicates under ``"reps"`` (for :func:`difference`)."""
     hits = np.asarray(hits, dtype=np.float64)
     keep = ~np.isnan(hits)
     if not keep.any():
-        return {"value": None, "ci_low": None, "ci_high": None, "n": 0, "units": 0}
+        return {"value": None, "ci_low": None, "ci_high": None, "n": 0, "units": 0,
+                **({"reps": None} if replicates else {})}
     labels, codes = np.unique(np.asarray(units, dtype=object)[keep].astype(str),
                               return_inverse=True)
     num = np.bincount(codes, weights=hits[keep], minlength=len(labels))
@@ -74,7 +76,16 @@ def rate(hits: np.ndarray, units: Sequence[str], *, seed: int, n_boot: int,
         reps = (w @ num) / (w @ den)
     lo, hi = percentile_interval(reps, level)
     return {"value": float(num.sum() / den.sum()), "ci_low": lo, "ci_high": hi,
-            "n": int(keep.sum()), "units": len(labels)}
+            "n": int(keep.sum()), "units": len(labels), **({"reps": reps} if replicates else {})}
+
+
+def difference(a: Mapping[str, Any], b: Mapping[str, Any], level: float) -> dict[str, Any]:
+    """``a − b`` of two rates drawn on different units, each bootstrapped on its own (replicate
+    ``i`` of the difference is ``a``'s ``i``-th minus ``b``'s), with its percentile interval."""
+    if a.get("reps") is None or b.get("reps") is None:
+        return {"value": None, "ci_low": None, "ci_high": None}
+    lo, hi = percentile_interval(a["reps"] - b["reps"], level)
+    return {"value": a["value"] - b["value"], "ci_low": lo, "ci_high": hi}
 
 
 def shuffled_requests(requested: Sequence[Mapping[str, Any]], seed: int
@@ -99,19 +110,29 @@ def adherence(names: Sequence[str], *, requested: Sequence[Mapping[str, Any]],
     units = [str(i) for i in range(n)]
     floor_req = [requested[i % n] for i in range(len(unconditioned))] if n else []
     shuffled = shuffled_requests(requested, seed)
-    kw = {"seed": seed, "n_boot": n_boot, "level": level}
+    kw = {"seed": seed, "n_boot": n_boot, "level": level, "replicates": True}
     out: dict[str, Any] = {}
     for name in names:
         if not measurable.get(name, False):
             out[name] = {"measurable": False}
             continue
-        out[name] = {
-            "measurable": True,
+        rates = {
             "rate": rate(matches(requested, conditioned, name), units, **kw),
             "floor": rate(matches(floor_req, unconditioned, name),
-                          [str(i) for i in range(len(unconditioned))], **kw),
-            "shuffled": rate(matches(shuffled, conditioned, name), units, **kw),
-            "ceiling": rate(matches(human_own, human, name), human_units, **kw),
+                          [str(i) for i in range(len(unconditioned))],
+                          **{**kw, "seed": seed + 1}),
+            "shuffled": rate(matches(shuffled, conditioned, name), units,
+                             **{**kw, "seed": seed + 2}),
+            "ceiling": rate(matches(human_own, human, name), human_units,
+                            **{**kw, "seed": seed + 3}),
+        }
+        out[name] = {
+            "measurable": True,
+            **{k: {x: v for x, v in r.items() if x != "reps"} for k, r in rates.items()},
+            # registrable: does the model follow its request more often than when not told,
+            # and more often than an unrelated request matches?
+            "minus_floor": difference(rates["rate"], rates["floor"], level),
+            "minus_shuffled": difference(rates["rate"], rates["shuffled"], level),
         }
     return out
 

@@ -42,7 +42,7 @@ def conditioning(doc: Document, digits: int, reports: Mapping[str, Any]) -> None
         gaps = [[f"{other} − correct", _interval(block.get(f"{other}_minus_correct"), d),
                  str((block.get(f"{other}_minus_correct") or {}).get("verdict", NA))]
                 for other in ("shuffled", "removed")]
-        doc.add(Para(f"**Does the {name} use its condition?** It is conditioned on {conds}. "
+        doc.add(Para(f"Does the {name} use its condition? It is conditioned on {conds}. "
                      f"Its val pieces ({block.get('groups')} groups) were scored with their own "
                      "conditions, with conditions shuffled among the pieces and with every "
                      "condition removed (NLL per note, seeds averaged, 95% group-bootstrap "
@@ -60,7 +60,7 @@ def conditioning(doc: Document, digits: int, reports: Mapping[str, Any]) -> None
                 continue
             rows.append([cond, *(_interval(b.get(k), d)
                                  for k in ("rate", "floor", "shuffled", "ceiling"))])
-        doc.add(Para(f"**Does the {name} follow its condition?** {block.get('n_conditioned')} "
+        doc.add(Para(f"Does the {name} follow its condition? {block.get('n_conditioned')} "
                      "samples were drawn under the labels of held-out pieces; each sample's "
                      f"first {block.get('window')} generated tokens were measured as the "
                      "conditions stage measures a piece. Share whose measured label equals the "

@@ -35,16 +35,22 @@ def shuffle_conditions(cond: np.ndarray, seed: int) -> np.ndarray:
 
 
 def variant_sums(scorer: Any, seqs: Sequence[np.ndarray], cond: np.ndarray,
-                 none_ids: np.ndarray, seed: int = 0) -> dict[str, np.ndarray]:
+                 none_ids: np.ndarray, seed: int = 0,
+                 correct: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Each sequence's summed NLL under its own (``correct``), shuffled and removed conditions,
-    for a conditioned ``scorer`` (``token_nll(seqs, conds=...)``)."""
+    for a conditioned ``scorer`` (``token_nll(seqs, conds=...)``). ``correct``: those sums when
+    the caller has already scored the sequences with their own conditions (evaluate has)."""
     cond = np.asarray(cond, dtype=np.int64)
     if len(seqs) != len(cond):
         raise ValueError(f"{len(seqs)} sequences but {len(cond)} condition rows")
     removed = np.broadcast_to(np.asarray(none_ids, dtype=np.int64), cond.shape).copy()
-    variants = (cond, shuffle_conditions(cond, seed), removed)
-    return {name: np.array([math.fsum(v) for v in scorer.token_nll(list(seqs), conds=c)])
-            for name, c in zip(VARIANTS, variants, strict=True)}
+    variants = {"correct": cond, "shuffled": shuffle_conditions(cond, seed), "removed": removed}
+    out = {} if correct is None else {"correct": np.asarray(correct, dtype=np.float64)}
+    for name in VARIANTS:
+        if name not in out:
+            out[name] = np.array([math.fsum(v) for v in
+                                  scorer.token_nll(list(seqs), conds=variants[name])])
+    return out
 
 
 def gap_summary(sums: dict[str, np.ndarray], groups: Sequence[str], notes: Sequence[float], *,

@@ -228,11 +228,12 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     set_torch_threads(runtime.torch_threads, [s.key for s in specs])  # results depend on it
     models, unavailable = load_models(specs, cfg.device, tok_info)
     cond_of = _condition_ids(models, conditions)
-    tables, seconds = [], {}
+    tables, seconds, row_nll = [], {}, {}
     for spec in sorted((s for s in specs if s.key in models), key=lambda s: s.key):
         model, key = models[spec.key], spec.key
         t = time.perf_counter()
         nll = score_rows(model, list(rows["ids"]), cond_of(key, rows["sha256"]))
+        row_nll[key] = nll  # a conditioned model's val rows are its diagnostic's "correct" side
         tables.append(piece_table(rows, nll, pieces, spec.name, spec.seed))
         seconds[key] = time.perf_counter() - t
         if len(train):  # scored apart, so val/test scores never depend on the subset
@@ -254,8 +255,9 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     for name, block in train_metrics.items():
         agg[name]["train_subset"] = block
     t = time.perf_counter()
-    conditioning = conditioning_block(models, specs, cond_of, rows[rows["split"] == "val"],
-                                      facts, cfg)
+    is_val = (rows["split"] == "val").to_numpy()
+    conditioning = conditioning_block(models, specs, cond_of, rows[is_val], facts, cfg,
+                                      {k: v[is_val] for k, v in row_nll.items()})
     if conditioning:
         seconds["conditioning"] = time.perf_counter() - t
     n_test_groups = facts.loc[facts["split"] == "test", "group_id"].nunique()
@@ -306,11 +308,13 @@ def _condition_ids(models: dict[str, Any], conditions: Path | None):
 
 
 def conditioning_block(models: dict[str, Any], specs: Sequence[ModelSpec], cond_of: Any,
-                       val: pd.DataFrame, facts: pd.DataFrame,
-                       cfg: EvaluateConfig) -> dict[str, Any]:
+                       val: pd.DataFrame, facts: pd.DataFrame, cfg: EvaluateConfig,
+                       scored: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """eval.json's ``conditioning``: per conditioned model, the shuffled-condition diagnostic on
     val (:mod:`pipeline.conditions.diagnostics`), its sums averaged over the training seeds, and
-    each seed's own. Empty when no model is conditioned or val was not scored."""
+    each seed's own. ``scored``: each model's NLL of the ``val`` rows with their own conditions,
+    already computed by the scoring pass (only shuffled and removed are scored here). Empty when
+    no model is conditioned or val was not scored."""
     if val.empty:
         return {}
     fact = facts.set_index("sha256").loc[val["sha256"]]
@@ -324,7 +328,8 @@ def conditioning_block(models: dict[str, Any], specs: Sequence[ModelSpec], cond_
         if cond is None:
             continue
         vocab = model_vocab(models[spec.key].condition)
-        sums = variant_sums(models[spec.key], list(val["ids"]), cond, vocab.none_ids(), cfg.seed)
+        sums = variant_sums(models[spec.key], list(val["ids"]), cond, vocab.none_ids(), cfg.seed,
+                            correct=(scored or {}).get(spec.key))
         by_model.setdefault(spec.name, []).append((spec.seed, sums))
         names[spec.name] = list(vocab.names)
     out = {}

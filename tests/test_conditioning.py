@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 import torch
 
@@ -589,3 +590,73 @@ def test_doctor_combination_catches_conditions_that_name_groups_together():
     assert ok
     ok, detail = check_combination(table, splits, ["key", "density"])
     assert not ok and "identifies groups" in detail
+
+
+def _planted_metadata(tmp_path):
+    """60 random pieces (a third in four voices, 2 per group) with three metadata columns:
+    ``ending`` computed from the last note, ``collection`` equal to the texture (a declared
+    condition says it), ``composer`` drawn at random."""
+    import pyarrow as pa
+
+    from pipeline.conditions.adherence import measured_labels
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.core.artifacts import write_parquet
+
+    rng = np.random.default_rng(7)
+    cfg, rows, labels = ConditionConfig(), [], []
+    for i in range(60):
+        voices = 1 if i % 3 else 4
+        n = int(rng.integers(20, 40))
+        pitch = np.concatenate([rng.integers(55, 80, size=n) for _ in range(voices)])
+        onset = np.tile(np.arange(n, dtype=float), voices)
+        notes = {"onset": onset, "duration": np.ones(len(pitch)), "pitch": pitch,
+                 "is_drum": np.zeros(len(pitch), dtype=bool)}
+        rows.append({"sha256": f"p{i:02d}", **{k: v.tolist() for k, v in notes.items()}})
+        last = pitch[onset == onset.max()].min()
+        labels.append({"sha256": f"p{i:02d}", "split": "train",
+                       **{k: measured_labels(notes, cfg)[k] for k in
+                          ("key", "mode", "density", "polyphony")},
+                       "ending": "high" if last >= 68 else "low",
+                       "collection": "mono" if voices == 1 else "choral",
+                       "composer": str(rng.choice(["a", "b", "c"]))})
+    write_parquet(tmp_path / "notes.parquet", pa.Table.from_pylist(rows))
+    table = pd.DataFrame(labels)
+    splits = pd.DataFrame({"sha256": table["sha256"],
+                           "group_id": [f"g{i // 2}" for i in range(60)]})
+    return table, splits, tmp_path / "notes.parquet"
+
+
+def test_doctor_target_check_catches_a_metadata_label_computed_from_the_notes(tmp_path):
+    from pipeline.conditions.checks import check_target_information
+
+    table, splits, notes = _planted_metadata(tmp_path)
+    ok, detail = check_target_information(table, notes, splits, ["key", "density"])
+    assert ok and "no metadata condition" in detail
+    for name in ("collection", "composer"):
+        ok, detail = check_target_information(table, notes, splits, ["key", name])
+        assert ok, detail
+    ok, detail = check_target_information(table, notes, splits, ["ending", "composer"])
+    assert not ok and "['ending'] behave as functions of the notes" in detail, detail
+
+
+def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import conditions_schema
+    from pipeline.core.artifacts import write_parquet
+    from pipeline.tools.doctor import condition_checks
+
+    table, splits, notes = _planted_metadata(tmp_path)
+    schema = conditions_schema(["collection", "composer", "ending"])
+    write_parquet(tmp_path / "conditions.parquet",
+                  pa.Table.from_pylist(table.astype(object).where(table.notna(), None)
+                                        .to_dict("records"), schema=schema))
+    write_parquet(tmp_path / "splits.parquet", pa.Table.from_pandas(splits, preserve_index=False))
+    paths = {"conditions": tmp_path / "conditions.parquet", "notes": notes,
+             "splits": tmp_path / "splits.parquet", "tokens": tmp_path / "none.parquet",
+             "info": tmp_path / "none.json", "transformer_dir": tmp_path / "none"}
+    unconditioned = condition_checks(ConditionConfig(), **paths)
+    assert [r.name for r in unconditioned] == ["cond_align"]
+    results = {r.name: r for r in condition_checks(ConditionConfig(use=["key", "ending"]),
+                                                   **paths)}
+    assert set(results) == {"cond_align", "cond_combo", "cond_target"}
+    assert results["cond_target"].failed and "ending" in results["cond_target"].detail

@@ -22,6 +22,9 @@ Conditioning checks (docs/conditioning.md), when ``data/conditions.parquet`` exi
   ``data/notes.parquet``, equal the table's -> a table attached to other pieces, or other bands;
 - ``cond_combo`` (with ``condition.use``): the conditions together do not identify train groups
   -> drop a condition;
+- ``cond_target`` (with a metadata column in ``condition.use``): the label is not read from the
+  piece's own notes (held-out groups) nearly always and beyond what the declared note
+  conditions say -> a column computed from the notes the model is scored on: drop it;
 - ``cond_gap`` (a conditioned model in ``data/transformer``): val NLL per note with correct,
   shuffled and removed conditions; fails when the model does *better* with shuffled conditions
   than with its own (the interval wholly below 0) -> conditions misaligned in training or scoring.
@@ -266,7 +269,11 @@ def condition_checks(ccfg: Any, *, conditions: Path, notes: Path, splits: Path, 
     """The conditioning checks (module docstring); none without a condition table."""
     if not Path(conditions).exists():
         return []
-    from pipeline.conditions.checks import check_alignment, check_combination
+    from pipeline.conditions.checks import (
+        check_alignment,
+        check_combination,
+        check_target_information,
+    )
     from pipeline.conditions.table import read_conditions
 
     table = read_conditions(conditions)
@@ -276,6 +283,9 @@ def condition_checks(ccfg: Any, *, conditions: Path, notes: Path, splits: Path, 
     if ccfg.use and Path(splits).exists():
         out.append(_result("cond_combo", *check_combination(table, read_parquet(splits),
                                                               ccfg.use)))
+    if ccfg.use and Path(splits).exists() and Path(notes).exists():
+        out.append(_result("cond_target", *check_target_information(
+            table, notes, read_parquet(splits), ccfg.use)))
     model_json = Path(transformer_dir) / "model.json"
     if model_json.exists() and Path(tokens).exists() and Path(info).exists():
         from pipeline.core.artifacts import read_json

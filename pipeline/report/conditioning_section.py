@@ -47,7 +47,10 @@ def conditioning(doc: Document, digits: int, reports: Mapping[str, Any]) -> None
                      "conditions, with conditions shuffled among the pieces and with every "
                      "condition removed (NLL per note, seeds averaged, 95% group-bootstrap "
                      "intervals). A model that ignores its condition shows no gap; one that "
-                     "follows it scores worse without its own."),
+                     "follows it scores worse without its own. Whether the condition helps "
+                     "NLL is a question for an unconditioned run of the same pieces, e.g. the "
+                     "committed experiment, which the command symkit compare HEAD workspace "
+                     "pairs with this run piece by piece (docs/compare.md)."),
                 Table(["conditions", "NLL per note (val)"], rows),
                 Table(["gap", "nats per note", "verdict"], gaps))
     for name, block in sorted(adh.items()):

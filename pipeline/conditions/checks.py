@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from pipeline.conditions.adherence import FROM_NOTES, measured_labels
-from pipeline.conditions.config import ConditionConfig
+from pipeline.conditions.config import BUILTIN, ConditionConfig
 from pipeline.conditions.table import GROUP_SHARE_LIMIT, group_unique_share
 
 
@@ -90,10 +90,6 @@ TARGET_MARGIN = 0.10
 """... and read that much more often than the declared conditions (or the most common label)
 read it: below that the notes add nothing the declared conditions do not already say."""
 
-DECLARED = ("key", "mode", "meter", "density", "polyphony", "tempo")
-"""The conditions whose dependence on the notes is declared (docs/conditioning.md)."""
-
-
 def note_descriptors(notes: Mapping[str, np.ndarray]) -> np.ndarray:
     """A piece's notes summarised as numbers a label computed from them would likely use: size,
     span, range, first and last pitches (lowest and highest at the first and last onsets) and
@@ -113,24 +109,18 @@ def note_descriptors(notes: Mapping[str, np.ndarray]) -> np.ndarray:
                      *[e % 12 for e in ends], *(pcp / pcp.sum())])
 
 
-def _cv_accuracy(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int) -> float:
-    """Accuracy of a random forest on held-out groups (group k-fold, at most 5 folds)."""
+def _held_out_accuracy(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int,
+                       model: Any = None) -> float:
+    """Accuracy on held-out groups (group k-fold, at most 5 folds) of ``model``, by default a
+    seeded random forest whose every split may choose among all features."""
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.model_selection import GroupKFold, cross_val_score
 
+    if model is None:
+        model = RandomForestClassifier(n_estimators=50, max_features=None, random_state=seed,
+                                       n_jobs=1)
     folds = GroupKFold(n_splits=min(5, len(np.unique(groups))))
-    forest = RandomForestClassifier(n_estimators=50, max_features=None, random_state=seed, n_jobs=1)
-    return float(cross_val_score(forest, x, y, groups=groups, cv=folds).mean())
-
-
-def _majority_accuracy(y: np.ndarray, groups: np.ndarray) -> float:
-    """Accuracy of always answering the train folds' most common label (same folds)."""
-    from sklearn.dummy import DummyClassifier
-    from sklearn.model_selection import GroupKFold, cross_val_score
-
-    folds = GroupKFold(n_splits=min(5, len(np.unique(groups))))
-    return float(cross_val_score(DummyClassifier(strategy="most_frequent"), np.zeros((len(y), 1)),
-                                 y, groups=groups, cv=folds).mean())
+    return float(cross_val_score(model, x, y, groups=groups, cv=folds).mean())
 
 
 def check_target_information(table: pd.DataFrame, notes: Path, splits: pd.DataFrame,
@@ -144,11 +134,12 @@ def check_target_information(table: pd.DataFrame, notes: Path, splits: pd.DataFr
     the model about the very notes it is scored on, and the n-gram beside it is not told.
     For each metadata condition in use, a random forest reads the label from
     :func:`note_descriptors` of each labelled piece, and another from the declared conditions
-    (:data:`DECLARED`), both scored on held-out groups; fails when the notes give the label at
-    least :data:`TARGET_ACCURACY` of the time and :data:`TARGET_MARGIN` more often than both
-    the declared conditions and the most common label do. Built-in conditions are declared
-    functions of the notes (``check_alignment`` checks that they are exactly those)."""
-    metadata = [n for n in names if n not in DECLARED]
+    (:data:`~pipeline.conditions.config.BUILTIN`), both scored on held-out groups; fails when
+    the notes give the label at least :data:`TARGET_ACCURACY` of the time and
+    :data:`TARGET_MARGIN` more often than both the declared conditions and the most common label
+    do. Built-in conditions are declared functions of the notes (``check_alignment`` checks
+    that they are exactly those)."""
+    metadata = [n for n in names if n not in BUILTIN]
     if not metadata:
         return True, f"{list(names)}: no metadata condition (built-in ones are declared)"
     table = table.merge(splits[["sha256", "group_id"]], on="sha256")
@@ -169,12 +160,15 @@ def check_target_information(table: pd.DataFrame, notes: Path, splits: pd.DataFr
             notes, columns=cols, filters=[("sha256", "in", shas)]).to_pylist()}
         x_notes = np.stack([note_descriptors(found[s]) if s in found else np.zeros(29)
                             for s in shas])
-        declared = [c for c in DECLARED if c in rows.columns]
+        declared = [c for c in BUILTIN if c in rows.columns]
         x_declared = (pd.get_dummies(rows[declared].astype(str), dtype=float).to_numpy()
                       if declared else np.zeros((len(rows), 1)))
-        from_notes = _cv_accuracy(x_notes, y, groups, seed)
-        from_declared = _cv_accuracy(x_declared, y, groups, seed)
-        majority = _majority_accuracy(y, groups)
+        from sklearn.dummy import DummyClassifier
+
+        from_notes = _held_out_accuracy(x_notes, y, groups, seed)
+        from_declared = _held_out_accuracy(x_declared, y, groups, seed)
+        majority = _held_out_accuracy(np.zeros((len(y), 1)), y, groups, seed,
+                                      DummyClassifier(strategy="most_frequent"))
         beyond = from_notes - max(from_declared, majority)
         failed = from_notes >= TARGET_ACCURACY and beyond >= TARGET_MARGIN
         bad += [name] if failed else []

@@ -1,7 +1,7 @@
 """Ingest throughput: files/s with 1 and N workers against a plain single-process loop.
 
 The baseline (measured in the same run) is the bare work with no isolation, in one process, one
-file at a time, written plainly here (:func:`plain_inspect`, independent of the stage's code): read
+file at a time, written plainly in ``plain_ingest.py`` (independent of the stage's code): read
 each file, sha256 its bytes, parse it with symusic into notes in beats in canonical order, and
 judge it as the stage does (limits, longest silence, the note hash); the run checks that it finds
 the same note hashes as the stage. The stage (``ingestion.run``, no result cache) adds the listing,
@@ -14,6 +14,11 @@ while they work; the workers still read and hash every file they parse. A last l
 re-run through a warm result cache. Each timing is the minimum (and median) of ``--repeat`` runs;
 the load average is printed beside them.
 
+Two more lines time what ``dvc repro`` runs: ``symkit ingest`` in a fresh process (interpreter
+start, imports and reading params.yaml included) against the plain loop in a fresh process (its
+own imports: numpy, symusic), each started as a subprocess. On a few thousand files these fixed
+costs are most of a run; at 100k files they are a second or two.
+
     python benchmarks/bench_ingest.py --files 4000 [--workers 2] [--corpus tiny|pipeline]
 
 ``tiny``: 50-400 notes in 1-4 voices per file; ``pipeline``: the corpus of
@@ -23,7 +28,6 @@ the load average is printed beside them.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import statistics
 import sys
@@ -35,11 +39,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from plain_ingest import baseline  # this folder: first on the path when run as a script
+
 from pipeline.core.artifacts import read_table
 from pipeline.core.config import RuntimeConfig
 from pipeline.music.ingestion import IngestConfig, run
 from pipeline.stages.corpus import scan_tree, write_index
 from tests.midi_utils import make_midi, random_piece
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_corpus(root: Path, n: int, seed: int = 0) -> None:
@@ -50,52 +58,11 @@ def make_corpus(root: Path, n: int, seed: int = 0) -> None:
         (root / f"{i // 1000:03d}" / f"piece{i:06d}.mid").write_bytes(make_midi(piece))
 
 
-def plain_inspect(data: bytes, cfg: IngestConfig) -> str:
-    """One file's core work, plainly: parse, notes in beats sorted by (onset, pitch, duration,
-    track), longest silence, limits, and the note hash of an ok file ('' otherwise: the stage
-    also hashes only ok files)."""
-    import symusic
+def fresh_process(argv: list[str]) -> None:
+    """Run ``python argv...`` from the repository root; fail loudly if it fails."""
+    import subprocess
 
-    if data[:4] != b"MThd":
-        return ""
-    try:
-        score = symusic.Score.from_midi(data)
-    except RuntimeError:
-        return ""
-    tpq = score.ticks_per_quarter
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("on", "du", "pitch", "track", "drum")}
-    for index, track in enumerate(score.tracks):
-        arr = track.notes.numpy()
-        if arr["pitch"].size:
-            cols["on"].append(arr["time"] / tpq)
-            cols["du"].append(arr["duration"] / tpq)
-            cols["pitch"].append(arr["pitch"].astype(np.int64))
-            cols["track"].append(np.full(arr["pitch"].size, index))
-            cols["drum"].append(np.full(arr["pitch"].size, int(track.is_drum)))
-    if not cols["on"]:
-        return ""
-    n = {c: np.concatenate(v) for c, v in cols.items()}
-    order = np.lexsort((n["track"], n["du"], n["pitch"], n["on"]))
-    n = {c: v[order] for c, v in n.items()}
-    end = n["on"] + n["du"]
-    gap = max(n["on"][0], (n["on"][1:] - np.maximum.accumulate(end)[:-1]).max(initial=0.0))
-    seconds = score.to("second").end()
-    if not cfg.min_notes <= n["on"].size <= cfg.max_notes or gap > cfg.max_gap_beats \
-            or seconds > cfg.max_duration_s:
-        return ""
-    rows = np.stack([np.rint(n["on"] * 48), n["pitch"], np.maximum(np.rint(n["du"] * 48), 1),
-                     n["drum"]], axis=1).astype("<i8")
-    return hashlib.sha256(rows[np.lexsort(rows.T[::-1])].tobytes()).hexdigest()
-
-
-def baseline(paths: list[Path], cfg: IngestConfig) -> list[str]:
-    """Read + sha256 + :func:`plain_inspect`, one file at a time, one process, no isolation."""
-    hashes = []
-    for p in paths:
-        data = p.read_bytes()
-        hashlib.sha256(data).hexdigest()
-        hashes.append(plain_inspect(data, cfg))
-    return hashes
+    subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
 def timed(fn, repeat: int) -> tuple[float, float]:
@@ -147,6 +114,23 @@ def main() -> None:
         line("baseline single-process loop", base, base_med)
         for w in sorted({1, args.workers}):
             line(f"ingest stage, {w} worker(s)", *timed(lambda w=w: stage(w), args.repeat), base)
+        params = Path(tmp) / "params.yaml"  # the defaults, as IngestConfig() above
+        params.write_text("ingest: {}\n", encoding="utf-8")
+        listing = Path(tmp) / "files.txt"
+        listing.write_text("\n".join(map(str, paths)), encoding="utf-8")
+        limits = [str(getattr(cfg, k)) for k in ("min_notes", "max_notes", "max_gap_beats",
+                                                  "max_duration_s")]
+        plain = timed(lambda: fresh_process([str(Path(__file__).with_name("plain_ingest.py")),
+                                             str(listing), *limits]), args.repeat)
+        line("plain loop, fresh process", *plain)
+        cli = [
+            "-m", "pipeline.cli", "ingest", "--params", str(params), "--raw", str(raw),
+            "--index", str(index), "--metadata", str(Path(tmp) / "none.csv"), "--manifest",
+            str(Path(tmp) / "cli" / "m.parquet"), "--notes", str(Path(tmp) / "cli" / "n.parquet"),
+            "--report", str(Path(tmp) / "cli" / "r.json"), "--no-cache",
+            "--workers", str(args.workers)]
+        line(f"symkit ingest, fresh process, {args.workers} worker(s)",
+             *timed(lambda: fresh_process(cli), args.repeat), plain[0])
         cache = Path(tmp) / "cache"
         stage(args.workers, cache)
         line(f"  again, warm cache, {args.workers} worker(s)",
@@ -157,7 +141,11 @@ def main() -> None:
         same = all((Path(tmp) / "out1" / n).read_bytes() ==
                    (Path(tmp) / f"out{args.workers}" / n).read_bytes()
                    for n in ("m.parquet", "n.parquet", "r.json"))
-        print(f"outputs identical for 1 and {args.workers} workers (and cached): {same}")
+        same = same and all((Path(tmp) / "out1" / n).read_bytes() ==
+                            (Path(tmp) / "cli" / n).read_bytes()
+                            for n in ("m.parquet", "n.parquet", "r.json"))
+        print(f"outputs identical for 1 and {args.workers} workers (cached, and from the "
+              f"command line): {same}")
 
 
 if __name__ == "__main__":

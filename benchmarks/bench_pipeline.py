@@ -24,7 +24,7 @@ the peak of its process tree's memory (sum of PSS, sampled every 0.1 s). Then:
 
 Baselines, measured in the same run on the first ``--baseline-files`` files in one process: corpus
 = a plain file copy loop, ingest = read once + sha256 + parse + notes in beats + the stage's
-judgement, one file at a time (``bench_ingest.plain_inspect``), tokenize = a plain miditok
+judgement, one file at a time (``plain_ingest.plain_inspect``), tokenize = a plain miditok
 ``encode`` loop. The ratio is the stage's files/s over the baseline's (> 1: faster than the plain
 loop). dedupe and split have no single-process loop to compare with (``benchmarks/bench_dedupe.py``
 compares dedupe with brute force). Timings are printed and written to ``--json``; nothing is
@@ -163,7 +163,7 @@ def link_corpus(store: Path, corpus: Path, n: int) -> None:
 # ------------------------------------------------------------------------------- measurement
 def baselines(paths: list[Path], model: str) -> dict[str, float]:
     """Files/s of the plain single-process loops (see the module docstring)."""
-    from bench_ingest import plain_inspect
+    from plain_ingest import plain_inspect
     from symusic import Score
 
     from pipeline.music.ingestion import IngestConfig

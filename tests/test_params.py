@@ -172,3 +172,18 @@ def test_yaml_is_read_as_dvc_reads_it() -> None:
     """YAML 1.2: the words PyYAML turns into booleans stay strings; exponents are numbers."""
     assert parse_yaml("a: off\nb: on\nc: yes\nd: 1e-3\ne: true\n") == {
         "a": "off", "b": "on", "c": "yes", "d": 0.001, "e": True}
+
+
+def test_read_params_parses_once_yet_never_serves_a_stale_or_shared_copy(tmp_path, monkeypatch):
+    from pipeline.core import config
+
+    calls = []
+    parse = config.parse_yaml
+    monkeypatch.setattr(config, "parse_yaml", lambda text: calls.append(1) or parse(text))
+    path = tmp_path / "params.yaml"
+    path.write_text("ingest:\n  min_notes: 3\n", encoding="utf-8")
+    first = read_params(path)
+    first["ingest"]["min_notes"] = 99  # a caller's change stays its own
+    assert read_params(path) == {"ingest": {"min_notes": 3}} and len(calls) == 1
+    path.write_text("ingest:\n  min_notes: 4\n", encoding="utf-8")  # same path, new content
+    assert read_params(path) == {"ingest": {"min_notes": 4}} and len(calls) == 2

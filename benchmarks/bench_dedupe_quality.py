@@ -1,8 +1,8 @@
 """Dedupe quality: recall of planted variants and precision against unrelated music of the same
 style, for ``symkit dedupe`` on generated MIDI files with known ground truth.
 
-    .venv/bin/python benchmarks/bench_dedupe_quality.py [--pieces 64] [--seed 0] [--json out.json]
-                     [--params params.yaml] [--workers auto]
+    .venv/bin/python benchmarks/bench_dedupe_quality.py [--pieces 64] [--tunes 64] [--seed 0]
+                     [--json out.json] [--params params.yaml] [--workers auto]
 
 What is generated (from ``--seed`` alone, through seeded numpy Generators, one per piece, so the
 same arguments give the same files, table and JSON, and raising ``--pieces`` keeps earlier pieces):
@@ -52,6 +52,21 @@ and ``dedupe`` sections of ``--params``.
 Cells below the reference targets are marked ``!``: recall >= 0.95 for edits of <= 5%, >= 0.90 for
 excerpts of >= 25%, >= 0.95 for re-saved, transposed and re-orchestrated copies, no false merges.
 Timings are printed, never asserted, and kept out of the JSON so that it is reproducible.
+
+The tune set (``--tunes`` per cell; 0 skips it, as ``--pieces 0`` skips the sets above), a corpus
+of its own through the same stages, is harder: short monophonic dance tunes of one style in
+AABB form (``benchmarks/dance_tunes.py``: stock openings, endings and bars that many tunes share)
+of 40-59, 60-99 and 100-120 notes, each copied once with 2, 5, 8 or 10% of its notes edited by
+several kinds of edit at once (the mixes of ``dance_tunes.MIXES``: chromatic as well as diatonic
+changes, dropped notes, notes split in two, passing notes), spread over the tune and made in
+both repeats of a part. Every cell (band x mix x rate) has its own tunes, so a copy is found
+through its own tune only; each tune also has a *sibling*, an unrelated tune with the same tune
+type, key, opening, endings and cadence. Per cell it reports recall, what the rules confirm when
+the pair is measured directly (``confirmable``: the ceiling of any candidate search), the
+melody alignment of the pairs and why a copy was missed; precision against the tunes and
+siblings, and the exact melody alignment of the closest unrelated tunes over all their pairs.
+Targets: >= 0.90 in every cell, >= 0.95 for edits of <= 5% of tunes of >= 100 notes, no false
+merges. In the JSON it is the ``tunes`` key.
 """
 
 from __future__ import annotations
@@ -66,11 +81,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from rapidfuzz import process
+from rapidfuzz.distance import Indel
 from scipy.sparse import csr_array
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import dance_tunes as tunes  # noqa: E402
 from pipeline.core import artifacts  # noqa: E402
 from pipeline.core.config import RuntimeConfig, load_section  # noqa: E402
 from pipeline.music import fingerprints as fp  # noqa: E402
@@ -483,8 +501,16 @@ def run_stages(root: Path, params: Path, workers: int | str) -> dict[str, Path]:
     return out
 
 
-def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -> dict:
-    """Recall rows, precision rows and false-merge evidence (see the module docstring)."""
+def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig,
+             target_of: Callable[[str, str], float | None] | None = None,
+             reach: bool = False) -> dict:
+    """Recall rows, precision rows and false-merge evidence (see the module docstring).
+    ``target_of(kind, bucket)``: a cell's reference recall (default :func:`target` of the kind).
+    With ``reach``, each recall row also says how many of its pairs the near rules confirm when
+    measured directly, proposed or not (``confirmable``: the recall a complete candidate search
+    would reach), and the melody alignment similarity of its pairs (``melody_min``,
+    ``melody_median``)."""
+    target_of = target_of or (lambda kind, _: target(kind))
     man = artifacts.read_parquet(out["manifest"], columns=["path", "sha256", "status"])
     sha = dict(zip(man["path"], man["sha256"], strict=True))
     usable = set(man.loc[man["status"].isin(["ok", "duplicate"]), "path"])
@@ -518,13 +544,22 @@ def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -
 
     recall = defaultdict(lambda: {"n": 0, "found": 0, "linked_by": Counter(),
                                   "missed_because": Counter(), "missed_jaccard": [],
-                                  "missed_containment": []})
+                                  "missed_containment": [], "confirmable": 0, "melody": []})
     for r in rows:
         if r["set"] != "variant":
             continue
         cell = recall[(r["kind"], r["texture"], r["bucket"])]
         cell["n"] += 1
         c = cluster_of(r["path"])
+        if reach and c is not None:
+            i, j = sorted((stage_index[sha[r["path"]]], stage_index[sha[r["original"]]]))
+            if i != j:
+                pair = (np.asarray([i]), np.asarray([j]))
+                cell["confirmable"] += bool(dedupe.verify(stage_fps, seqs, *pair, cfg).ok[0])
+                cell["melody"].append(similarity.align(seqs, i, j, cfg.min_melody_notes).melody)
+            else:
+                cell["confirmable"] += 1
+                cell["melody"].append(1.0)
         if c is not None and c == cluster_of(r["original"]):
             cell["found"] += 1
             i, j = index[sha[r["path"]]], index[sha[r["original"]]]
@@ -589,11 +624,15 @@ def evaluate(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig) -
                 for t in cross[:10]]
     return {
         "recall": [{"kind": k, "texture": tx, "bucket": b, "n": c["n"], "found": c["found"],
-                    "recall": c["found"] / c["n"], "target": target(k),
+                    "recall": c["found"] / c["n"], "target": target_of(k, b),
                     "linked_by": dict(sorted(c["linked_by"].items())),
                     "missed_because": dict(sorted(c["missed_because"].items())),
                     "missed_jaccard_max": max(c["missed_jaccard"], default=None),
-                    "missed_containment_max": max(c["missed_containment"], default=None)}
+                    "missed_containment_max": max(c["missed_containment"], default=None),
+                    **({"confirmable": c["confirmable"],
+                        "melody_min": min(c["melody"], default=None),
+                        "melody_median": float(np.median(c["melody"])) if c["melody"] else None}
+                       if reach else {})}
                    for (k, tx, b), c in recall.items()],
         "merges": [{"set": s, "kind": k, "texture": tx, "bucket": b, **c}
                    for (s, k, tx, b), c in merged.items()],
@@ -661,6 +700,186 @@ def measure(pieces: int, seed: int, params: Path = ROOT / "params.yaml",
     return result
 
 
+# ----------------------------------------------------------------------------------- tune set
+TUNE_BANDS = ((40, 59), (60, 99), (100, 120))
+TUNE_RATES = (0.02, 0.05, 0.08, 0.10)
+TUNE_SETS = ("original", "variant", "sibling")
+TUNE_KINDS = tuple(f"{mix} {rate:.0%}" for mix in tunes.MIXES for rate in TUNE_RATES)
+
+
+def tune_target(kind: str, bucket: str) -> float:
+    """The reference recall of a tune cell: 0.95 for edits of <= 5% of tunes of >= 100 notes,
+    else 0.90 (every cell edits at most 10% of tunes of at least 40 notes)."""
+    rate = float(kind.rsplit(" ", 1)[1].rstrip("%"))
+    return 0.95 if rate <= 5 and int(bucket.split("-")[0]) >= 100 else 0.90
+
+
+def _length(rng: np.random.Generator, band: tuple[int, int]) -> int:
+    n = int(np.exp(rng.uniform(np.log(band[0]), np.log(band[1] + 1))))
+    return min(max(n, band[0]), band[1])
+
+
+def write_tunes(raw: Path, per_cell: int, seed: int) -> list[dict]:
+    """Write the tune set under ``raw`` (``benchmarks/dance_tunes.py``): per length band and
+    edit kind (mix and rate) ``per_cell`` tunes, each with one edited copy, so that a copy can
+    only be linked to its tune directly, and with a sibling. One ground-truth row per file; a
+    tune's generators depend on (seed, band, kind, index) alone."""
+    style = tunes.make_style(seed)
+    rows: list[dict] = []
+
+    def put(tune: tunes.Tune, rel: str, **row) -> None:
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        (raw / rel).write_bytes(tune.midi())
+        rows.append({"path": rel, "texture": "mono", **row})
+
+    for b, band in enumerate(TUNE_BANDS):
+        label = bucket_label(band)
+        for v, kind in enumerate(TUNE_KINDS):
+            mix, rate = kind.rsplit(" ", 1)
+            for i in range(per_cell):
+                rng = np.random.default_rng([seed, 50 + b, v, i, 0])
+                plan = tunes.make_plan(rng)
+                tune = tunes.compose(rng, style, _length(rng, band), plan)
+                family, home = f"t{b}-{v}-{i}", f"tunes/{label}/k{v:02d}/{i:03d}"
+                put(tune, f"{home}/tune.mid", set="original", kind="original", family=family,
+                    bucket=label, notes=tune.n)
+                rng = np.random.default_rng([seed, 50 + b, v, i, 1])
+                sibling = tunes.compose(rng, style, _length(rng, band), plan)
+                put(sibling, f"{home}/sibling.mid", set="sibling", kind="sibling",
+                    family=f"s{b}-{v}-{i}", bucket=label, notes=sibling.n)
+                copy, counts = tunes.edit(np.random.default_rng([seed, 50 + b, v, i, 2]), tune,
+                                          tunes.MIXES[mix], float(rate.rstrip("%")) / 100)
+                put(copy, f"{home}/copy.mid", set="variant", kind=kind, family=family,
+                    bucket=label, original=f"{home}/tune.mid", notes=copy.n, edits=counts)
+    return rows
+
+
+def closest_melodies(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeConfig,
+                     workers: int) -> dict:
+    """Melody alignment similarity (the near tier's ``melody`` rule) of every pair of family
+    heads (tunes and siblings), exactly, without candidates: how close unrelated tunes of one
+    style come to the alignment threshold, overall, per length band, and tune to sibling."""
+    man = artifacts.read_parquet(out["manifest"], columns=["path", "sha256"])
+    sha = dict(zip(man["path"], man["sha256"], strict=True))
+    _, notes, _ = dedupe.load_inputs(out["manifest"], out["notes"])
+    index = {s: i for i, s in enumerate(notes.sha256)}
+    seqs = similarity.Sequences.build(notes, cfg.ioi_resolution)
+    heads = [r for r in rows if r["set"] != "variant" and sha.get(r["path"]) in index]
+    # one character per interval below 256 (the same similarity, rapidfuzz's faster path)
+    mel = [bytes(ord(c) - 0x100 for c in seqs.melodies[0][index[sha[r["path"]]]])
+           .decode("latin-1") for r in heads]
+    n = len(mel)
+    if n < 2:
+        return {"pairs": 0}
+    band = np.array([r["bucket"] for r in heads])
+    labels = [bucket_label(x) for x in TUNE_BANDS]
+    top, top_pair, over = -1.0, (0, 1), 0
+    band_max = dict.fromkeys(labels, 0.0)
+    for lo in range(0, n, 512):  # row blocks: the whole matrix would not fit at larger sizes
+        sim = process.cdist(mel[lo: lo + 512], mel, scorer=Indel.normalized_similarity,
+                            dtype=np.float64, workers=workers)
+        rows_ = np.arange(lo, lo + sim.shape[0])
+        sim[np.arange(n)[None, :] <= rows_[:, None]] = -1.0  # each pair once
+        over += int((sim >= cfg.alignment).sum())
+        k = int(np.argmax(sim))
+        if sim.flat[k] > top:
+            top, top_pair = float(sim.flat[k]), (lo + k // n, k % n)
+        for b in labels:
+            part = sim[np.ix_(band[rows_] == b, band == b)]
+            band_max[b] = max(band_max[b], float(part.max(initial=0.0)))
+
+    def describe(k: int) -> str:
+        return f"{heads[k]['set']} ({heads[k]['bucket']}, {heads[k]['notes']} notes)"
+
+    fam = {r["family"]: k for k, r in enumerate(heads)}
+    sibling = [Indel.normalized_similarity(mel[fam[f"t{f[1:]}"]], mel[k])
+               for f, k in fam.items() if f.startswith("s") and f"t{f[1:]}" in fam]
+    return {"pairs": n * (n - 1) // 2, "threshold": cfg.alignment, "max": top,
+            "max_pair": f"{describe(top_pair[0])} <-> {describe(top_pair[1])}",
+            "pairs_over_threshold": over, "sibling_max": float(max(sibling, default=0.0)),
+            "max_within_band": band_max}
+
+
+def measure_tunes(per_cell: int, seed: int, params: Path = ROOT / "params.yaml",
+                  workers: int | str = "auto") -> dict:
+    """The tune set: generate, run ingest and dedupe, evaluate; ``seconds`` holds the timings."""
+    cfg = load_section("dedupe", params, dedupe.DedupeConfig)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        rows = write_tunes(root / "raw", per_cell, seed)
+        t1 = time.perf_counter()
+        out = run_stages(root, params, workers)
+        t2 = time.perf_counter()
+        result = evaluate(rows, out, cfg, tune_target, reach=True)
+        threads = RuntimeConfig(workers=workers, progress=False).n_workers()
+        result["precision"]["closest_unrelated_melody"] = closest_melodies(rows, out, cfg,
+                                                                           threads)
+        result["corpus"] = {"files": len(rows), "tunes_per_cell": per_cell, "seed": seed,
+                            "bands": [bucket_label(b) for b in TUNE_BANDS],
+                            "edits": sum((Counter(r["edits"]) for r in rows if "edits" in r),
+                                         Counter()),
+                            "dedupe": cfg.model_dump(mode="json")}
+    result["seconds"] = {"generate": t1 - t0, "stages": t2 - t1,
+                         "evaluate": time.perf_counter() - t2}
+    return result
+
+
+def _tune_cell(cells: list[dict]) -> str:
+    """Recall of ``cells`` together, ``!`` when one is below its target, (confirmable share)."""
+    n = sum(c["n"] for c in cells)
+    if not n:
+        return "-"
+    low = any(c["found"] / c["n"] < c["target"] for c in cells)
+    found, confirmable = (sum(c[k] for c in cells) / n for k in ("found", "confirmable"))
+    return f"{found:.2f}{'!' if low else ' '}({confirmable:.2f})"
+
+
+def print_tunes(result: dict) -> None:
+    labels = result["corpus"]["bands"]
+    rec = result["recall"]
+    print("tunes: recall (found / planted), and in brackets the share the near rules confirm "
+          "when the pair is measured directly (proposed or not); ! = below target (0.90; 0.95 "
+          "for <= 5% of >= 100 notes)")
+    print(f"{'edit mix':<26}{'rate':>5}{'n':>4}  " + "".join(f"{b:>14}" for b in labels)
+          + f"{'all':>14}  {'melody sim min/median':<22}missed because")
+    for mix in tunes.MIXES:
+        for rate in TUNE_RATES:
+            kind = f"{mix} {rate:.0%}"
+            cells = [c for c in rec if c["kind"] == kind]
+            by_b = [[c for c in cells if c["bucket"] == b] for b in labels]
+
+            missed = sum((Counter(c["missed_because"]) for c in cells), Counter())
+            mins = [c["melody_min"] for c in cells if c["melody_min"] is not None]
+            meds = [c["melody_median"] for c in cells if c["melody_median"] is not None]
+            sims = f"{min(mins):.3f}/{float(np.median(meds)):.3f}" if mins else "-"
+            print(f"{mix:<26}{rate:>5.0%}{max(c['n'] for c in cells):>4}  "
+                  + "".join(f"{_tune_cell(c):>14}" for c in by_b)
+                  + f"{_tune_cell(cells):>14}  {sims:<22}"
+                  + " ".join(f"{t} {v}" for t, v in missed.most_common()))
+    print("\ntunes: false merges (pieces whose cluster holds another family; target 0)")
+    print(f"{'set':<16}" + "".join(f"{b:>10}" for b in labels) + f"{'all':>8}")
+    for s in TUNE_SETS:
+        cells = [c for c in result["merges"] if c["set"] == s]
+        print(f"{s:<16}" + "".join(f"{sum(c['merged'] for c in cells if c['bucket'] == b):>10}"
+                                   for b in labels) + f"{sum(c['merged'] for c in cells):>8}")
+    p = result["precision"]
+    print(f"\ntunes: pairwise precision {p['pairwise_precision']:.4f}: {p['false_merge_pairs']} "
+          f"false of {p['pairs_sharing_a_cluster']} pairs sharing a cluster; "
+          f"{p['clusters_mixing_families']} clusters mix families; confirmed pairs across "
+          f"families by tier: {p['cross_family_edges_by_tier'] or 'none'}")
+    m = p["closest_unrelated_melody"]
+    if m["pairs"]:
+        bands = ", ".join(f"{b} {v:.3f}" for b, v in m["max_within_band"].items())
+        print(f"closest unrelated tunes by melody alignment, exact over all {m['pairs']} pairs "
+              f"of tunes and siblings: max {m['max']:.3f} ({m['max_pair']}); within a band "
+              f"{bands}; tune with its own sibling {m['sibling_max']:.3f}; "
+              f"{m['pairs_over_threshold']} pairs reach the threshold {m['threshold']:.3f}")
+    for e in p["cross_family_examples"][:5]:
+        print(f"  {e['tier']}: {e['a']}  <->  {e['b']}  (Jaccard {e['jaccard']}, "
+              f"containment {e['containment']})")
+
+
 # ------------------------------------------------------------------------------------- report
 def _fmt(cells: list[dict], key: str, goal: float | None) -> str:
     n = sum(c["n"] for c in cells)
@@ -725,23 +944,39 @@ def print_table(result: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pieces", type=int, default=64, help="originals per length bucket")
+    ap.add_argument("--pieces", type=int, default=64,
+                    help="originals per length bucket (0 = skip the style sets)")
+    ap.add_argument("--tunes", type=int, default=64,
+                    help="tunes per cell (length band x edit kind) of the tune set (0 = skip it)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, help="also write the table here (no timings)")
+    ap.add_argument("--json", type=Path, help="also write the tables here (no timings)")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml",
                     help="ingest and dedupe settings are read from this file")
     ap.add_argument("--workers", default="auto", help="'auto' or a number (results do not change)")
     args = ap.parse_args()
     workers = int(args.workers) if args.workers.isdigit() else args.workers
     t0 = time.perf_counter()
-    result = measure(args.pieces, args.seed, args.params, workers)
-    c = result["corpus"]
-    print(f"{c['files']} files: {args.pieces} originals per bucket x {len(KINDS)} variants, "
-          f"plus as many walk and cadence pieces; seed {args.seed}\n")
-    print_table(result)
-    s = result.pop("seconds")
-    print(f"\ntime: generate {s['generate']:.1f} s, ingest + dedupe {s['stages']:.1f} s, "
-          f"evaluate {s['evaluate']:.1f} s, total {time.perf_counter() - t0:.1f} s")
+    result: dict = {}
+    if args.pieces > 0:
+        result = measure(args.pieces, args.seed, args.params, workers)
+        c = result["corpus"]
+        print(f"{c['files']} files: {args.pieces} originals per bucket x {len(KINDS)} variants, "
+              f"plus as many walk and cadence pieces; seed {args.seed}\n")
+        print_table(result)
+        s = result.pop("seconds")
+        print(f"\ntime: generate {s['generate']:.1f} s, ingest + dedupe {s['stages']:.1f} s, "
+              f"evaluate {s['evaluate']:.1f} s")
+    if args.tunes > 0:
+        result["tunes"] = measure_tunes(args.tunes, args.seed, args.params, workers)
+        c = result["tunes"]["corpus"]
+        print(f"\n{c['files']} files of the tune set: {args.tunes} tunes per band and edit "
+              f"kind ({len(TUNE_BANDS)} x {len(TUNE_KINDS)}), each with an edited copy and a "
+              f"sibling; seed {args.seed}\n")
+        print_tunes(result["tunes"])
+        s = result["tunes"].pop("seconds")
+        print(f"\ntime (tunes): generate {s['generate']:.1f} s, ingest + dedupe "
+              f"{s['stages']:.1f} s, evaluate {s['evaluate']:.1f} s")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s")
     if args.json:
         artifacts.write_json(args.json, result)
 

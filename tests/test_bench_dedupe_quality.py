@@ -62,3 +62,56 @@ def test_generation_is_deterministic(tmp_path) -> None:
     other = [(tmp_path / "a" / r["path"]).read_bytes() == (tmp_path / "c" / r["path"]).read_bytes()
              for r in rows]
     assert all(same) and not any(other)
+
+
+# ------------------------------------------------------------------------------ the tune set
+@pytest.fixture(scope="module")
+def tiny_tunes():
+    return bench.measure_tunes(per_cell=1, seed=3, workers=1)
+
+
+def test_every_tune_cell_is_reported_with_what_the_rules_reach(tiny_tunes):
+    cells = {(r["kind"], r["bucket"]) for r in tiny_tunes["recall"]}
+    bands = [bench.bucket_label(b) for b in bench.TUNE_BANDS]
+    assert cells == {(k, b) for k in bench.TUNE_KINDS for b in bands}
+    assert len(bench.TUNE_KINDS) == 16
+    for r in tiny_tunes["recall"]:
+        assert 0 <= r["confirmable"] <= r["n"] == 1
+        assert r["target"] == (0.95 if r["bucket"] == "100-120" and
+                               float(r["kind"].rsplit(" ", 1)[1].rstrip("%")) <= 5 else 0.90)
+    assert {r["set"] for r in tiny_tunes["merges"]} == set(bench.TUNE_SETS)
+    closest = tiny_tunes["precision"]["closest_unrelated_melody"]
+    assert closest["pairs"] == 96 * 95 // 2 and 0.0 < closest["max"] < 1.0
+
+
+def test_tunes_repeat_their_parts_and_copies_edit_what_they_say():
+    from benchmarks import dance_tunes as tunes
+
+    style = tunes.make_style(0)
+    for i in range(20):
+        rng = np.random.default_rng([0, i])
+        n = int(rng.integers(40, 121))
+        tune = tunes.compose(rng, style, n, tunes.make_plan(rng))
+        assert tune.n in (n, n - 1)
+        # AABB: every note of a body sounds twice, with the same pitch and duration
+        for s in np.unique(tune.source):
+            at = np.flatnonzero(tune.source == s)
+            assert at.size in (1, 2) and np.unique(tune.pitch[at]).size == 1
+        assert np.mean(np.bincount(tune.source) == 2) > 0.5
+        for mix, kinds in tunes.MIXES.items():
+            copy, counts = tunes.edit(np.random.default_rng(i), tune, kinds, 0.08)
+            assert sum(counts.values()) == max(1, round(0.08 * tune.n)), mix
+            assert {k for k, v in counts.items() if v} <= set(kinds)
+            grown = counts["split"] + counts["passing"] - counts["dropped"]
+            assert copy.n == tune.n + grown
+    twice = [tunes.edit(np.random.default_rng(1), tune, kinds, 0.05)[0] for _ in range(2)]
+    assert twice[0].midi() == twice[1].midi()
+
+
+def test_tune_generation_is_deterministic(tmp_path):
+    rows = bench.write_tunes(tmp_path / "a", 1, seed=5)
+    bench.write_tunes(tmp_path / "b", 1, seed=5)
+    bench.write_tunes(tmp_path / "c", 1, seed=6)
+    read = [[(tmp_path / d / r["path"]).read_bytes() for r in rows] for d in "abc"]
+    assert read[0] == read[1]
+    assert not any(x == y for x, y in zip(read[0], read[2], strict=True))

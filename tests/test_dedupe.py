@@ -291,12 +291,14 @@ def test_per_piece_work_from_the_cache_equals_measuring_every_piece(tmp_path):
     for _ in range(2):  # partly warm, then warm
         stats: dict = {}
         work = piece_work(notes, cfg, digests, tmp_path / "c", stats=stats)
-        for field in ("transposed", "melody", "shingle_offsets", "shingles", "signatures"):
+        for field in ("transposed", "melody", "shingle_offsets", "shingles", "signatures",
+                      "short_melody", "short_signatures"):
             got, want = getattr(work.fps, field), getattr(fps, field)
             assert got.dtype == want.dtype and np.array_equal(got, want), field
         assert np.array_equal(work.distinct_onsets, seqs.distinct_onsets)
         assert all(np.array_equal(a, b) for a, b in zip(work.views, views, strict=True))
         assert any(v.size for v in views)
+        assert (work.fps.short_melody != "").any()
     assert stats == {"features_reused": notes.n_pieces, "features_measured": 0}
     some = np.array([1, 4, 5])
     lazy = sequences_for(notes, some, cfg.ioi_resolution, seqs.distinct_onsets)

@@ -1,9 +1,9 @@
 """Dedupe's per-piece work kept between runs: ``.cache/dedupe/features-<key>/``.
 
 Every dedupe run needs, for every piece, its fingerprints (transposed key, melody keys, shingle
-set, MinHash signature), its distinct onsets and the winnowed runs of its note tokens and
-melodies (the candidates of the near tier come from all pieces at once). Each of these is a
-function of the piece's notes alone, so :func:`piece_work` keeps them in a
+set, MinHash signature, short melody and its signature), its distinct onsets and the winnowed
+runs of its note tokens and melodies (the candidates of the near tier come from all pieces at
+once). Each of these is a function of the piece's notes alone, so :func:`piece_work` keeps them in a
 :class:`~pipeline.core.segments.SegmentStore` keyed by the note digest
 (:func:`pipeline.music.digests.note_digests`) and measures only the pieces not found there.
 
@@ -12,9 +12,10 @@ measures are not in the verdict store (:class:`pipeline.music.duplicates.Verdict
 :func:`sequences_for` builds them for those pieces alone.
 
 The folder's name hashes the settings these depend on (``shingle_k``, ``ioi_resolution``,
-``num_perm``, ``seed``, ``min_melody_notes``, ``melody_rhythm``, ``min_align_onsets``), the bytes
-of the code that computes them and numpy's version. Deleting it costs time, never a different
-result; the tests compare runs with and without it.
+``num_perm``, ``seed``, ``min_melody_notes``, ``melody_rhythm``, ``min_align_onsets``,
+``short_melody_notes``, ``min_shingles``), the bytes of the code that computes them and numpy's
+version. Deleting it costs time, never a different result; the tests compare runs with and
+without it.
 """
 
 from __future__ import annotations
@@ -33,20 +34,23 @@ from pipeline.music import similarity
 from pipeline.music.digests import take_pieces
 from pipeline.music.duplicates import DedupeConfig, Fingerprints, fingerprint, winnow_views
 
-FEATURES_FORMAT = 1
+FEATURES_FORMAT = 2
 VIEWS = ("runs_tokens", "runs_skyline", "runs_top_track")
 FEATURES_SCHEMA = pa.schema(
     [("digest", pa.string()), ("transposed", pa.string()), ("melody_skyline", pa.string()),
      ("melody_top_track", pa.string()), ("shingles", pa.large_list(pa.uint64())),
-     ("signature", pa.list_(pa.uint32())), ("onsets", pa.int64())]
+     ("signature", pa.list_(pa.uint32())), ("onsets", pa.int64()),
+     ("short_melody", pa.string()), ("short_signature", pa.list_(pa.uint32()))]
     + [(v, pa.large_list(pa.uint64())) for v in VIEWS])
 """One piece's fingerprints, distinct onsets and winnowed run keys (per view, without the piece
-index :func:`pipeline.music.similarity.winnow` packs them with)."""
+index :func:`pipeline.music.similarity.winnow` packs them with); ``short_signature`` is empty
+where ``short_melody`` is ("": not a short melody)."""
 _KEY_MASK = np.uint64((1 << similarity.KEY_BITS) - 1)
 
 
 FEATURES_CODE = (__name__, "pipeline.music.duplicates", "pipeline.music.similarity",
                  "pipeline.music.fingerprints", "pipeline.music.melody",
+                 "pipeline.music.short_melodies", "pipeline.music.lsh",
                  "pipeline.music.digests", "pipeline.core.arrays")
 """The modules whose code a piece's features depend on (:func:`features_key`)."""
 
@@ -58,7 +62,8 @@ def features_key(cfg: DedupeConfig) -> str:
         "numpy": np.__version__,
         "settings": cfg.model_dump(include={"shingle_k", "ioi_resolution", "num_perm", "seed",
                                             "min_melody_notes", "melody_rhythm",
-                                            "min_align_onsets"}),
+                                            "min_align_onsets", "short_melody_notes",
+                                            "min_shingles"}),
     })[:20]
 
 
@@ -88,13 +93,18 @@ def piece_work(notes: fp.NoteArrays, cfg: DedupeConfig, digests: Sequence[str], 
                      features_measured=len(new))
     offsets, shingles = list_column(table["shingles"])
     n = len(digests)
+    short = np.asarray(table["short_melody"].to_pylist(), dtype=object).reshape(n)
+    short_sig = np.full((n, cfg.num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    short_sig[short != ""] = list_column(table["short_signature"])[1].astype(np.uint32) \
+        .reshape(-1, cfg.num_perm)
     fps = Fingerprints(
         np.asarray(table["transposed"].to_pylist(), dtype=object),
         np.stack([np.asarray(table["melody_skyline"].to_pylist(), dtype=object),
                   np.asarray(table["melody_top_track"].to_pylist(), dtype=object)], axis=1)
         .reshape(n, 2),
         offsets, shingles,
-        list_column(table["signature"])[1].astype(np.uint32).reshape(n, cfg.num_perm))
+        list_column(table["signature"])[1].astype(np.uint32).reshape(n, cfg.num_perm),
+        short, short_sig)
     views = []
     for v in VIEWS:
         off, keys = list_column(table[v])
@@ -121,6 +131,14 @@ def sequences_for(notes: fp.NoteArrays, needed: np.ndarray, ioi_resolution: int,
                                 np.asarray(distinct_onsets, dtype=np.int64))
 
 
+def _rows(values: np.ndarray, keep: np.ndarray) -> pa.ListArray:
+    """One list per row of ``values`` (2-D), empty where ``keep`` is false."""
+    offsets = np.zeros(keep.size + 1, dtype=np.int32)
+    np.cumsum(np.where(keep, values.shape[1], 0), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
+                                    pa.array(values[keep].reshape(-1), pa.uint32()))
+
+
 def _measure(notes: fp.NoteArrays, digests: list[str], cfg: DedupeConfig, workers: int,
              show_progress: bool | str) -> pa.Table:
     """The :data:`FEATURES_SCHEMA` rows of ``notes``' pieces."""
@@ -138,6 +156,8 @@ def _measure(notes: fp.NoteArrays, digests: list[str], cfg: DedupeConfig, worker
             pa.array(np.arange(n + 1, dtype=np.int32) * fps.signatures.shape[1], pa.int32()),
             pa.array(fps.signatures.reshape(-1), pa.uint32())),
         "onsets": pa.array(np.asarray(seqs.distinct_onsets, dtype=np.int64), pa.int64()),
+        "short_melody": pa.array(fps.short_melody.tolist(), pa.string()),
+        "short_signature": _rows(fps.short_signatures, fps.short_melody != ""),
     }
     for name, packed in zip(VIEWS, winnow_views(seqs, cfg), strict=True):
         piece = (packed >> np.uint64(similarity.KEY_BITS)).astype(np.int64)

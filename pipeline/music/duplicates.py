@@ -4,10 +4,11 @@ pairs that dedupe keeps between runs (:class:`VerdictStore`).
 
 Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up to transposition
 and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (candidates from MinHash
-LSH over transposition/tempo-invariant shingles and from shared runs of note tokens or melody
-intervals, each verified by :func:`verify`). The dedupe stage links the pieces of one corpus with
-them; the contamination stage links held-out pieces with the pieces of another corpus
-(``side`` in :func:`near_candidates`), so "duplicate" means the same in both.
+LSH over transposition/tempo-invariant shingles, from shared runs of note tokens or melody
+intervals and, for short melodies, from :mod:`pipeline.music.short_melodies`, each verified by
+:func:`verify`). The dedupe stage links the pieces of one corpus with them; the contamination
+stage links held-out pieces with the pieces of another corpus (``side`` in
+:func:`near_candidates`), so "duplicate" means the same in both.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.core import artifacts
 from pipeline.core.arrays import unique
@@ -27,13 +28,11 @@ from pipeline.core.config import StageConfig
 from pipeline.core.parallel import ordered_map
 from pipeline.core.segments import SegmentStore
 from pipeline.music import fingerprints as fp
-from pipeline.music import melody, similarity
+from pipeline.music import lsh, melody, short_melodies, similarity
 
 TIERS = ("note", "transposed", "melody", "near")
 Policy = Literal["drop", "bind", "off"]
-# Recall-weighted LSH banding: every candidate is verified exactly, so a false positive costs one
-# intersection while a false negative is a leak.
-LSH_WEIGHTS = (0.2, 0.8)
+LSH_WEIGHTS = lsh.WEIGHTS
 
 NEAR_RULES = ("jaccard", "containment", "alignment", "melody", "excerpt")
 """What confirms a near pair, in the order the ``rule`` column names the first that holds."""
@@ -66,6 +65,7 @@ class DedupeConfig(StageConfig):
     min_align_onsets: int = Field(10, ge=4)
     max_df: int = Field(50, ge=2)
     candidate_share: float = Field(0.1, gt=0.0, le=1.0)
+    short_melody_notes: int = Field(128, ge=0)
 
     @property
     def alignment(self) -> float:
@@ -75,12 +75,33 @@ class DedupeConfig(StageConfig):
             return self.near_alignment
         return similarity.alignment_threshold(self.near_jaccard, self.shingle_k)
 
+    @field_validator("short_melody_notes")
+    @classmethod
+    def _short_melodies_comparable(cls, v: int, info: ValidationInfo) -> int:
+        least = info.data.get("min_melody_notes")
+        if v and least is not None and v < least:
+            raise ValueError(f"must be 0 (off) or at least min_melody_notes ({least}): shorter "
+                             f"melodies are never compared")
+        return v
+
     @model_validator(mode="after")
     def _lsh_below_verification(self) -> DedupeConfig:
         if self.lsh_threshold > self.near_jaccard:
             raise ValueError(f"lsh_threshold ({self.lsh_threshold}) must be <= near_jaccard "
                              f"({self.near_jaccard}), else pairs between them are never found")
+        if self.short_melody_notes and self.short_melody_threshold <= 0.0:
+            raise ValueError(
+                f"short_melody_notes ({self.short_melody_notes}) needs an alignment threshold "
+                f"above {1 - 3 / (2 * (self.shingle_k + 1)):.3f} for shingle_k "
+                f"{self.shingle_k} (it is {self.alignment:.3f}): below it no melody Jaccard "
+                f"marks the edit rate; set near_alignment higher or short_melody_notes to 0")
         return self
+
+    @property
+    def short_melody_threshold(self) -> float:
+        """The Jaccard the short-melody LSH targets, derived from the alignment threshold
+        (:func:`pipeline.music.short_melodies.lsh_threshold`)."""
+        return short_melodies.lsh_threshold(self.alignment, self.shingle_k)
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,8 @@ class Fingerprints:
     shingle_offsets: np.ndarray  # (P+1,)
     shingles: np.ndarray  # (S,) uint64, sorted within each piece
     signatures: np.ndarray  # (P, num_perm) uint32
+    short_melody: np.ndarray  # (P,) str, skyline intervals of a short melody, else ""
+    short_signatures: np.ndarray  # (P, num_perm) uint32, of short_melody's k-grams
 
     def shingle_set(self, i: int) -> np.ndarray:
         return self.shingles[self.shingle_offsets[i] : self.shingle_offsets[i + 1]]
@@ -103,11 +126,16 @@ class Fingerprints:
 
 def _fingerprint_chunk(item: tuple[fp.NoteArrays, DedupeConfig]) -> tuple:
     notes, cfg = item
+    perms = fp.minhash_permutations(cfg.num_perm, cfg.seed)
     off, vals = fp.shingles(notes, cfg.shingle_k, cfg.ioi_resolution)
-    sig = fp.minhash_signatures(off, vals, fp.minhash_permutations(cfg.num_perm, cfg.seed))
-    mel = melody.melody_keys(notes, min_notes=cfg.min_melody_notes, rhythm=cfg.melody_rhythm,
-                         ioi_resolution=cfg.ioi_resolution)
-    return fp.transposed_keys(notes), mel, np.diff(off), vals, sig
+    sig = fp.minhash_signatures(off, vals, perms)
+    mel, (m_off, intervals) = melody.melody_keys_and_skyline(
+        notes, min_notes=cfg.min_melody_notes, rhythm=cfg.melody_rhythm,
+        ioi_resolution=cfg.ioi_resolution)
+    short = short_melodies.texts(m_off, intervals, cfg.min_melody_notes,
+                                 cfg.short_melody_notes, cfg.shingle_k, cfg.min_shingles)
+    short_sig = short_melodies.signatures(short, cfg.shingle_k, perms)
+    return fp.transposed_keys(notes), mel, np.diff(off), vals, sig, short, short_sig
 
 
 def fingerprint(notes: fp.NoteArrays, cfg: DedupeConfig, workers: int = 1,
@@ -118,15 +146,17 @@ def fingerprint(notes: fp.NoteArrays, cfg: DedupeConfig, workers: int = 1,
                         desc="fingerprints", show_progress=show_progress)
     if not parts:
         empty = np.zeros(0, dtype=object)
+        no_sig = np.zeros((0, cfg.num_perm), np.uint32)
         return Fingerprints(empty, np.zeros((0, 2), object), np.zeros(1, np.int64),
-                            np.zeros(0, np.uint64), np.zeros((0, cfg.num_perm), np.uint32))
+                            np.zeros(0, np.uint64), no_sig, empty, no_sig)
     counts = np.concatenate([p[2] for p in parts])
     offsets = np.zeros(counts.size + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
+
     def cat(k: int) -> np.ndarray:
         return np.concatenate([p[k] for p in parts])
 
-    return Fingerprints(cat(0), cat(1), offsets, cat(3), cat(4))
+    return Fingerprints(cat(0), cat(1), offsets, cat(3), cat(4), cat(5), cat(6))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,76 +179,22 @@ def star_edges(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lsh_bands(cfg: DedupeConfig) -> tuple[int, int]:
-    """(bands, rows per band) that datasketch's MinHashLSH chooses for the configured threshold."""
-    from datasketch import MinHashLSH
-
-    lsh = MinHashLSH(threshold=cfg.lsh_threshold, num_perm=cfg.num_perm, weights=LSH_WEIGHTS)
-    return lsh.b, lsh.r
-
-
-def band_keys(signatures: np.ndarray, cfg: DedupeConfig) -> list[np.ndarray]:
-    """One uint64 key per piece and LSH band: pieces share a band's key when they agree on all
-    its rows (up to hash collisions, which verification catches)."""
-    n_bands, rows = lsh_bands(cfg)
-    keys = []
-    for band in range(n_bands):
-        h = np.zeros(signatures.shape[0], dtype=np.uint64)
-        for c in range(band * rows, (band + 1) * rows):
-            h = fp.mix64(h ^ signatures[:, c].astype(np.uint64)) + np.uint64(c)
-        keys.append(h)
-    return keys
+    """(bands, rows per band) that datasketch's MinHashLSH chooses for ``lsh_threshold``."""
+    return lsh.bands(cfg.lsh_threshold, cfg.num_perm)
 
 
 def lsh_candidates(signatures: np.ndarray, pieces: np.ndarray, cfg: DedupeConfig
                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate pairs ``i < j`` among ``pieces``: those sharing all ``r`` rows of some band.
-
-    Same banding as datasketch's ``MinHashLSH`` (its (b, r) optimiser, its bucket rule), done with
-    one sort per band: MinHashLSH inserts and queries one key at a time in Python, about 1 ms per
-    piece at 128 permutations, which is minutes at 100k pieces. A test checks equal candidates.
-    """
-    if pieces.size < 2:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    left, right = [], []
-    for h in band_keys(signatures[pieces], cfg):
-        order = np.argsort(h, kind="stable")
-        hs = h[order]
-        new = np.ones(hs.size, dtype=bool)
-        new[1:] = hs[1:] != hs[:-1]
-        bucket_end = np.flatnonzero(np.append(new[1:], True))  # last position of each bucket
-        end = np.repeat(bucket_end, np.diff(np.append(np.flatnonzero(new), hs.size)))
-        later = end - np.arange(hs.size)  # members after each position in its bucket
-        first = np.repeat(np.arange(hs.size), later)
-        second = first + 1 + (np.arange(first.size) - np.repeat(np.cumsum(later) - later, later))
-        left.append(order[first])
-        right.append(order[second])
-    i = pieces[np.concatenate(left)] if left else np.zeros(0, np.int64)
-    j = pieces[np.concatenate(right)] if right else np.zeros(0, np.int64)
-    a, b = np.minimum(i, j), np.maximum(i, j)
-    code = unique(a.astype(np.int64) * signatures.shape[0] + b)
-    return code // signatures.shape[0], code % signatures.shape[0]
+    """Candidate pairs ``i < j`` among ``pieces`` whose shingle signatures share all the rows
+    of some band (:func:`pipeline.music.lsh.pairs_within` at ``lsh_threshold``)."""
+    return lsh.pairs_within(signatures, pieces, lsh_bands(cfg))
 
 
 def cross_lsh_candidates(signatures: np.ndarray, queries: np.ndarray, pool: np.ndarray,
                          cfg: DedupeConfig) -> tuple[np.ndarray, np.ndarray]:
-    """The LSH candidates of :func:`lsh_candidates` that pair a ``queries`` piece with a
-    ``pool`` piece (the two index sets are disjoint), without forming the pool's own pairs:
-    per band a sorted join of the query keys on the pool keys. Returns (query, pool) index
-    arrays, unique, sorted by query then pool."""
-    if queries.size == 0 or pool.size == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    q_keys, p_keys = band_keys(signatures[queries], cfg), band_keys(signatures[pool], cfg)
-    codes = []
-    for hq, hp in zip(q_keys, p_keys, strict=True):
-        order = np.argsort(hp, kind="stable")
-        hs = hp[order]
-        lo, hi = np.searchsorted(hs, hq, "left"), np.searchsorted(hs, hq, "right")
-        count = hi - lo
-        q = np.repeat(np.arange(queries.size), count)
-        within = np.arange(q.size) - np.repeat(np.cumsum(count) - count, count)
-        codes.append(q.astype(np.int64) * pool.size + order[np.repeat(lo, count) + within])
-    code = unique(np.concatenate(codes))
-    return queries[code // pool.size], pool[code % pool.size]
+    """The :func:`lsh_candidates` that pair a ``queries`` piece with a ``pool`` piece, without
+    forming the pool's own pairs (:func:`pipeline.music.lsh.pairs_across`)."""
+    return lsh.pairs_across(signatures, queries, pool, lsh_bands(cfg))
 
 
 @dataclass(frozen=True)
@@ -318,7 +294,8 @@ _MEASURE_COLUMNS = VERDICT_SCHEMA.names[1:]
 
 
 VERDICT_CODE = (__name__, "pipeline.music.similarity", "pipeline.music.fingerprints",
-                "pipeline.music.melody", "pipeline.core.arrays")
+                "pipeline.music.melody", "pipeline.music.lsh", "pipeline.music.short_melodies",
+                "pipeline.core.arrays")
 """The modules whose code a pair's measures depend on (:func:`verdict_key`)."""
 
 
@@ -414,14 +391,18 @@ def winnow_views(seqs: similarity.Sequences, cfg: DedupeConfig) -> list[np.ndarr
 
 def near_candidates(fps: Fingerprints, seqs: similarity.Sequences | None, cfg: DedupeConfig,
                     stats: dict[str, int], side: np.ndarray | None = None,
-                    views: list[np.ndarray] | None = None
+                    views: list[np.ndarray] | None = None, workers: int = 1
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Candidate pairs ``i < j`` of the near tier: LSH over the shingle sets of the pieces with
     ``min_shingles`` shingles (one of each set of equal transposed keys, whose shingle sets are
     equal: the star edges returned with it), plus pairs sharing runs of note tokens or melody
     intervals (:func:`winnow_views`, given as ``views`` or computed from ``seqs``; a run held by
     more than ``max_df`` pieces proposes nothing, and a pair needs ``candidate_share`` of the
-    smaller piece's runs in common: :func:`pipeline.music.similarity.pairs_sharing`).
+    smaller piece's runs in common: :func:`pipeline.music.similarity.pairs_sharing`), plus the
+    pairs of melodies of at most ``short_melody_notes`` notes (with ``min_shingles`` distinct
+    interval k-grams) that LSH over those k-grams proposes and that align at the alignment
+    threshold
+    (:func:`pipeline.music.short_melodies.candidates`; ``workers`` threads align them).
 
     With ``side`` (0 or 1 per piece) only pairs across the two sides are proposed, and LSH never
     forms the pairs within a side (:func:`cross_lsh_candidates`): one corpus checked against
@@ -443,6 +424,9 @@ def near_candidates(fps: Fingerprints, seqs: similarity.Sequences | None, cfg: D
             raise ValueError("near_candidates needs seqs or views")
         views = winnow_views(seqs, cfg)
     parts += [similarity.pairs_sharing(v, cfg.max_df, cfg.candidate_share) for v in views]
+    parts.append(short_melodies.candidates(fps.short_melody, fps.short_signatures,
+                                           alignment=cfg.alignment, k=cfg.shingle_k,
+                                           side=side, workers=workers, stats=stats))
     a = np.concatenate([p[0] for p in parts])
     b = np.concatenate([p[1] for p in parts])
     if side is not None:
@@ -451,5 +435,3 @@ def near_candidates(fps: Fingerprints, seqs: similarity.Sequences | None, cfg: D
     n = max(int(fps.signatures.shape[0]), 1)
     code = unique(a.astype(np.int64) * n + b)
     return code // n, code % n, sa, sb
-
-

@@ -366,8 +366,18 @@ def shingles(notes: NoteArrays, k: int, ioi_resolution: int) -> tuple[np.ndarray
     Returns ``(offsets, values)``: piece ``i``'s set is ``values[offsets[i]:offsets[i+1]]``.
     """
     tokens, piece = note_tokens(notes, ioi_resolution)
+    return gram_sets(tokens, piece, notes.n_pieces, k)
+
+
+def gram_sets(tokens: np.ndarray, piece: np.ndarray, n_pieces: int, k: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Per piece the sorted set of the ``SHINGLE_BITS``-bit hashes of its runs of ``k``
+    consecutive tokens (``tokens`` flat, piece after piece; ``piece`` each token's piece).
+
+    Returns ``(offsets, values)``: piece ``i``'s set is ``values[offsets[i]:offsets[i+1]]``.
+    """
     n_grams = tokens.size - k + 1
-    p = notes.n_pieces
+    p = n_pieces
     if p >= 1 << (64 - SHINGLE_BITS):
         raise ValueError(f"at most {1 << (64 - SHINGLE_BITS)} pieces per call, got {p}")
     if n_grams <= 0:

@@ -124,15 +124,26 @@ def _top_voice(notes: NoteArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return m_off, time, interval, first
 
 
-def _melody_key(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resolution: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    m_off, time, interval, first = _top_voice(notes)
+def _melody_key(voice: tuple[np.ndarray, ...], *, min_notes: int, rhythm: bool,
+                ioi_resolution: int) -> np.ndarray:
+    """The key of each piece's top voice (``_top_voice``'s output)."""
+    m_off, time, interval, first = voice
     counts = np.diff(m_off)
     cols = [interval]
     if rhythm:
         cols.append(ioi_classes(time, first, ioi_resolution))
     rows = np.stack(cols, axis=1).astype("<i8")
-    return piece_digests(rows, m_off, counts >= max(min_notes, 2)), counts
+    return piece_digests(rows, m_off, counts >= max(min_notes, 2))
+
+
+def _intervals(voice: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, intervals)`` of each piece's top voice (``_top_voice``'s output): a melody of
+    ``n`` notes gives ``n - 1`` intervals."""
+    m_off, _, interval, first = voice
+    counts = np.diff(m_off) - (np.diff(m_off) > 0)
+    offsets = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, interval[~first]
 
 
 def melody_keys(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resolution: int
@@ -144,21 +155,24 @@ def melody_keys(notes: NoteArrays, *, min_notes: int, rhythm: bool, ioi_resoluti
     a key hashes the sequence of pitch intervals — plus inter-onset-ratio classes when ``rhythm``.
     A melody with fewer than ``min_notes`` notes gets "" (too short to tell tunes apart).
     """
+    return melody_keys_and_skyline(notes, min_notes=min_notes, rhythm=rhythm,
+                                   ioi_resolution=ioi_resolution)[0]
+
+
+def melody_keys_and_skyline(notes: NoteArrays, *, min_notes: int, rhythm: bool,
+                            ioi_resolution: int
+                            ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """:func:`melody_keys` and the skyline's intervals (the first view of
+    :func:`melody_intervals`), from one pass over the skyline."""
     kw = dict(min_notes=min_notes, rhythm=rhythm, ioi_resolution=ioi_resolution)
-    sky, _ = _melody_key(notes, **kw)
-    top, _ = _melody_key(notes.select(top_track_mask(notes)), **kw)
-    return np.stack([sky, top], axis=1)
+    sky = _top_voice(notes)
+    top = _melody_key(_top_voice(notes.select(top_track_mask(notes))), **kw)
+    return np.stack([_melody_key(sky, **kw), top], axis=1), _intervals(sky)
 
 
 def melody_intervals(notes: NoteArrays) -> list[tuple[np.ndarray, np.ndarray]]:
     """The two top-voice views of :func:`melody_keys` (skyline, top track) as pitch-interval
     sequences: per view ``(offsets, intervals)``, piece ``i``'s melody of ``n`` notes (repeated
     pitches merged) giving ``n - 1`` intervals ``intervals[offsets[i]:offsets[i+1]]``."""
-    out = []
-    for view in (notes, notes.select(top_track_mask(notes))):
-        m_off, _, interval, first = _top_voice(view)
-        counts = np.diff(m_off) - (np.diff(m_off) > 0)
-        offsets = np.zeros(counts.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        out.append((offsets, interval[~first]))
-    return out
+    return [_intervals(_top_voice(view))
+            for view in (notes, notes.select(top_track_mask(notes)))]

@@ -65,7 +65,7 @@ from pipeline.music import ingestion as ingest
 from pipeline.music import similarity
 from pipeline.music.midi import list_midi_paths
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 """Bump when the cached tables change meaning: older cache entries are then ignored."""
 TIER_ORDER = {t: k for k, t in enumerate(dedupe.TIERS)}
 MATCHES_SCHEMA = pa.schema([
@@ -86,7 +86,11 @@ QUARANTINE_SCHEMA = pa.schema([("reference", pa.string()), ("path", pa.string())
 FP_SCHEMA = pa.schema([("sha256", pa.string()), ("transposed", pa.string()),
                        ("melody_skyline", pa.string()), ("melody_top", pa.string()),
                        ("shingles", pa.large_list(pa.uint64())),
-                       ("signature", pa.large_list(pa.uint32()))])
+                       ("signature", pa.large_list(pa.uint32())),
+                       ("short_melody", pa.string()),
+                       ("short_signature", pa.large_list(pa.uint32()))])
+"""A reference's fingerprints (:class:`pipeline.music.duplicates.Fingerprints`);
+``short_signature`` is empty where ``short_melody`` is."""
 NOTE_COLUMNS = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
 LIST_SUFFIXES = (".txt", ".csv")
 
@@ -186,7 +190,7 @@ class Reference:
 def fingerprint_key(cfg: dedupe.DedupeConfig) -> str:
     """Hash of the settings that fingerprints depend on (the cache key's second half)."""
     keys = ("shingle_k", "ioi_resolution", "num_perm", "seed", "min_melody_notes",
-            "melody_rhythm", "min_align_onsets")
+            "melody_rhythm", "min_align_onsets", "short_melody_notes", "min_shingles")
     return artifacts.sha256_json({"format": CACHE_FORMAT,
                                   **{k: getattr(cfg, k) for k in keys}})[:16]
 
@@ -205,6 +209,7 @@ def content_hash(src: Source, ingest_cfg: ingest.IngestConfig) -> str:
 
 def _write_fps(path: Path, sha256: np.ndarray, fps: dedupe.Fingerprints) -> None:
     n_perm = fps.signatures.shape[1]
+    short = fps.short_melody != ""
     artifacts.write_parquet(path, pa.table({
         "sha256": sha256.tolist(), "transposed": fps.transposed.tolist(),
         "melody_skyline": fps.melody[:, 0].tolist(), "melody_top": fps.melody[:, 1].tolist(),
@@ -213,6 +218,10 @@ def _write_fps(path: Path, sha256: np.ndarray, fps: dedupe.Fingerprints) -> None
         "signature": pa.LargeListArray.from_arrays(
             pa.array(np.arange(sha256.size + 1, dtype=np.int64) * n_perm, pa.int64()),
             pa.array(fps.signatures.ravel(), pa.uint32())),
+        "short_melody": pa.array(fps.short_melody.tolist(), pa.string()),
+        "short_signature": pa.LargeListArray.from_arrays(
+            pa.array(np.concatenate([[0], np.cumsum(np.where(short, n_perm, 0))]), pa.int64()),
+            pa.array(fps.short_signatures[short].ravel(), pa.uint32())),
     }, schema=FP_SCHEMA))
 
 
@@ -229,9 +238,13 @@ def _read_fps(path: Path, num_perm: int) -> tuple[np.ndarray, dedupe.Fingerprint
     melody = np.stack([np.asarray(t["melody_skyline"].to_pylist(), dtype=object),
                        np.asarray(t["melody_top"].to_pylist(), dtype=object)], axis=1) \
         if len(t) else np.zeros((0, 2), object)
+    short = np.asarray(t["short_melody"].to_pylist(), dtype=object).reshape(len(t))
+    short_sig = np.full((len(t), num_perm), np.iinfo(np.uint32).max, dtype=np.uint32)
+    short_sig[short != ""] = flat("short_signature", np.uint32).reshape(-1, num_perm)
     fps = dedupe.Fingerprints(np.asarray(t["transposed"].to_pylist(), dtype=object), melody,
                               offsets, flat("shingles", np.uint64),
-                              flat("signature", np.uint32).reshape(len(t), num_perm))
+                              flat("signature", np.uint32).reshape(len(t), num_perm),
+                              short, short_sig)
     return np.asarray(t["sha256"].to_pylist(), dtype=object), fps
 
 
@@ -344,7 +357,9 @@ def _concat_fps(a: dedupe.Fingerprints, b: dedupe.Fingerprints) -> dedupe.Finger
     return dedupe.Fingerprints(
         np.concatenate([a.transposed, b.transposed]), np.concatenate([a.melody, b.melody]),
         np.concatenate([a.shingle_offsets, b.shingle_offsets[1:] + a.shingle_offsets[-1]]),
-        np.concatenate([a.shingles, b.shingles]), np.concatenate([a.signatures, b.signatures]))
+        np.concatenate([a.shingles, b.shingles]), np.concatenate([a.signatures, b.signatures]),
+        np.concatenate([a.short_melody, b.short_melody]),
+        np.concatenate([a.short_signatures, b.short_signatures]))
 
 
 def _note_rows(offsets: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -367,7 +382,7 @@ def _take_fps(f: dedupe.Fingerprints, idx: np.ndarray) -> dedupe.Fingerprints:
     return dedupe.Fingerprints(f.transposed[idx], f.melody[idx],
                                np.concatenate([[0], np.cumsum(counts)]),
                                f.shingles[_note_rows(f.shingle_offsets, idx)],
-                               f.signatures[idx])
+                               f.signatures[idx], f.short_melody[idx], f.short_signatures[idx])
 
 
 def equal_keys(q: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

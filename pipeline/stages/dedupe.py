@@ -20,7 +20,8 @@ pieces of those candidates; ``--no-cache`` measures all. The outputs never depen
 
 Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up to transposition
 and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (candidates from MinHash
-LSH and shared runs, each verified by shingle Jaccard, containment or alignment). Fingerprints,
+LSH, shared runs and, for short melodies, LSH over melody intervals, each verified by shingle
+Jaccard, containment or alignment). Fingerprints,
 candidates and verification live in :mod:`pipeline.music.duplicates`, shared with the
 contamination stage; this module links and clusters. Each tier's policy is ``drop`` (keep one
 piece of those linked by drop-tier pairs), ``bind`` (keep all; the split puts them in one group)
@@ -132,13 +133,13 @@ class _Edges:
 
 def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
                seqs: similarity.Sequences | Callable[[np.ndarray], similarity.Sequences],
-               verdicts: VerdictStore | None = None, views: list[np.ndarray] | None = None
-               ) -> tuple[_Edges, dict[str, int]]:
+               verdicts: VerdictStore | None = None, views: list[np.ndarray] | None = None,
+               workers: int = 1) -> tuple[_Edges, dict[str, int]]:
     """Confirmed edges of every tier, skipping pairs already linked by earlier tiers; with
     ``verdicts``, near candidates measured by an earlier run are not measured again. ``seqs``:
     every piece's sequences, or a function giving sequences that hold at least the given
     pieces' (with ``views``, the winnowed runs of every piece; :mod:`pipeline.music.
-    dedupe_cache`)."""
+    dedupe_cache`). ``workers``: threads that align short melodies (results do not change)."""
     n = note_hash.size
     edges = _Edges([], [], [], [], [], [])
     stats: dict[str, int] = {}
@@ -163,7 +164,7 @@ def link_tiers(fps: Fingerprints, note_hash: np.ndarray, cfg: DedupeConfig,
         else:
             full = isinstance(seqs, similarity.Sequences)
             ca, cb, sa, sb = near_candidates(fps, seqs if full else None, cfg, stats,
-                                             views=views)
+                                             views=views, workers=workers)
             fresh = label[ca] != label[cb]
             ca, cb = ca[fresh], cb[fresh]
             if verdicts is not None:
@@ -308,7 +309,7 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
         fps = fingerprint(note_arrays, cfg, runtime.n_workers(), runtime.progress)
         seqs = similarity.Sequences.build(note_arrays, cfg.ioi_resolution)
     t1 = time.perf_counter()
-    edges, stats = link_tiers(fps, note_hash, cfg, seqs, verdicts, views)
+    edges, stats = link_tiers(fps, note_hash, cfg, seqs, verdicts, views, runtime.n_workers())
     verdicts_new = verdicts.save() if verdicts is not None else 0
     label, rep, keep, tier_counts = cluster(edges, note_arrays.lengths, cfg)
     t2 = time.perf_counter()

@@ -3,10 +3,16 @@ against brute-force pairwise exact Jaccard measured on a subset in the same run 
 quadratically), plus the recall of planted duplicates.
 
     .venv/bin/python benchmarks/bench_dedupe.py [--pieces 100000] [--workers 2]
+                     [--corpus walks|tunes] [--params params.yaml]
 
-Pieces are generated directly as note tables (no MIDI): random chordal pieces (1-4 voices, 30-120
-onsets), 10% of them planted variants of another piece (transposed, ~5% of notes edited/dropped,
-first 75% only, or re-saved with other velocities).
+The stage runs with an empty cache of its own (a first run: every candidate measured, the
+project's ``.cache/dedupe`` untouched). Pieces are generated directly as note tables (no MIDI).
+``walks`` (the default): random chordal pieces (1-4 voices, 30-120 onsets), 10% of them planted
+variants of another piece (transposed, ~5% of notes edited/dropped, first 75% only, or re-saved
+with other velocities). ``tunes``: the monophonic dance tunes of one style of
+``benchmarks/dance_tunes.py`` (40-120 notes, AABB), 10% of them edited copies of another (an
+edit mix of that module, 2-8% of the notes): the case where every piece is a short melody of
+one style, the worst for the short-melody candidates.
 """
 
 from __future__ import annotations
@@ -90,6 +96,36 @@ def generate(n: int, seed: int = 0, planted_share: float = 0.1):
     return notes, offsets, planted
 
 
+def generate_tunes(n: int, seed: int = 0, planted_share: float = 0.1):
+    """:func:`generate`'s output for dance tunes (see the module docstring)."""
+    from benchmarks import dance_tunes as tunes
+
+    style = tunes.make_style(seed)
+    n_var = int(n * planted_share)
+    n_base = n - n_var
+    made = []
+    for i in range(n_base):
+        rng = np.random.default_rng([seed, 1, i])
+        made.append(tunes.compose(rng, style, int(rng.integers(40, 121)), tunes.make_plan(rng)))
+    rng = np.random.default_rng([seed, 2])
+    src = rng.choice(n_base, size=n_var, replace=False)
+    mixes = list(tunes.MIXES.values())
+    for v, s in enumerate(src.tolist()):
+        vr = np.random.default_rng([seed, 3, v])
+        rate = float(vr.uniform(0.02, 0.08))
+        made.append(tunes.edit(vr, made[s], mixes[v % len(mixes)], rate)[0])
+    lengths = np.array([t.n for t in made])
+    size = int(lengths.sum())
+    notes = {"onset": np.concatenate([t.onset for t in made]) / 4.0,
+             "duration": np.concatenate([t.dur for t in made]) / 4.0,
+             "pitch": np.concatenate([t.pitch for t in made]).astype(np.int16),
+             "velocity": np.full(size, 80, np.int16), "track": np.zeros(size, np.int16),
+             "program": np.zeros(size, np.int16), "is_drum": np.zeros(size, bool)}
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    planted = list(zip(src.tolist(), (n_base + np.arange(n_var)).tolist(), strict=True))
+    return notes, offsets, planted
+
+
 def write_inputs(root: Path, notes: dict, offsets: np.ndarray) -> list[str]:
     n = offsets.size - 1
     shas = [f"{i:064x}" for i in range(n)]  # stand-ins for file hashes
@@ -134,20 +170,24 @@ def main() -> None:
     ap.add_argument("--pieces", type=int, default=100_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--brute-subset", type=int, default=1000)
+    ap.add_argument("--corpus", choices=("walks", "tunes"), default="walks")
+    ap.add_argument("--params", type=Path, default=ROOT / "params.yaml",
+                    help="the dedupe settings are read from this file")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        notes, offsets, planted = generate(args.pieces)
+        make = generate if args.corpus == "walks" else generate_tunes
+        notes, offsets, planted = make(args.pieces)
         shas = write_inputs(root, notes, offsets)
         print(f"generated {args.pieces} pieces, {offsets[-1]:,} notes, {len(planted)} planted "
               f"variants in {time.perf_counter() - t0:.1f} s")
-        (root / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+        (root / "params.yaml").write_text(args.params.read_text())
         cmd = [sys.executable, "-m", "pipeline.cli", "dedupe",
                "--params", str(root / "params.yaml"),
                "--manifest", str(root / "manifest.parquet"), "--notes", str(root / "notes.parquet"),
                "--out-dir", str(root / "dedupe"), "--report", str(root / "dedupe.json"),
-               "--workers", str(args.workers)]
+               "--cache-dir", str(root / "cache"), "--workers", str(args.workers)]
         seconds, peak, max_rss, out = run_measured(cmd, ROOT)
         print(out.strip())
         clusters = artifacts.read_parquet(root / "dedupe" / "clusters.parquet").set_index("sha256")
@@ -168,7 +208,9 @@ def main() -> None:
           f"{env['seconds_linking']:.1f} s; load average {os.getloadavg()[0]:.1f} on "
           f"{os.cpu_count()} CPUs")
     print(f"planted-pair recall {recall:.4f}; clusters mixing unrelated pieces: {impure}; "
-          f"pairs {report['pairs']}, near candidates {report.get('near_candidates')}")
+          f"pairs {report['pairs']}, near candidates {report.get('near_candidates')} "
+          f"(short melodies: {report.get('near_short_aligned')} aligned, "
+          f"{report.get('near_candidates_short')} kept)")
     print(f"brute force: {brute:.1f} s for {m} pieces ({m * (m - 1) // 2:,} pairs) -> "
           f"~{brute_full / 3600:.1f} h extrapolated to {n} pieces")
     print(f"ratio brute-force / dedupe: {brute_full / seconds:,.0f}x")

@@ -660,3 +660,29 @@ def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
                                                    **paths)}
     assert set(results) == {"cond_align", "cond_combo", "cond_target"}
     assert results["cond_target"].failed and "ending" in results["cond_target"].detail
+
+
+def test_meter_adherence_is_measured_when_the_tokenizer_writes_time_signatures():
+    from symusic import Note, Score, TimeSignature, Track
+
+    from pipeline.conditions.adherence import measurable_conditions, window_labels
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    score = Score(480)
+    score.time_signatures.append(TimeSignature(0, 3, 4))
+    track = Track(program=0)
+    for i, pitch in enumerate([60, 64, 67, 72, 67, 64] * 4):  # C major, a beat each
+        track.notes.append(Note(i * 480, 480, pitch, 80))
+    score.tracks.append(track)
+    cfg = ConditionConfig()
+    plain = make_tokenizer("REMI", {"use_programs": True, "use_time_signatures": False})
+    writes = make_tokenizer("REMI", {"use_programs": True})  # as params.yaml: time signatures on
+    names = ["key", "meter", "tempo", "composer"]
+    assert measurable_conditions(names, plain) == {"key": True, "meter": False, "tempo": False,
+                                                   "composer": False}
+    assert measurable_conditions(names, writes) == {"key": True, "meter": True, "tempo": False,
+                                                    "composer": False}
+    ids = np.asarray(writes.encode(score).ids)
+    labels = window_labels(writes, ids, cfg)
+    assert labels["meter"] == "3/4" and labels["key"] == "C major"

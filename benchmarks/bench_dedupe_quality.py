@@ -680,23 +680,30 @@ def closest_unrelated(rows: list[dict], shingle_set, cfg: dedupe.DedupeConfig) -
             "containment_max_pair": describe(top_c) if top_c is not None else ""}
 
 
+def generate_and_run(root: Path, write: Callable[[Path], list[dict]], params: Path,
+                     workers: int | str) -> tuple[list[dict], dict[str, Path], dict[str, float]]:
+    """Write a set's MIDI files under ``root/raw`` (``write``) and run ingest and dedupe on
+    them: its rows, the stages' outputs and the seconds each step took."""
+    t0 = time.perf_counter()
+    rows = write(root / "raw")
+    t1 = time.perf_counter()
+    out = run_stages(root, params, workers)
+    return rows, out, {"generate": t1 - t0, "stages": time.perf_counter() - t1}
+
+
 def measure(pieces: int, seed: int, params: Path = ROOT / "params.yaml",
             workers: int | str = "auto") -> dict:
     """Generate, run ingest and dedupe, evaluate; ``seconds`` holds the timings."""
     cfg = load_section("dedupe", params, dedupe.DedupeConfig)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        t0 = time.perf_counter()
-        rows = write_corpus(root / "raw", pieces, seed)
-        t1 = time.perf_counter()
-        out = run_stages(root, params, workers)
+        rows, out, seconds = generate_and_run(
+            Path(tmp), lambda raw: write_corpus(raw, pieces, seed), params, workers)
         t2 = time.perf_counter()
         result = evaluate(rows, out, cfg)
         result["corpus"] = {"files": len(rows), "originals_per_bucket": pieces, "seed": seed,
                             "buckets": [bucket_label(b) for b in BUCKETS],
                             "dedupe": cfg.model_dump(mode="json")}
-    result["seconds"] = {"generate": t1 - t0, "stages": t2 - t1,
-                         "evaluate": time.perf_counter() - t2}
+    result["seconds"] = {**seconds, "evaluate": time.perf_counter() - t2}
     return result
 
 
@@ -805,11 +812,8 @@ def measure_tunes(per_cell: int, seed: int, params: Path = ROOT / "params.yaml",
     """The tune set: generate, run ingest and dedupe, evaluate; ``seconds`` holds the timings."""
     cfg = load_section("dedupe", params, dedupe.DedupeConfig)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        t0 = time.perf_counter()
-        rows = write_tunes(root / "raw", per_cell, seed)
-        t1 = time.perf_counter()
-        out = run_stages(root, params, workers)
+        rows, out, seconds = generate_and_run(
+            Path(tmp), lambda raw: write_tunes(raw, per_cell, seed), params, workers)
         t2 = time.perf_counter()
         result = evaluate(rows, out, cfg, tune_target, reach=True)
         threads = RuntimeConfig(workers=workers, progress=False).n_workers()
@@ -820,8 +824,7 @@ def measure_tunes(per_cell: int, seed: int, params: Path = ROOT / "params.yaml",
                             "edits": sum((Counter(r["edits"]) for r in rows if "edits" in r),
                                          Counter()),
                             "dedupe": cfg.model_dump(mode="json")}
-    result["seconds"] = {"generate": t1 - t0, "stages": t2 - t1,
-                         "evaluate": time.perf_counter() - t2}
+    result["seconds"] = {**seconds, "evaluate": time.perf_counter() - t2}
     return result
 
 

@@ -22,7 +22,7 @@ Conditioning checks (docs/conditioning.md), when ``data/conditions.parquet`` exi
   ``data/notes.parquet``, equal the table's -> a table attached to other pieces, or other bands;
 - ``cond_combo`` (with ``condition.use``): the conditions together do not identify train groups
   -> drop a condition;
-- ``cond_target`` (with a metadata column in ``condition.use``): the label is not read from the
+- ``cond_target`` (with ``condition.use``; its metadata columns): the label is not read from the
   piece's own notes (held-out groups) nearly always and beyond what the declared note
   conditions say -> a column computed from the notes the model is scored on: drop it;
 - ``cond_gap`` (a conditioned model in ``data/transformer``): val NLL per note with correct,

@@ -76,7 +76,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -726,19 +726,25 @@ def _length(rng: np.random.Generator, band: tuple[int, int]) -> int:
     return min(max(n, band[0]), band[1])
 
 
-def write_tunes(raw: Path, per_cell: int, seed: int) -> list[dict]:
-    """Write the tune set under ``raw`` (``benchmarks/dance_tunes.py``): per length band and
-    edit kind (mix and rate) ``per_cell`` tunes, each with one edited copy, so that a copy can
-    only be linked to its tune directly, and with a sibling. One ground-truth row per file; a
-    tune's generators depend on (seed, band, kind, index) alone."""
+@dataclass(frozen=True)
+class TuneCase:
+    """One tune of the tune set with its sibling and its edited copy (``edits``: notes per kind)."""
+
+    band: str
+    kind: str
+    home: str  # the case's folder under the corpus root
+    family: str  # "band-kind-index": the families t<...> and s<...>
+    tune: tunes.Tune
+    sibling: tunes.Tune
+    copy: tunes.Tune
+    edits: dict[str, int]
+
+
+def tune_cases(per_cell: int, seed: int) -> Iterator[TuneCase]:
+    """The tune set (``benchmarks/dance_tunes.py``): per length band and edit kind (mix and
+    rate) ``per_cell`` tunes, each with one edited copy and a sibling; a tune's generators
+    depend on (seed, band, kind, index) alone."""
     style = tunes.make_style(seed)
-    rows: list[dict] = []
-
-    def put(tune: tunes.Tune, rel: str, **row) -> None:
-        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
-        (raw / rel).write_bytes(tune.midi())
-        rows.append({"path": rel, "texture": "mono", **row})
-
     for b, band in enumerate(TUNE_BANDS):
         label = bucket_label(band)
         for v, kind in enumerate(TUNE_KINDS):
@@ -747,17 +753,32 @@ def write_tunes(raw: Path, per_cell: int, seed: int) -> list[dict]:
                 rng = np.random.default_rng([seed, 50 + b, v, i, 0])
                 plan = tunes.make_plan(rng)
                 tune = tunes.compose(rng, style, _length(rng, band), plan)
-                family, home = f"t{b}-{v}-{i}", f"tunes/{label}/k{v:02d}/{i:03d}"
-                put(tune, f"{home}/tune.mid", set="original", kind="original", family=family,
-                    bucket=label, notes=tune.n)
                 rng = np.random.default_rng([seed, 50 + b, v, i, 1])
                 sibling = tunes.compose(rng, style, _length(rng, band), plan)
-                put(sibling, f"{home}/sibling.mid", set="sibling", kind="sibling",
-                    family=f"s{b}-{v}-{i}", bucket=label, notes=sibling.n)
                 copy, counts = tunes.edit(np.random.default_rng([seed, 50 + b, v, i, 2]), tune,
                                           tunes.MIXES[mix], float(rate.rstrip("%")) / 100)
-                put(copy, f"{home}/copy.mid", set="variant", kind=kind, family=family,
-                    bucket=label, original=f"{home}/tune.mid", notes=copy.n, edits=counts)
+                yield TuneCase(label, kind, f"tunes/{label}/k{v:02d}/{i:03d}", f"{b}-{v}-{i}",
+                               tune, sibling, copy, counts)
+
+
+def write_tunes(raw: Path, per_cell: int, seed: int) -> list[dict]:
+    """Write the tune set (:func:`tune_cases`) under ``raw``, so that a copy can only be linked
+    to its tune directly. One ground-truth row per file."""
+    rows: list[dict] = []
+
+    def put(tune: tunes.Tune, rel: str, **row) -> None:
+        (raw / rel).parent.mkdir(parents=True, exist_ok=True)
+        (raw / rel).write_bytes(tune.midi())
+        rows.append({"path": rel, "texture": "mono", **row})
+
+    for c in tune_cases(per_cell, seed):
+        home, family = c.home, f"t{c.family}"
+        put(c.tune, f"{home}/tune.mid", set="original", kind="original", family=family,
+            bucket=c.band, notes=c.tune.n)
+        put(c.sibling, f"{home}/sibling.mid", set="sibling", kind="sibling",
+            family=f"s{c.family}", bucket=c.band, notes=c.sibling.n)
+        put(c.copy, f"{home}/copy.mid", set="variant", kind=c.kind, family=family,
+            bucket=c.band, original=f"{home}/tune.mid", notes=c.copy.n, edits=c.edits)
     return rows
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.music import dedupe_cache, duplicates, ingestion, leakage_cache
 from pipeline.tokens import cache as token_cache
+from pipeline.training import resume
 
 CODE_LISTS = {
     "ingest results": ingestion.CACHE_CODE,
@@ -20,6 +21,7 @@ CODE_LISTS = {
     "dedupe verdicts": duplicates.VERDICT_CODE,
     "split audit and features": leakage_cache.AUDIT_CODE,
     "token entries": token_cache.ENTRY_CODE,
+    "training run identity": resume.TRAIN_CODE,
 }
 CANNOT_CHANGE_RESULTS = {
     "pipeline.core.artifacts": "reads and writes files; hashes",

@@ -172,7 +172,8 @@ def test_checkpoint_contents(data, tmp_path):
     assert sorted(p.name for p in last.iterdir()) == [
         "best.safetensors", "model.safetensors", "optimizer.safetensors", "state.json"]
     state = json.loads((last / "state.json").read_text())
-    for key in ("config", "config_hash", "tokenizer_hash", "split_hash", "scheduler", "scaler",
+    for key in ("config", "config_hash", "tokenizer_hash", "split_hash", "code_digest",
+                "scheduler", "scaler",
                 "train_state", "optimizer_param_groups", "model_config", "step",
                 "data_position"):
         assert key in state, key
@@ -230,6 +231,28 @@ def test_mismatch_is_refused_with_reason(data, tmp_path, change, expect):
     with pytest.raises(ckpt.CheckpointMismatch) as err:
         _run(cfg, new_data, tmp_path)
     assert expect in str(err.value) and "--fresh" in str(err.value)
+
+
+def test_a_change_to_the_training_code_starts_a_new_run(data, tmp_path, monkeypatch):
+    """A run made by other training code is neither resumed nor taken as finished: the re-run
+    gets its own folder, and the old run's checkpoints put where it looks are refused."""
+    import shutil
+
+    from models import transformer
+
+    cfg = tiny_config(train={"max_steps": 3})
+    _run(cfg, data, tmp_path)
+    old = run_ckpt_dir(tmp_path / "model")
+    changed = tmp_path / "transformer.py"
+    changed.write_bytes(Path(transformer.__file__).read_bytes() + b"\n# changed\n")
+    monkeypatch.setattr(transformer, "__file__", str(changed))
+    _run(cfg, data, tmp_path)
+    runs = sorted((tmp_path / "model" / "checkpoints").glob("run-*"))
+    assert len(runs) == 2 and old in runs
+    shutil.rmtree(next(r for r in runs if r != old))
+    _move_run_to(tmp_path / "model", cfg, data)
+    with pytest.raises(ckpt.CheckpointMismatch, match="code_digest differs"):
+        _run(cfg, data, tmp_path)
 
 
 def test_mismatch_restart_discards_old_run(data, tmp_path):

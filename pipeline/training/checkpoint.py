@@ -8,7 +8,7 @@ A checkpoint is a folder ``<dir>/step-00000123/`` holding
   RNG states as ``rng.<name>`` (uint8 tensors);
 - ``state.json`` — step, data-stream position, counters, log rows, optimiser param groups,
   scheduler and grad-scaler state, the run's config, ``config_hash``, ``tokenizer_hash``,
-  ``split_hash``.
+  ``split_hash`` and ``code_digest``.
 
 It is written into a temporary sibling folder (each file through ``pipeline.core.artifacts``) and
 renamed into place, so a kill at any moment leaves whole checkpoints only; the newest ``keep_last``
@@ -191,9 +191,10 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
 def check_compatible(path: Path, saved: dict[str, Any], expected: dict[str, Any],
                      fresh_hint: str) -> None:
     """Raise :class:`CheckpointMismatch` naming every difference between the run that wrote the
-    checkpoint at ``path`` and this one (``config``, ``tokenizer_hash``, ``split_hash``)."""
+    checkpoint at ``path`` and this one (``config``, ``tokenizer_hash``, ``split_hash``,
+    ``code_digest``)."""
     problems = []
-    for key in ("tokenizer_hash", "split_hash"):
+    for key in ("tokenizer_hash", "split_hash", "code_digest"):
         if saved.get(key) != expected.get(key):
             problems.append(f"{key} differs: checkpoint {saved.get(key)!r}, "
                             f"now {expected.get(key)!r}")

@@ -129,9 +129,9 @@ NON_RESULT_KEYS = {"compile": None, "checkpoint": None, "replicates": None,
                    "train": {"log_every", "max_minutes"}}
 
 
-# Keys added after runs were first hashed: they enter the run identity only when set to another
-# value than this default, so every run that leaves them alone keeps its identity (its checkpoint
-# folder and config_hash).
+# Keys added after runs were first hashed: they enter the result config only when set to another
+# value than this default, so every run that leaves them alone keeps its config_hash (its
+# checkpoint folder changes with the training code, pipeline.training.resume.TRAIN_CODE).
 LATER_KEYS = {"data": {"pack": False}}
 
 

@@ -1,7 +1,9 @@
 """Where a run continues from: its identity, the newest usable checkpoint, every rank's RNG.
 
-A run's identity (:func:`fingerprint`) is the result-affecting config plus the data hashes; its
-checkpoints live in their own folder (:func:`checkpoint_dir`). :func:`find_resume` picks the
+A run's identity (:func:`fingerprint`) is the result-affecting config, the data hashes and a
+digest of the training code (:data:`TRAIN_CODE`); its checkpoints live in their own folder
+(:func:`checkpoint_dir`), so after a change to that code a re-run starts afresh instead of
+continuing, or returning as finished, a run the old code made. :func:`find_resume` picks the
 newest checkpoint there that can be read, checks that the same run wrote it, and returns a
 :class:`Resume`: the loaded checkpoint, or nothing to resume.
 
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from pipeline.core.artifacts import sha256_file, sha256_json
+from pipeline.core.artifacts import code_digest, sha256_file, sha256_json
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.config import CheckpointSection, TransformerStageConfig, result_config
@@ -33,11 +35,21 @@ FRESH_HINT = ("rerun with `symkit train-transformer --fresh` (deletes the old ch
               "delete data/transformer/checkpoints/, or set transformer.checkpoint.on_mismatch: "
               "restart")
 
+TRAIN_CODE = ("pipeline.training.loop", "pipeline.training.data", "pipeline.training.setup",
+              "pipeline.training.device", "pipeline.training.config",
+              "pipeline.training.checkpoint", __name__, "models.transformer", "models.lora",
+              "pipeline.conditions.assign", "pipeline.conditions.extract",
+              "pipeline.conditions.vocab", "pipeline.tokens.contract")
+"""The modules whose code a training run's result depends on: their bytes enter the run identity
+(a test checks that the list holds every symkit module they import, save those that cannot change
+a result)."""
+
 
 def fingerprint(cfg: TransformerStageConfig, info: TokenInfo, threads: int,
                 world_size: int, conditions: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed: result-affecting config and data hashes, and
-    the conditions of a conditioned run (names, vocabulary, every piece's ids, dropout)."""
+    """What a checkpoint must match to be resumed: result-affecting config and data hashes, the
+    conditions of a conditioned run (names, vocabulary, every piece's ids, dropout) and the
+    training code's digest."""
     conf = result_config(cfg, threads, world_size)
     init = cfg.finetune.init_from
     if init:
@@ -46,16 +58,18 @@ def fingerprint(cfg: TransformerStageConfig, info: TokenInfo, threads: int,
     if conditions is not None:
         conf["condition"] = conditions
     return {"config": conf, "config_hash": sha256_json(conf),
-            "tokenizer_hash": info.tokenizer_hash, "split_hash": info.split_hash}
+            "tokenizer_hash": info.tokenizer_hash, "split_hash": info.split_hash,
+            "code_digest": code_digest(TRAIN_CODE)}
 
 
 def checkpoint_dir(out_dir: Path, cfg: TransformerStageConfig, info: TokenInfo, threads: int,
                    world_size: int, conditions: dict[str, Any] | None = None) -> Path:
     """``OUT/checkpoints/run-<identity>``: one sub-folder per run identity.
 
-    The identity hashes the result-affecting config, tokenizer and split. A controlled comparison
-    (``dvc exp run -S ...``) so starts its own run instead of meeting another run's checkpoints, and
-    switching back finds the earlier run finished. Resuming still verifies every hash.
+    The identity hashes the result-affecting config, tokenizer, split and training code. A
+    controlled comparison (``dvc exp run -S ...``) so starts its own run instead of meeting another
+    run's checkpoints, and switching back finds the earlier run finished (with the same code).
+    Resuming still verifies every hash.
     """
     run_id = sha256_json(fingerprint(cfg, info, threads, world_size, conditions))
     return Path(out_dir) / "checkpoints" / f"run-{run_id[:16]}"

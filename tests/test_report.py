@@ -196,6 +196,24 @@ def test_registered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path)
     assert "deadbeef" not in md and "compute time" not in md
 
 
+def test_the_rendering_machine_s_kernel_and_cores_stay_out_of_the_report(tmp_path):
+    """Re-rendering on another kernel or core count keeps the report's bytes; the machine's
+    architecture, Python and package versions are shown."""
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    runs = []
+    for kernel, cores in (("Linux-6.1-x86_64-with-glibc2.36", 2), ("Linux-6.18-x86_64", 64)):
+        env = artifacts.read_json(p.env)
+        env["environment"].update(python="3.11.7", platform=kernel, machine="x86_64",
+                                  cpu_count=cores)
+        artifacts.write_json(p.env, env)
+        report(tmp_path, params, p, look=not runs)
+        runs.append(outputs(p))
+    assert runs[0] == runs[1]
+    md = p.md_out.read_text()
+    assert "| machine | x86_64 |" in md and "| python | 3.11.7 |" in md and "Linux" not in md
+
+
 def test_missing_registration_is_not_registered(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)

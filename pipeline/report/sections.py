@@ -859,7 +859,8 @@ def environment(doc: Document, cfg: ReportConfig, env: Any, registered: Any) -> 
     doc.add(Heading("Environment"))
     env = env if isinstance(env, dict) else {}
     source = env.get("environment") or {}
-    rows = [["python", fmt(source.get("python"))], ["platform", fmt(source.get("platform"))]]
+    # the architecture, not the platform string: a kernel update must not change the report
+    rows = [["python", fmt(source.get("python"))], ["machine", fmt(source.get("machine"))]]
     rows += [[f"package {k}", fmt(v)] for k, v in sorted((source.get("packages") or {}).items())]
     doc.add(Table(["fact", "value"], rows))
     doc.add(Heading("Registration record", 3))

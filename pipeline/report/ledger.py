@@ -30,6 +30,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -342,24 +344,47 @@ def scan_git(per_piece: Path = PER_PIECE, eval_report: Path = EVAL) -> list[dict
     return out
 
 
-def _cached_md5s(per_piece: Path) -> list[tuple[str, str | None]]:
+def _cache_entries(cache: Path) -> set[str]:
+    """The md5 of every file the DVC cache at ``cache`` holds (both layouts: DVC 3's
+    ``files/md5/ab/cdef...`` and DVC 2's ``ab/cdef...``); empty when there is no cache."""
+    found: set[str] = set()
+    for root in (cache / "files" / "md5", cache):
+        if not root.is_dir():
+            continue
+        for prefix in os.scandir(root):
+            if len(prefix.name) == 2 and prefix.is_dir():
+                found.update(prefix.name + e.name for e in os.scandir(prefix.path)
+                             if len(e.name) == 30 and e.is_file())
+    return found
+
+
+_MD5 = re.compile(rb"\b[0-9a-f]{32}\b")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it
+
+
+def _cached_md5s(per_piece: Path, held: set[str]) -> list[tuple[str, str | None]]:
     """(md5, commit) of every version of ``per_piece`` that a dvc.lock in git history or the
-    workspace records, oldest first."""
+    workspace records and the cache holds (``held``), oldest first. A lock version is parsed only
+    when one of the md5s written in it is held: parsing every version of a long history took
+    most of a minute."""
+    if not held:
+        return []
     versions: list[tuple[bytes | None, str | None]] = [
         (history.file_at(c, "dvc.lock"), c) for c, _ in history.commits_touching("dvc.lock")]
     if Path("dvc.lock").exists():
         versions.append((Path("dvc.lock").read_bytes(), None))
     found: list[tuple[str, str | None]] = []
     for data, commit in versions:
+        if not data or held.isdisjoint(m.decode() for m in _MD5.findall(data)):
+            continue
         try:
-            lock = yaml.safe_load(data) if data else None
+            lock = yaml.load(data, Loader=_YAML_LOADER)
         except yaml.YAMLError:
             continue
         for stage in ((lock or {}).get("stages") or {}).values():
             for out in (stage or {}).get("outs") or []:
                 if isinstance(out, dict) and out.get("path") == per_piece.as_posix() \
-                        and isinstance(out.get("md5"), str) \
-                        and out["md5"] not in {m for m, _ in found}:
+                        and out.get("md5") in held and out["md5"] not in {m for m, _ in found}:
                     found.append((out["md5"], commit))
     return found
 
@@ -370,7 +395,7 @@ def scan_dvc_cache(per_piece: Path = PER_PIECE, cache: Path = Path(".dvc/cache")
     holds (symkit's dvc.yaml keeps it out of the cache, ``cache: false``, but a changed
     dvc.yaml or ``dvc add`` would put it there)."""
     out = []
-    for md5, commit in _cached_md5s(_project_path(per_piece)):
+    for md5, commit in _cached_md5s(_project_path(per_piece), _cache_entries(cache)):
         for where in (cache / "files" / "md5" / md5[:2] / md5[2:], cache / md5[:2] / md5[2:]):
             table = _table(where.read_bytes()) if where.is_file() else None
             if table is not None:

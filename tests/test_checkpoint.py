@@ -233,24 +233,33 @@ def test_mismatch_is_refused_with_reason(data, tmp_path, change, expect):
     assert expect in str(err.value) and "--fresh" in str(err.value)
 
 
-def test_a_change_to_the_training_code_starts_a_new_run(data, tmp_path, monkeypatch):
+def test_a_change_to_the_training_code_starts_a_new_run(data, tmp_path, monkeypatch, capsys):
     """A run made by other training code is neither resumed nor taken as finished: the re-run
-    gets its own folder, and the old run's checkpoints put where it looks are refused."""
+    gets its own folder and removes the old code's, which it could never resume; the old run's
+    checkpoints put where it looks are refused. Another config's run keeps its folder."""
     import shutil
 
     from models import transformer
 
     cfg = tiny_config(train={"max_steps": 3})
+    _run(tiny_config(train={"max_steps": 3}, seed=8), data, tmp_path)
+    other = run_ckpt_dir(tmp_path / "model")
     _run(cfg, data, tmp_path)
-    old = run_ckpt_dir(tmp_path / "model")
+    folders = tmp_path / "model" / "checkpoints"
+    mine = next(r for r in folders.glob("run-*") if r != other)
+    kept = tmp_path / "old-code-run"
+    shutil.copytree(mine, kept)
     changed = tmp_path / "transformer.py"
     changed.write_bytes(Path(transformer.__file__).read_bytes() + b"\n# changed\n")
     monkeypatch.setattr(transformer, "__file__", str(changed))
+    capsys.readouterr()
     _run(cfg, data, tmp_path)
-    runs = sorted((tmp_path / "model" / "checkpoints").glob("run-*"))
-    assert len(runs) == 2 and old in runs
-    shutil.rmtree(next(r for r in runs if r != old))
-    _move_run_to(tmp_path / "model", cfg, data)
+    runs = set(folders.glob("run-*"))
+    assert other in runs and mine not in runs and len(runs) == 2
+    assert f"removed {mine.name}" in capsys.readouterr().err
+    new = (runs - {other}).pop()
+    shutil.rmtree(new)
+    shutil.move(kept, new)
     with pytest.raises(ckpt.CheckpointMismatch, match="code_digest differs"):
         _run(cfg, data, tmp_path)
 

@@ -16,6 +16,7 @@ newest checkpoint there that can be read, checks that the same run wrote it, and
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -136,7 +137,29 @@ def open_resume(ckpt_dir: Path, fp: dict[str, Any], policy: CheckpointSection, d
         if resume.discard_old:
             for old in ckpt.list_checkpoints(ckpt_dir):
                 shutil.rmtree(old)
+        if resume.checkpoint is None:
+            remove_superseded(ckpt_dir, fp, echo)
     return resume
+
+
+def remove_superseded(ckpt_dir: Path, fp: dict[str, Any], echo: Callable[[str], None]) -> None:
+    """Delete the sibling run folders of ``ckpt_dir`` whose newest checkpoint is this run's
+    (same config, tokenizer and split) made by other training code: this code can never resume
+    them, and one folder a code change would pile up. Runs of other configs keep theirs (a
+    ``dvc exp`` switching back finds them); a folder whose newest state cannot be read is left."""
+    keys = ("config_hash", "tokenizer_hash", "split_hash")
+    for other in sorted(Path(ckpt_dir).parent.glob("run-*")):
+        if other == Path(ckpt_dir) or not other.is_dir():
+            continue
+        found = ckpt.list_checkpoints(other)
+        try:
+            state = json.loads((found[-1] / "state.json").read_bytes()) if found else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and all(state.get(k) == fp[k] for k in keys) \
+                and state.get("code_digest") != fp["code_digest"]:
+            shutil.rmtree(other)
+            echo(f"removed {other.name}: this run's checkpoints made by other training code")
 
 
 def gather_rng(dev: TrainDevice) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ few steps from it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -344,11 +345,13 @@ def _registered_evaluate(world: dict[str, Any], out: Path, params: Path) -> dict
     root = world["root"]
     reg = adapt_evaluate.Registration(out / "preregistration.json", out / "ledger.jsonl",
                                       _identity(world, params))
-    return adapt_evaluate.run(
-        load_section("adaptation", params, AdaptationConfig), RUNTIME, target=world["target"],
-        source=world["source"], arms_dir=root / "arms", arm_reports=root / "arm_reports",
-        per_piece=out / "per_piece.parquet", report=out / "adaptation.json",
-        markdown=out / "adaptation.md", figure=out / "adaptation.png", registration=reg)
+    with contextlib.chdir(out):  # outside any git repository: this one's history is not read
+        return adapt_evaluate.run(
+            load_section("adaptation", params, AdaptationConfig), RUNTIME,
+            target=world["target"], source=world["source"], arms_dir=root / "arms",
+            arm_reports=root / "arm_reports", per_piece=out / "per_piece.parquet",
+            report=out / "adaptation.json", markdown=out / "adaptation.md",
+            figure=out / "adaptation.png", registration=reg)
 
 
 def _register(world: dict[str, Any], out: Path, params: Path, force: bool = False
@@ -356,11 +359,12 @@ def _register(world: dict[str, Any], out: Path, params: Path, force: bool = Fals
     from pipeline.adaptation import registration
 
     missing = out / "no-split-report.json"
-    return registration.register(
-        params, target_splits=world["target"]["splits"], target_split_report=missing,
-        source_splits=world["source"]["splits"], source_split_report=missing,
-        out=out / "preregistration.json", ledger_path=out / "ledger.jsonl",
-        per_piece=out / "per_piece.parquet", report=out / "adaptation.json", force=force)
+    with contextlib.chdir(out):  # outside any git repository: this one's history is not read
+        return registration.register(
+            params, target_splits=world["target"]["splits"], target_split_report=missing,
+            source_splits=world["source"]["splits"], source_split_report=missing,
+            out=out / "preregistration.json", ledger_path=out / "ledger.jsonl",
+            per_piece=out / "per_piece.parquet", report=out / "adaptation.json", force=force)
 
 
 def test_an_unregistered_run_says_so_and_records_its_look(world, tmp_path):
@@ -426,10 +430,11 @@ def test_an_edited_registration_deviates(world, tmp_path):
     assert any("was edited after registration" in x for x in reg["deviations"])
 
 
-def test_preregister_in_an_adaptation_folder_registers_it(world, tmp_path, capsys):
+def test_preregister_in_an_adaptation_folder_registers_it(world, tmp_path, capsys, monkeypatch):
     from pipeline.cli import main
 
     params = _experiment(world, tmp_path)
+    monkeypatch.chdir(tmp_path)  # outside any git repository: this one's history is not read
     rc = main(["preregister", "--params", str(params), "--splits",
                str(world["source"]["splits"]), "--split-report", str(tmp_path / "none.json"),
                "--target-splits", str(world["target"]["splits"]), "--target-split-report",

@@ -136,9 +136,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
     """Read a whole checkpoint folder. Raises :class:`CheckpointUnreadable` naming the damaged
     file, or :class:`CheckpointMismatch` for a checkpoint of another format."""
     path = Path(path)
-    state = _read(path / "state.json", lambda b: json.loads(b.decode("utf-8")))
-    if not isinstance(state, dict):
-        raise CheckpointUnreadable(f"{path / 'state.json'}: not a JSON object")
+    state = read_state(path)
     if state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointMismatch(f"{path}: format {state.get('format')!r}, expected "
                                  f"{CHECKPOINT_FORMAT!r}")
@@ -156,6 +154,15 @@ def load_checkpoint(path: Path) -> Checkpoint:
         rng=rng,
         state=state,
     )
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """A checkpoint folder's ``state.json`` alone (no tensors). Raises
+    :class:`CheckpointUnreadable` when it is missing, damaged or not a JSON object."""
+    state = _read(Path(path) / "state.json", lambda b: json.loads(b.decode("utf-8")))
+    if not isinstance(state, dict):
+        raise CheckpointUnreadable(f"{Path(path) / 'state.json'}: not a JSON object")
+    return state
 
 
 def _read(file: Path, parse: Callable[[bytes], Any]) -> Any:

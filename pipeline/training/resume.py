@@ -16,7 +16,6 @@ newest checkpoint there that can be read, checks that the same run wrote it, and
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,10 +152,10 @@ def remove_superseded(ckpt_dir: Path, fp: dict[str, Any], echo: Callable[[str], 
             continue
         found = ckpt.list_checkpoints(other)
         try:
-            state = json.loads((found[-1] / "state.json").read_bytes()) if found else None
-        except (OSError, ValueError):
+            state = ckpt.read_state(found[-1]) if found else {}
+        except ckpt.CheckpointUnreadable:
             continue
-        if isinstance(state, dict) and all(state.get(k) == fp[k] for k in keys) \
+        if state and all(state.get(k) == fp[k] for k in keys) \
                 and state.get("code_digest") != fp["code_digest"]:
             shutil.rmtree(other)
             echo(f"removed {other.name}: this run's checkpoints made by other training code")

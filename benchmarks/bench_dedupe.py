@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.core import artifacts  # noqa: E402
-from pipeline.music import fingerprints as fp  # noqa: E402
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
 from pipeline.music.parsing import note_hash  # noqa: E402
+from pipeline.similarity import fingerprints as fp  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from measure import run_measured  # noqa: E402

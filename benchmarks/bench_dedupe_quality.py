@@ -91,8 +91,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import dance_tunes as tunes  # noqa: E402
 from pipeline.core import artifacts  # noqa: E402
 from pipeline.core.config import RuntimeConfig, load_section  # noqa: E402
-from pipeline.music import fingerprints as fp  # noqa: E402
-from pipeline.music import similarity  # noqa: E402
+from pipeline.similarity import alignment as similarity  # noqa: E402
+from pipeline.similarity import fingerprints as fp  # noqa: E402
 from pipeline.stages import dedupe, ingest  # noqa: E402
 from tests.midi_utils import make_midi  # noqa: E402
 

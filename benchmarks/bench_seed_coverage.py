@@ -5,8 +5,8 @@ relative improvement of 3%, group, seed and group-by-seed effects) are judged by
 at ``--level``:
 
 - ``bootstrap``: groups and each model's seeds resampled together, the seeds' deviation widened
-  by ``sqrt(S / (S - 1))`` (:func:`pipeline.scoring.bootstrap.hierarchical_paired_ci`);
-- ``t``: what ``symkit evaluate`` judges (:func:`pipeline.scoring.bootstrap.seed_t_paired_ci`):
+  by ``sqrt(S / (S - 1))`` (:func:`pipeline.stats.bootstrap.hierarchical_paired_ci`);
+- ``t``: what ``symkit evaluate`` judges (:func:`pipeline.stats.bootstrap.seed_t_paired_ci`):
   the group bootstrap of the seed-averaged model, each side widened in quadrature by a Student-t
   term for the seeds, ``t_{S-1} · sd_seed / sqrt(S)``, with ``sd_seed`` the spread of the
   per-seed gains on the same groups.
@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.scoring.bootstrap import hierarchical_paired_ci, seed_t_paired_ci
+from pipeline.stats.bootstrap import hierarchical_paired_ci, seed_t_paired_ci
 from tests.test_bootstrap import simulate
 
 TRUE_GAIN = 0.03

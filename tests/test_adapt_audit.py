@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from pipeline.audit.judging import AuditConfig
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError
-from pipeline.scoring.auditing import AuditConfig
-from pipeline.scoring.generation import GenerateConfig
+from pipeline.inference.generation import GenerateConfig
 from pipeline.stages import adapt_audit, adapt_evaluate
 from tests.test_generate import CountLM, make_world, random_score, train_seqs
 

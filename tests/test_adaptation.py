@@ -21,8 +21,8 @@ from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig, arm_config
 from pipeline.adaptation.decision import decide
 from pipeline.core.artifacts import read_json, read_parquet, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.scoring.loading import load_transformer
-from pipeline.scoring.pieces import score_rows
+from pipeline.inference.loading import load_transformer
+from pipeline.inference.pieces import score_rows
 from pipeline.stages import adapt_evaluate, adapt_train
 from pipeline.stages.train_transformer import run as train_run
 from pipeline.tokens.contract import TokenInfo, read_tokens
@@ -257,7 +257,7 @@ def test_a_source_of_another_tokenizer_is_refused_naming_both(world, tmp_path):
 def test_a_pretrained_model_of_another_tokenizer_is_refused(world, tmp_path):
     import shutil
 
-    from pipeline.scoring.loading import ModelUnavailable
+    from pipeline.inference.loading import ModelUnavailable
 
     pre = tmp_path / "pre"
     shutil.copytree(world["pre"], pre)
@@ -331,7 +331,7 @@ def _experiment(world: dict[str, Any], folder: Path, min_gain: float = 0.02) -> 
 
 
 def _identity(world: dict[str, Any], params: Path) -> dict[str, Any]:
-    from pipeline.adaptation import registration
+    from pipeline.adaptation import adaptation_registration as registration
 
     missing = params.parent / "no-split-report.json"
     return registration.identity(
@@ -356,7 +356,7 @@ def _registered_evaluate(world: dict[str, Any], out: Path, params: Path) -> dict
 
 def _register(world: dict[str, Any], out: Path, params: Path, force: bool = False
               ) -> dict[str, Any]:
-    from pipeline.adaptation import registration
+    from pipeline.adaptation import adaptation_registration as registration
 
     missing = out / "no-split-report.json"
     with contextlib.chdir(out):  # outside any git repository: this one's history is not read
@@ -382,7 +382,7 @@ def test_an_unregistered_run_says_so_and_records_its_look(world, tmp_path):
 
 
 def test_the_registered_decision_is_judged_and_a_changed_one_deviates(world, tmp_path):
-    from pipeline.adaptation.registration import AlreadyScored
+    from pipeline.adaptation.adaptation_registration import AlreadyScored
 
     params = _experiment(world, tmp_path, min_gain=0.02)
     rec = _register(world, tmp_path, params)

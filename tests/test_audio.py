@@ -1,4 +1,4 @@
-"""pipeline.report.audio: notes and MIDI files as small, deterministic, browser-playable FLAC."""
+"""pipeline.render.audio: notes and MIDI files as small, deterministic, browser-playable FLAC."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from pipeline.report.audio import (
+from pipeline.render.audio import (
     LEVEL,
     data_uri,
     duration_seconds,
@@ -58,7 +58,7 @@ def test_same_notes_same_bytes_in_this_and_a_fresh_process() -> None:
     flac = notes_to_flac(PHRASE, bpm=120)
     assert flac is not None and flac == notes_to_flac(PHRASE, bpm=120)
     code = ("import hashlib, json, sys\n"
-            "from pipeline.report.audio import notes_to_flac\n"
+            "from pipeline.render.audio import notes_to_flac\n"
             "notes = json.loads(sys.argv[1])\n"
             "print(hashlib.sha256(notes_to_flac(notes, bpm=120)).hexdigest())\n")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(PHRASE)], cwd=ROOT,

@@ -13,8 +13,8 @@ from symusic import Score
 
 from benchmarks import bench_pipeline as bench
 from pipeline.core.config import RuntimeConfig
-from pipeline.music import fingerprints as fp
 from pipeline.music.ingestion import IngestConfig, run
+from pipeline.similarity import fingerprints as fp
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""pipeline.scoring.bootstrap: relative improvement per replicate, the seed-and-group bootstrap,
+"""pipeline.stats.bootstrap: relative improvement per replicate, the seed-and-group bootstrap,
 its coverage on simulated experiments, and the robustness summaries."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.scoring.bootstrap import (
+from pipeline.stats.bootstrap import (
     bootstrap_weights,
     effect_without_top_groups,
     group_sums,

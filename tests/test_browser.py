@@ -102,7 +102,7 @@ def test_the_probe_sees_what_a_reader_would_miss(tmp_path):
     text fails each check."""
     import base64
 
-    from pipeline.report.figures import piano_roll_png
+    from pipeline.render.figures import piano_roll_png
 
     png = base64.b64encode(piano_roll_png({"onset": [0.0], "duration": [1.0],
                                            "pitch": [60]})).decode()

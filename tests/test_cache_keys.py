@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.music import dedupe_cache, duplicates, ingestion, leakage_cache
+from pipeline.music import ingestion
+from pipeline.similarity import dedupe_cache, duplicates, leakage_cache
 from pipeline.tokens import cache as token_cache
 from pipeline.training import resume
 
@@ -30,8 +31,8 @@ CANNOT_CHANGE_RESULTS = {
     "pipeline.core.segments": "the stores themselves",
     "pipeline.core.progress": "progress bars",
     "pipeline.music.midi": "lists source files",
-    "pipeline.music.dedupe_cache": "reads and writes the dedupe stores",
-    "pipeline.report.figures": "draws the audit's figures",
+    "pipeline.similarity.dedupe_cache": "reads and writes the dedupe stores",
+    "pipeline.render.figures": "draws the audit's figures",
 }
 
 

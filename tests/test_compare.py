@@ -1,5 +1,5 @@
-"""``symkit compare`` (pipeline.tools.compare), its statistics (pipeline.scoring.compare), words
-and figures (pipeline.report.compare).
+"""``symkit compare`` (pipeline.tools.compare), its statistics (pipeline.stats.paired), words
+and figures (pipeline.report.compare_document).
 
 Arms are built in ``tmp_path`` from synthetic per-piece scores: never from the repository's own
 ``reports/``, which a pipeline run may be rewriting.
@@ -23,9 +23,9 @@ import yaml
 from scipy.stats import binom
 
 from pipeline.cli import main
-from pipeline.report.compare import forest_rows, scatter_panels, seed_effects
-from pipeline.scoring.bootstrap import hierarchical_paired_ci
-from pipeline.scoring.compare import (
+from pipeline.report.compare_document import forest_rows, scatter_panels, seed_effects
+from pipeline.stats.bootstrap import hierarchical_paired_ci
+from pipeline.stats.paired import (
     arm_scores,
     compare_pair,
     design_label,

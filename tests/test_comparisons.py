@@ -1,4 +1,5 @@
-"""Registered comparisons (pipeline.report.comparisons): the ``compare`` section, its registration
+"""Registered comparisons (pipeline.decision.registered_comparisons): the ``compare`` section, its
+registration
 by ``symkit preregister``, and ``symkit compare``'s verdicts on it.
 
 Arms are folders in ``tmp_path`` built from synthetic per-piece scores (tests/test_compare.py's
@@ -19,7 +20,7 @@ import yaml
 from pipeline.cli import main
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, parse_section
-from pipeline.report.comparisons import (
+from pipeline.decision.registered_comparisons import (
     REGISTRATION,
     ArmInfo,
     CompareConfig,
@@ -30,7 +31,7 @@ from pipeline.report.comparisons import (
     read_registration,
     record,
 )
-from pipeline.scoring.compare import flatten_params
+from pipeline.stats.paired import flatten_params
 from tests.test_compare import PARAMS, pieces, scored, simulate, write_arm
 
 RULE = {"name": "tsd_beats_remi", "baseline": {"tokenize.tokenizer": "REMI"},

@@ -264,7 +264,7 @@ def _train_stage(paths, root, use, dropout=0.1, name="model"):
 def test_training_and_evaluate_stages_with_conditions(tmp_path):
     from pipeline.core.artifacts import read_json
     from pipeline.core.config import RuntimeConfig
-    from pipeline.scoring.loading import default_specs
+    from pipeline.inference.loading import default_specs
     from pipeline.stages.evaluate import EvaluateConfig
     from pipeline.stages.evaluate import run as evaluate
     from tests.test_train_ngram import write_corpus
@@ -360,7 +360,7 @@ class _ToyConditioned:
 
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log(0) = -inf, on purpose
 def test_guidance_mixes_conditioned_and_unconditioned_log_probabilities():
-    from pipeline.scoring.sampling import guided
+    from pipeline.inference.sampling import guided
 
     c = np.log(np.array([[0.7, 0.2, 0.1, 0.0]]))
     u = np.log(np.array([[0.25, 0.25, 0.5, 0.0]]))
@@ -376,7 +376,7 @@ def test_guidance_mixes_conditioned_and_unconditioned_log_probabilities():
 
 
 def test_sampling_follows_each_prompts_condition():
-    from pipeline.scoring.sampling import SamplingParams, sample_sequences
+    from pipeline.inference.sampling import SamplingParams, sample_sequences
 
     model = _ToyConditioned()
     conds = np.array([[1], [3], [0]])
@@ -406,7 +406,7 @@ def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str
 
 
 def test_measured_labels_of_planted_windows():
-    from pipeline.conditions.adherence import measured_labels
+    from pipeline.audit.adherence import measured_labels
     from pipeline.conditions.config import ConditionConfig
 
     cfg = ConditionConfig()
@@ -419,7 +419,7 @@ def test_measured_labels_of_planted_windows():
 
 
 def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
-    from pipeline.conditions.adherence import adherence, measured_labels
+    from pipeline.audit.adherence import adherence, measured_labels
     from pipeline.conditions.config import ConditionConfig
 
     cfg = ConditionConfig()
@@ -481,7 +481,7 @@ class _ScaleTokenizer:
 
 
 def test_generate_draws_conditioned_samples_under_held_out_requests():
-    from pipeline.scoring.generation import (
+    from pipeline.inference.generation import (
         CONDITIONED,
         GenerateConfig,
         generate_for_model,
@@ -516,9 +516,9 @@ def test_generate_draws_conditioned_samples_under_held_out_requests():
 
 
 def test_audit_adherence_on_generated_and_human_windows():
-    from pipeline.conditions.adherence import audit_adherence
+    from pipeline.audit.adherence import audit_adherence
     from pipeline.conditions.config import ConditionConfig
-    from pipeline.scoring.generation import GenerateConfig, generate_for_model, select_requests
+    from pipeline.inference.generation import GenerateConfig, generate_for_model, select_requests
 
     table = pd.DataFrame({"sha256": [f"h{i}" for i in range(9)], "split": ["val", "test"] * 4
                           + ["val"], "key": ["C major", "D major", "E major"] * 3})
@@ -546,7 +546,7 @@ def test_audit_adherence_on_generated_and_human_windows():
 def _notes_and_table(tmp_path):
     import pyarrow as pa
 
-    from pipeline.conditions.adherence import measured_labels
+    from pipeline.audit.adherence import measured_labels
     from pipeline.conditions.config import ConditionConfig
     from pipeline.core.artifacts import write_parquet
 
@@ -598,7 +598,7 @@ def _planted_metadata(tmp_path):
     condition says it), ``composer`` drawn at random."""
     import pyarrow as pa
 
-    from pipeline.conditions.adherence import measured_labels
+    from pipeline.audit.adherence import measured_labels
     from pipeline.conditions.config import ConditionConfig
     from pipeline.core.artifacts import write_parquet
 
@@ -665,7 +665,7 @@ def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
 def test_meter_adherence_is_measured_when_the_tokenizer_writes_time_signatures():
     from symusic import Note, Score, TimeSignature, Track
 
-    from pipeline.conditions.adherence import measurable_conditions, window_labels
+    from pipeline.audit.adherence import measurable_conditions, window_labels
     from pipeline.conditions.config import ConditionConfig
     from pipeline.tokens.tokenizer import make_tokenizer
 

@@ -21,9 +21,9 @@ import pytest
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig
 from pipeline.core.splits import SPLITS_SCHEMA
+from pipeline.decision.criteria import Criterion, build_metrics, evaluate
 from pipeline.music import ingestion
-from pipeline.music.duplicates import DedupeConfig
-from pipeline.report.criteria import Criterion, build_metrics, evaluate
+from pipeline.similarity.duplicates import DedupeConfig
 from pipeline.stages.contamination import ContaminationConfig, run
 from tests.midi_utils import make_midi
 from tests.test_dedupe import base_piece

@@ -1,4 +1,5 @@
-"""Positive and negative controls of the shipped criteria (pipeline.report.controls): each rule
+"""Positive and negative controls of the shipped criteria (pipeline.decision.criteria_controls):
+each rule
 judged on simulated evidence from a model that should pass and one that should fail, at the
 default experiment's sizes. The rates are in docs/evaluation.md (`symkit controls`)."""
 
@@ -11,8 +12,8 @@ import pytest
 
 from pipeline.cli import main as cli
 from pipeline.core.config import load_section
-from pipeline.report.controls import CONTROLS, pass_rate, rates
-from pipeline.report.criteria import CriteriaConfig, Criterion
+from pipeline.decision.criteria import CriteriaConfig, Criterion
+from pipeline.decision.criteria_controls import CONTROLS, pass_rate, rates
 
 REPO_PARAMS = Path(__file__).resolve().parent.parent / "params.yaml"
 DRAWS = 300
@@ -105,7 +106,7 @@ def test_cli_prints_a_table_and_fails_while_a_rule_misses(capsys):
 
 def test_design_sizes_follow_the_registered_split_and_params():
     from pipeline.core.config import read_params
-    from pipeline.report.controls import Sizes, design_sizes, gap_se_for, resolved_effect
+    from pipeline.decision.criteria_controls import Sizes, design_sizes, gap_se_for, resolved_effect
 
     params = read_params(REPO_PARAMS)
     default = design_sizes(params, {"train": (276, 148), "val": (27, 21), "test": (45, 33)})

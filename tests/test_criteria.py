@@ -10,7 +10,7 @@ from sklearn.model_selection import GroupShuffleSplit
 
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, load_section, parse_section
-from pipeline.report.criteria import (
+from pipeline.decision.criteria import (
     CriteriaConfig,
     Criterion,
     build_metrics,

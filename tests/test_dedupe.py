@@ -17,11 +17,11 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.music import fingerprints as fp
-from pipeline.music import melody
-from pipeline.music.digests import note_digests, take_pieces
 from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.parsing import note_hash
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity import melody
+from pipeline.similarity.digests import note_digests, take_pieces
 from pipeline.stages.dedupe import DedupeConfig, run
 
 Notes = dict[str, np.ndarray]
@@ -275,9 +275,9 @@ def test_per_piece_work_from_the_cache_equals_measuring_every_piece(tmp_path):
     """Fingerprints, distinct onsets and winnowed runs read from the features store (cold,
     partly warm, warm) equal those measured over all pieces; sequences built for some pieces
     only hold exactly those pieces' full-build entries."""
-    from pipeline.music.dedupe_cache import piece_work, sequences_for
-    from pipeline.music.duplicates import fingerprint, winnow_views
-    from pipeline.music.similarity import Sequences
+    from pipeline.similarity.alignment import Sequences
+    from pipeline.similarity.dedupe_cache import piece_work, sequences_for
+    from pipeline.similarity.duplicates import fingerprint, winnow_views
 
     pieces, _ = planted_corpus(seed=6, families=4, singles=10)
     _, notes_path, _ = write_corpus(tmp_path, pieces)
@@ -351,7 +351,7 @@ def test_signatures_match_datasketch():
 def test_lsh_candidates_equal_datasketch_minhashlsh():
     from datasketch import LeanMinHash, MinHashLSH
 
-    from pipeline.music.duplicates import LSH_WEIGHTS, lsh_candidates
+    from pipeline.similarity.duplicates import LSH_WEIGHTS, lsh_candidates
 
     rng = np.random.default_rng(0)
     sets = []

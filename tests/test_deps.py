@@ -85,7 +85,7 @@ def test_an_experiment_stage_listing_unused_code_is_named(copy: Path) -> None:
 
 
 def test_a_removed_dep_is_named(copy: Path) -> None:
-    kept = "      - pipeline/music/digests.py\n"
+    kept = "      - pipeline/similarity/digests.py\n"
     _edit(copy / "dvc.yaml", "      - pipeline/core/splits.py\n" + kept, kept)
     problems = check(copy)
     assert len(problems) == 1, problems

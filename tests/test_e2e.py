@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.report import ledger
+from pipeline.decision import ledger
 from tests.midi_utils import write_tiny_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

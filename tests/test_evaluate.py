@@ -15,8 +15,16 @@ import pytest
 from models.ngram import NGramLM
 from pipeline.core.artifacts import read_json, read_parquet, write_json, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.scoring.aggregate import TRAIN_SUBSET_STREAM, draw_train_subset
-from pipeline.scoring.bootstrap import (
+from pipeline.inference.loading import (
+    ModelSpec,
+    default_specs,
+    load_models,
+    load_named,
+    load_ngram,
+)
+from pipeline.stages.evaluate import EvaluateConfig, protocol_block, run
+from pipeline.stats.aggregate import TRAIN_SUBSET_STREAM, draw_train_subset
+from pipeline.stats.bootstrap import (
     bootstrap_weights,
     group_sums,
     independent_diff_ci,
@@ -25,15 +33,7 @@ from pipeline.scoring.bootstrap import (
     ratio_ci,
     seed_half_width,
 )
-from pipeline.scoring.loading import (
-    ModelSpec,
-    default_specs,
-    load_models,
-    load_named,
-    load_ngram,
-)
-from pipeline.scoring.power import detectable_effect, power_summary
-from pipeline.stages.evaluate import EvaluateConfig, protocol_block, run
+from pipeline.stats.power import detectable_effect, power_summary
 from pipeline.tokens.contract import TokenInfo, tokens_table
 from tests.test_train_ngram import BOS, EOS, PAD, VOCAB, write_corpus
 

@@ -152,7 +152,7 @@ def test_generate_writes_contract_and_is_deterministic(world, tmp_path):
 
 
 def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
-    import pipeline.scoring.generation as gen
+    import pipeline.inference.generation as gen
 
     vocab = artifacts.read_json(world["info"])["vocab_size"]
     models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}
@@ -175,7 +175,7 @@ def test_decode_failures_are_counted_not_dropped(world, tmp_path, monkeypatch):
 
 def test_unconditional_and_continuation_counts_are_separate(world, tmp_path, monkeypatch):
     """``n_samples`` unconditional samples per model, ``n_continuations`` (0 = none) prompts."""
-    import pipeline.report.figures as figures
+    import pipeline.render.figures as figures
 
     monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="", prompt=None: b"png")
     vocab = artifacts.read_json(world["info"])["vocab_size"]
@@ -192,7 +192,7 @@ def test_a_model_with_seeds_shares_its_samples_out_among_them(world, tmp_path, m
     """Sample i of each kind comes from seed i mod S (ascending), with the generator it would
     have had anyway: every seed's samples are those a lone run of that seed draws at the same
     indices, and the model's sample counts do not grow with the seeds."""
-    import pipeline.report.figures as figures
+    import pipeline.render.figures as figures
 
     monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="", prompt=None: b"png")
     vocab = artifacts.read_json(world["info"])["vocab_size"]

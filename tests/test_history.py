@@ -1,4 +1,4 @@
-"""pipeline.report.history: does git show the registration committed before the results?"""
+"""pipeline.decision.history: does git show the registration committed before the results?"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report.history import registration_order
+from pipeline.decision.history import registration_order
 
 REG, RES = Path("reports/preregistration.json"), Path("reports/eval.json")
 

@@ -20,10 +20,10 @@ from models.transformer import GPT, TransformerConfig, TransformerScorer, load_s
 from pipeline.cli import main
 from pipeline.conditions.vocab import ConditionVocab
 from pipeline.core.artifacts import read_json, sha256_bytes
+from pipeline.inference.pieces import score_rows
+from pipeline.inference.protocol import clean_sequences
+from pipeline.inference.standalone import encode_midi, open_model
 from pipeline.music.parsing import parse_midi
-from pipeline.scoring.inference import encode_midi, open_model
-from pipeline.scoring.pieces import score_rows
-from pipeline.scoring.protocol import clean_sequences
 from pipeline.stages.tokenize import TokenizeConfig
 from pipeline.tokens.contract import TokenInfo, read_tokens
 from pipeline.tokens.tokenizer import load_tokenizer
@@ -267,7 +267,7 @@ def test_sample_passes_the_requested_condition_ids(setup, tmp_path, monkeypatch)
 
 
 def test_open_model_needs_both_files(setup, tmp_path):
-    from pipeline.scoring.inference import InferenceError
+    from pipeline.inference.standalone import InferenceError
 
     (tmp_path / "m").mkdir()
     shutil.copy(setup.plain / "model.json", tmp_path / "m" / "model.json")

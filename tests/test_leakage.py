@@ -13,10 +13,10 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, parse_section
-from pipeline.music import fingerprints as fp
-from pipeline.music import similarity
 from pipeline.music.ingestion import NOTES_SCHEMA
-from pipeline.music.leakage import (
+from pipeline.similarity import alignment as similarity
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity.leakage import (
     MEASURES,
     Melodies,
     NearCopyRule,

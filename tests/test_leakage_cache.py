@@ -12,10 +12,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipeline.music import fingerprints as fp
-from pipeline.music.digests import note_digests, take_pieces
 from pipeline.music.ingestion import NOTES_SCHEMA
-from pipeline.music.leakage import (
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity.digests import note_digests, take_pieces
+from pipeline.similarity.leakage import (
     MEASURES,
     Melodies,
     NearCopyRule,
@@ -25,7 +25,7 @@ from pipeline.music.leakage import (
     audit,
     neighbours,
 )
-from pipeline.music.leakage_cache import AuditCache, audit_inputs
+from pipeline.similarity.leakage_cache import AuditCache, audit_inputs
 from tests.test_dedupe import base_piece, variant
 from tests.test_leakage import edited, tune
 
@@ -209,7 +209,7 @@ def test_per_piece_inputs_from_the_cache_equal_a_fresh_build(tmp_path):
 def test_one_block_and_many_blocks_give_the_same_neighbours(monkeypatch):
     """A query set of one block is measured as pool × queries' transpose, a larger one as query
     blocks × the pool's transpose: the same intersection counts, so the same results."""
-    from pipeline.music import leakage
+    from pipeline.similarity import leakage
 
     pieces = corpus()
     sm, mel, tok, _ = arrays(pieces)
@@ -228,7 +228,7 @@ def test_features_measured_a_few_notes_at_a_time_are_those_measured_at_once(tmp_
                                                                             monkeypatch):
     """Pieces measured in chunks of a few notes (every chunk's rows under their own digests)
     give the plain build's inputs, without the store, into it and from it."""
-    from pipeline.music import leakage_cache
+    from pipeline.similarity import leakage_cache
 
     pieces = corpus()
     table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **pieces[k]} for k in sorted(pieces)]),

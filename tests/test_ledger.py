@@ -1,4 +1,4 @@
-"""The test-access ledger (pipeline.report.ledger), ``symkit ledger`` and what the registration's
+"""The test-access ledger (pipeline.decision.ledger), ``symkit ledger`` and what the registration's
 status makes of earlier looks: refused registrations, FOLLOWED AFTER n LOOKS, DEVIATED when the
 rules changed after a look, pieces bound to the registration, commit order in the status, and
 ``symkit ledger --spent`` (the pieces ever scored, for ``split.exclude_test``)."""
@@ -16,8 +16,8 @@ import yaml
 
 from pipeline.cli import main as cli
 from pipeline.core import artifacts
-from pipeline.report import ledger
-from pipeline.report.history import registration_order
+from pipeline.decision import ledger
+from pipeline.decision.history import registration_order
 from pipeline.stages.split import read_exclude_test
 from pipeline.tools.preregister import AlreadyScored
 from tests.test_report import (
@@ -260,6 +260,6 @@ def test_history_lists_commits_on_every_ref(repo):
         Path("f").write_text("2")
         git(repo, "commit", "-qam", "two")
         git(repo, "checkout", "-q", "-")
-        from pipeline.report.history import commits_touching
+        from pipeline.decision.history import commits_touching
         assert len(commits_touching("f")) == 2  # the other branch's version counts too
         assert registration_order(Path("r.json"), Path("f"))["git"] is True

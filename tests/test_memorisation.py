@@ -8,10 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core import artifacts
-from pipeline.core.config import ParamsError, parse_section
-from pipeline.music.fingerprints import jaccard_containment
-from pipeline.scoring.memorisation import (
+from pipeline.audit.memorisation import (
     Extraction,
     ShingleIndex,
     SuffixIndex,
@@ -29,6 +26,9 @@ from pipeline.scoring.memorisation import (
     wilson_interval,
     window_offsets,
 )
+from pipeline.core import artifacts
+from pipeline.core.config import ParamsError, parse_section
+from pipeline.similarity.fingerprints import jaccard_containment
 from pipeline.stages.audit import AuditConfig
 from pipeline.stages.audit import run as run_audit
 from pipeline.stages.generate import GenerateConfig

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.music import stats as ms
+from pipeline.music import descriptors as ms
 
 
 def notes(rows: list[tuple[float, float, int]]) -> dict[str, np.ndarray]:

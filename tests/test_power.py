@@ -1,4 +1,4 @@
-"""pipeline.scoring.power: the closed forms against simulated experiments, and monotonicity."""
+"""pipeline.stats.power: the closed forms against simulated experiments, and monotonicity."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.scoring.bootstrap import bootstrap_weights, paired_rel_ci
-from pipeline.scoring.power import (
+from pipeline.stats.bootstrap import bootstrap_weights, paired_rel_ci
+from pipeline.stats.power import (
     detectable_effect,
     minimum_detectable_effect,
     one_sided_alpha,

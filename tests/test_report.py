@@ -19,9 +19,9 @@ from pipeline.cli import main as cli
 from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
 from pipeline.core.splits import split_hash
-from pipeline.report import ledger
-from pipeline.report.audio import notes_to_midi
-from pipeline.report.figures import piano_roll_png
+from pipeline.decision import ledger
+from pipeline.render.audio import notes_to_midi
+from pipeline.render.figures import piano_roll_png
 from pipeline.report.sections import piece_nll
 from pipeline.stages.audit import SPANS_SCHEMA
 from pipeline.stages.report import ReportConfig, ReportPaths, run
@@ -455,7 +455,7 @@ def test_power_of_the_comparison_rule_is_stated(tmp_path):
 
 
 def test_long_metric_names_may_wrap_in_html_only():
-    from pipeline.report.document import Document, Table, render_html, render_markdown
+    from pipeline.render.document import Document, Table, render_html, render_markdown
 
     doc = Document("t")
     doc.add(Table(["metric", "value"], [["memorisation.transformer.flag_excess", "0.5"]]))
@@ -466,8 +466,8 @@ def test_long_metric_names_may_wrap_in_html_only():
 
 
 def test_power_note_states_the_mde_above_the_threshold(tmp_path):
-    from pipeline.report.criteria import CriteriaConfig
-    from pipeline.report.registration import power_note
+    from pipeline.decision.criteria import CriteriaConfig
+    from pipeline.decision.preregistration import power_note
 
     rule = {"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
             "threshold": 0.02, "judge": "interval", "rationale": "r"}
@@ -586,7 +586,7 @@ def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
 
 
 def test_plain_evidence_for_each_kind_of_criterion():
-    from pipeline.report.criteria import Verdict
+    from pipeline.decision.criteria import Verdict
     from pipeline.report.headline import decision_sentence, plain_evidence
 
     m = {"ngram.best_order": 5, "eval.seeds.transformer.0": 1, "eval.seeds.transformer.1": 2,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.scoring.sampling import SamplingParams, draw, filtered_probs, sample_sequences
+from pipeline.inference.sampling import SamplingParams, draw, filtered_probs, sample_sequences
 
 
 class TableModel:

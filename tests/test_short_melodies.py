@@ -1,4 +1,5 @@
-"""Candidates for short melodies (:mod:`pipeline.music.short_melodies`): a short tune copied with
+"""Candidates for short melodies (:mod:`pipeline.similarity.short_melodies`): a short tune copied
+with
 chromatic changes, a dropped note and another rhythm is linked to it, although its note shingles
 and shared runs propose nothing; unrelated short tunes that share an opening and a cadence stay
 apart; every pair the path adds aligns at the threshold."""
@@ -10,8 +11,8 @@ import pytest
 from rapidfuzz.distance import Indel
 
 from pipeline.core.config import ParamsError, parse_section
-from pipeline.music import fingerprints as fp
-from pipeline.music import short_melodies
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity import short_melodies
 from pipeline.stages.dedupe import DedupeConfig
 from tests.test_dedupe import _sorted, run_dedupe
 

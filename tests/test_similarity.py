@@ -1,4 +1,4 @@
-"""Edit-tolerant near duplicates (:mod:`pipeline.music.similarity` and the dedupe near tier):
+"""Edit-tolerant near duplicates (:mod:`pipeline.similarity.alignment` and the dedupe near tier):
 short pieces with a few edited notes and short excerpts are linked, the excerpt with where it lies
 in the longer piece; unrelated pieces that share only stock figures are not."""
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.music import fingerprints as fp
-from pipeline.music import similarity
+from pipeline.similarity import alignment as similarity
+from pipeline.similarity import fingerprints as fp
 from pipeline.stages.dedupe import DedupeConfig
 from tests.test_dedupe import _sorted, run_dedupe
 

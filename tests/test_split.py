@@ -418,7 +418,7 @@ def test_a_missing_file_names_the_key_and_the_path(tmp_path):
 
 
 def test_the_stage_draws_a_test_set_without_the_pieces_the_ledger_shows_scored(tmp_path):
-    from pipeline.report import ledger
+    from pipeline.decision import ledger
 
     pieces, _ = planted_corpus(seed=3, families=6, singles=60)
     _, paths = _stage(tmp_path / "spent", pieces)

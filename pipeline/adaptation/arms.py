@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig
 from pipeline.core.config import ParamsError
-from pipeline.scoring.loading import ModelSpec, load_transformer, replicate_specs
+from pipeline.inference.loading import ModelSpec, load_transformer, replicate_specs
 from pipeline.tokens.contract import TokenInfo
 
 

@@ -1,6 +1,6 @@
 """Measures per arm and the adaptation decision, from the aggregates of the per-piece scores.
 
-Every interval here comes from :func:`pipeline.scoring.aggregate.aggregate` (group bootstrap over
+Every interval here comes from :func:`pipeline.stats.aggregate.aggregate` (group bootstrap over
 the pieces' groups, widened by a Student-t term over the training seeds), so the arms are judged
 by the one evaluation protocol. Splits: the target's ``val`` and ``test``, and ``source_val``
 (the source corpus's val pieces: retention is never measured on pieces the pretraining trained
@@ -53,7 +53,7 @@ def measures(cfg: AdaptationConfig, models: Mapping[str, Any], paired: Mapping[s
     and test and on source val, the relative gain over ``scratch`` and ``full`` ((other − arm)
     / other, > 0 when the arm is better) on val and test, and forgetting on source val.
 
-    ``models``/``paired``: :func:`~pipeline.scoring.aggregate.aggregate`'s blocks over the arms,
+    ``models``/``paired``: :func:`~pipeline.stats.aggregate.aggregate`'s blocks over the arms,
     with ``paired`` holding both orders of every pair; ``params``: each arm's ``total`` and
     ``trainable`` counts."""
     scratch, zero, full = cfg.name_of("scratch"), ZERO_SHOT, cfg.name_of("full")

@@ -3,7 +3,7 @@
 Left: each arm's relative NLL-per-note gain over ``scratch`` on target test, with its interval,
 against its trainable parameters (log scale; ``zero_shot`` trains none and sits at the left
 edge). Right: each arm's forgetting on source val with its interval, and the bound no chosen arm
-may exceed. Deterministic PNG bytes (:func:`pipeline.report.figures.png_bytes`).
+may exceed. Deterministic PNG bytes (:func:`pipeline.render.figures.png_bytes`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from pipeline.report.figures import _STYLE, png_bytes
+from pipeline.render.figures import _STYLE, png_bytes
 
 _CHOSEN, _OTHER, _BOUND = "#1f4e79", "#8a8a8a", "#b03a2e"
 

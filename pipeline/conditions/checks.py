@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from pipeline.conditions.adherence import FROM_NOTES, measured_labels
+from pipeline.audit.adherence import FROM_NOTES, measured_labels
 from pipeline.conditions.config import BUILTIN, ConditionConfig
 from pipeline.conditions.table import GROUP_SHARE_LIMIT, group_unique_share
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.scoring.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
+from pipeline.stats.bootstrap import bootstrap_weights, group_sums, paired_diff_ci, ratio_ci
 
 VARIANTS = ("correct", "shuffled", "removed")
 

@@ -28,7 +28,7 @@ SECTIONS: dict[str, str] = {
     "runtime": "pipeline.core.config:RuntimeConfig",
     "corpus": "pipeline.stages.corpus:CorpusConfig",
     "ingest": "pipeline.music.ingestion:IngestConfig",
-    "dedupe": "pipeline.music.duplicates:DedupeConfig",
+    "dedupe": "pipeline.similarity.duplicates:DedupeConfig",
     "split": "pipeline.stages.split:SplitConfig",
     "contamination": "pipeline.stages.contamination:ContaminationConfig",
     "condition": "pipeline.conditions.config:ConditionConfig",
@@ -38,9 +38,9 @@ SECTIONS: dict[str, str] = {
     "transformer": "pipeline.training.config:TransformerStageConfig",
     "generate": "pipeline.stages.generate:GenerateConfig",
     "audit": "pipeline.stages.audit:AuditConfig",
-    "criteria": "pipeline.report.criteria:CriteriaConfig",
+    "criteria": "pipeline.decision.criteria:CriteriaConfig",
     "report": "pipeline.report.sections:ReportConfig",
-    "compare": "pipeline.report.comparisons:CompareConfig",
+    "compare": "pipeline.decision.registered_comparisons:CompareConfig",
     "adaptation": "pipeline.adaptation.config:AdaptationConfig",
 }
 EXPERIMENT_SECTIONS = ("adaptation",)

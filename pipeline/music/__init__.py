@@ -1,2 +1,2 @@
-"""Music content: MIDI files to note tables (``midi``), fingerprints and melodies for dedupe,
-music statistics (``stats``) and the split's similarity audit (``leakage``)."""
+"""Music content: MIDI files to note tables (``midi``, ``parsing``), hashing, parsing and
+quarantining files (``ingestion``), and descriptive statistics of notes (``descriptors``)."""

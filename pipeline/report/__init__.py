@@ -1,2 +1,2 @@
-"""The report: decision rules (``criteria``), the pre-registration record (``registration``),
-documents and their Markdown/HTML rendering (``document``), sections and figures."""
+"""The report's words: its first screen (``headline``), its sections (``sections``,
+``conditioning_section``) and the document of ``symkit compare`` (``compare_document``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.report.document import Document, Heading, Para, Table, fmt
+from pipeline.render.document import Document, Heading, Para, Table, fmt
 
 NA = "n/a"
 

@@ -4,8 +4,8 @@
   tokenizer, models, registration).
 - :func:`decision_sentence`: the overall decision and the count of verdicts behind it.
 - :func:`plain_evidence`: one sentence per criterion, with its numbers and interval, for the
-  criteria the project ships (the metrics of :data:`pipeline.report.criteria.METRIC_ALIASES`);
-  any other rule keeps :func:`pipeline.report.criteria.evaluate`'s generic sentence.
+  criteria the project ships (the metrics of :data:`pipeline.decision.criteria.METRIC_ALIASES`);
+  any other rule keeps :func:`pipeline.decision.criteria.evaluate`'s generic sentence.
 - :func:`gain_rows`: the transformer's per-note gain over the n-gram on each scored split, pooled
   and per training seed, for the headline forest plot.
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.report.compare_figures import ForestRow
-from pipeline.report.criteria import Verdict, number
-from pipeline.report.document import NA
+from pipeline.decision.criteria import Verdict, number
+from pipeline.render.compare_figures import ForestRow
+from pipeline.render.document import NA
 
 Metrics = Mapping[str, Any]
 

@@ -18,11 +18,10 @@ from pydantic import Field
 
 from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
-from pipeline.music.stats import STATS
-from pipeline.report.audio import midi_to_flac, notes_to_flac
-from pipeline.report.conditioning_section import conditioning
-from pipeline.report.criteria import flatten
-from pipeline.report.document import (
+from pipeline.decision.criteria import flatten
+from pipeline.music.descriptors import STATS
+from pipeline.render.audio import midi_to_flac, notes_to_flac
+from pipeline.render.document import (
     NA,
     Audio,
     Details,
@@ -33,13 +32,14 @@ from pipeline.report.document import (
     Table,
     fmt,
 )
-from pipeline.report.figures import (
+from pipeline.render.figures import (
     band_png,
     count_bars_png,
     grouped_bars_png,
     histograms_png,
     pair_rolls_png,
 )
+from pipeline.report.conditioning_section import conditioning
 
 
 class ReportConfig(StageConfig):
@@ -445,7 +445,7 @@ def model_scatter(per_piece: pd.DataFrame, split: str, den: str, unit: str,
             .pivot(index="sha256", columns="model", values="v").dropna())
     if wide.empty:
         return None
-    from pipeline.report.compare_figures import scatter_png
+    from pipeline.render.compare_figures import scatter_png
 
     a, b = models
     return Figure(f"Per-piece NLL per {unit} on {split}: the {a} (x) against the {b} (y), "

@@ -42,6 +42,8 @@ from typing import Any
 from models.base import SequenceModel
 from pipeline.adaptation.arms import arm_specs, same_tokenizer
 from pipeline.adaptation.config import AdaptationConfig
+from pipeline.audit import judging as audit
+from pipeline.audit.overlap import Shingling
 from pipeline.core.artifacts import read_json, write_json, write_sidecar
 from pipeline.core.config import (
     ParamsError,
@@ -49,10 +51,8 @@ from pipeline.core.config import (
     load_section,
     read_params,
 )
-from pipeline.scoring import auditing as audit
-from pipeline.scoring import generation as generate
-from pipeline.scoring.loading import ModelUnavailable, load_models, set_torch_threads
-from pipeline.scoring.overlap import Shingling
+from pipeline.inference import generation as generate
+from pipeline.inference.loading import ModelUnavailable, load_models, set_torch_threads
 
 REFERENCES = ("target", "source")
 """The reference corpora, in the report's order."""

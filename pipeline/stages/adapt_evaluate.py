@@ -9,9 +9,9 @@ Every arm (``zero_shot``, the pretrained model as it is, and each trained arm of
 - ``source_val``: the source corpus's val pieces, for retention. Source *train* pieces are never
   scored: a model is not asked to remember what it can recite.
 
-The models are loaded with :func:`~pipeline.scoring.loading.load_models` (``any_split``: they
+The models are loaded with :func:`~pipeline.inference.loading.load_models` (``any_split``: they
 were trained on other splits than the one scored, with this very tokenizer, which is checked).
-The aggregates are :func:`~pipeline.scoring.aggregate.aggregate`'s, with
+The aggregates are :func:`~pipeline.stats.aggregate.aggregate`'s, with
 ``adaptation.decision``'s bootstrap plan; the measures and the decision are
 :mod:`pipeline.adaptation.decision`'s.
 
@@ -25,7 +25,8 @@ registration's order). Results are a pure function of the inputs; the sidecar ho
 machine measured.
 
 The decision is judged with the registered one when ``reports/preregistration.json`` holds it
-(:mod:`pipeline.adaptation.registration`); the report's first line is the registration's status.
+(:mod:`pipeline.adaptation.adaptation_registration`); the report's first line is the registration's
+status.
 Every scoring of target test pieces is appended to the experiment's test-access ledger
 ``reports/ledger.jsonl`` before anything reads the scores.
 
@@ -50,7 +51,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from pipeline.adaptation import registration as adapt_registration
+from pipeline.adaptation import adaptation_registration as adapt_registration
 from pipeline.adaptation.arms import arm_specs, same_tokenizer
 from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig
 from pipeline.adaptation.decision import decide, measures
@@ -66,20 +67,20 @@ from pipeline.core.artifacts import (
     write_text,
 )
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
-from pipeline.report import history, ledger
-from pipeline.scoring.aggregate import aggregate
-from pipeline.scoring.loading import (
+from pipeline.decision import history, ledger
+from pipeline.inference.loading import (
     load_models,
     set_torch_threads,
 )
-from pipeline.scoring.pieces import (
+from pipeline.inference.pieces import (
     PER_PIECE_SCHEMA,
     match_facts,
     piece_facts,
     piece_table,
     score_rows,
 )
-from pipeline.scoring.protocol import clean_sequences
+from pipeline.inference.protocol import clean_sequences
+from pipeline.stats.aggregate import aggregate
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
 SOURCE_VAL = "source_val"
@@ -88,7 +89,7 @@ SPLITS = ("val", "test", SOURCE_VAL)
 
 @dataclass(frozen=True)
 class Plan:
-    """The bootstrap plan of :func:`~pipeline.scoring.aggregate.aggregate`."""
+    """The bootstrap plan of :func:`~pipeline.stats.aggregate.aggregate`."""
 
     splits: Sequence[str]
     n_boot: int
@@ -126,7 +127,7 @@ def piece_set(tokens: Path, info: TokenInfo, manifest: Path, splits: Path,
 @dataclass(frozen=True)
 class Registration:
     """What the registration check reads: the record, the experiment's ledger, and the current
-    identity (:func:`pipeline.adaptation.registration.identity`)."""
+    identity (:func:`pipeline.adaptation.adaptation_registration.identity`)."""
 
     path: Path
     ledger: Path

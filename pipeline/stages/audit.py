@@ -7,7 +7,7 @@ human music overlap with training anyway". The unit is a window of ``human_windo
 a sample covers: a sample's generated part (``ids[prompt_len:]``, a continuation's prompt is a
 test piece, not the model's work) cut to its first ``human_window`` ids, and from each held-out
 piece windows starting every ``human_stride`` ids, at most ``human_windows`` per piece (evenly
-spread; :func:`pipeline.scoring.memorisation.window_offsets`). Several windows per piece make the
+spread; :func:`pipeline.audit.memorisation.window_offsets`). Several windows per piece make the
 calibration thresholds quantiles of many values rather than the maximum of a few pieces; windows
 of one piece are correlated, so every human interval resamples pieces, not windows.
 
@@ -26,7 +26,7 @@ Outputs:
   ``lcs_start`` (the span's id position in the whole sequence), ``lcs_train_track``,
   ``lcs_train_start`` (its position in that training sequence; -1 when nothing is shared),
   ``novelty_tok_<n>``, ``novelty_int_<n>``, ``nn_sha256``, ``nn_jaccard``, ``nn_containment``,
-  ``flagged``, and the music statistics of :mod:`pipeline.music.stats`.
+  ``flagged``, and the music statistics of :mod:`pipeline.music.descriptors`.
 - ``reports/audit/spans.parquet``: per sample sharing ids with training, its notes and the
   training piece's with the longest shared span's notes marked (:func:`shared_spans`), for the
   report's side-by-side piano rolls.
@@ -42,7 +42,7 @@ A conditioned transformer's ``conditioned`` samples are also measured for **adhe
 often each sample's key, mode, density and polyphony, measured from its first ``human_window``
 generated ids, equal the labels it was asked for, against the unconditioned samples (floor),
 shuffled requests and held-out human windows against their own piece's labels (ceiling)
-(:mod:`pipeline.conditions.adherence`; inputs ``data/conditions.parquet`` and the ``condition``
+(:mod:`pipeline.audit.adherence`; inputs ``data/conditions.parquet`` and the ``condition``
 section's bands); audit.json ``adherence.<model>``.
 
 Flags: a row is flagged when any metric in ``flag_metrics`` exceeds its threshold, the
@@ -52,7 +52,8 @@ baseline, with intervals: the flag rate against the test windows' rate, membersh
 held-out val and test pieces, whole groups resampled; AUC against 0.5 and the true-positive
 rate at ``membership_fpr``),
 extraction on train against test pieces, and the quality guard
-(:func:`pipeline.music.stats.quality_guard`), which fails silence, noise and undecodable output.
+(:func:`pipeline.music.descriptors.quality_guard`), which fails silence, noise and undecodable
+output.
 Every random draw comes from a ``numpy.random.Generator`` seeded by (``seed``, purpose, model).
 """
 
@@ -62,9 +63,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.conditions.config import ConditionConfig
-from pipeline.core.config import RuntimeConfig, load_section
-from pipeline.scoring.auditing import (  # noqa: F401  (the stage's API, re-exported)
+from pipeline.audit.judging import (  # noqa: F401  (the stage's API, re-exported)
     SPANS_SCHEMA,
     AuditConfig,
     AuditSummary,
@@ -75,13 +74,15 @@ from pipeline.scoring.auditing import (  # noqa: F401  (the stage's API, re-expo
     run,
     shared_spans,
 )
-from pipeline.scoring.loading import (
+from pipeline.audit.overlap import Shingling
+from pipeline.conditions.config import ConditionConfig
+from pipeline.core.config import RuntimeConfig, load_section
+from pipeline.inference.loading import (
     ModelUnavailable,
     add_model_arguments,
     load_named,
     named_seeds,
 )
-from pipeline.scoring.overlap import Shingling
 from pipeline.tokens.contract import TokenInfo
 
 

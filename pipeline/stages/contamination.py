@@ -59,11 +59,11 @@ from pipeline.core.config import (
     load_section,
 )
 from pipeline.core.splits import SPLIT_NAMES
-from pipeline.music import duplicates as dedupe
-from pipeline.music import fingerprints as fp
 from pipeline.music import ingestion as ingest
-from pipeline.music import similarity
 from pipeline.music.midi import list_midi_paths
+from pipeline.similarity import alignment as similarity
+from pipeline.similarity import duplicates as dedupe
+from pipeline.similarity import fingerprints as fp
 
 CACHE_FORMAT = 2
 """Bump when the cached tables change meaning: older cache entries are then ignored."""
@@ -89,7 +89,7 @@ FP_SCHEMA = pa.schema([("sha256", pa.string()), ("transposed", pa.string()),
                        ("signature", pa.large_list(pa.uint32())),
                        ("short_melody", pa.string()),
                        ("short_signature", pa.large_list(pa.uint32()))])
-"""A reference's fingerprints (:class:`pipeline.music.duplicates.Fingerprints`);
+"""A reference's fingerprints (:class:`pipeline.similarity.duplicates.Fingerprints`);
 ``short_signature`` is empty where ``short_melody`` is."""
 NOTE_COLUMNS = ["sha256", "onset", "duration", "pitch", "is_drum", "track"]
 LIST_SUFFIXES = (".txt", ".csv")
@@ -396,7 +396,7 @@ def equal_keys(q: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def match(q: Side, r: Side, r_views: list[np.ndarray], cfg: dedupe.DedupeConfig
           ) -> pd.DataFrame:
     """Every (held-out piece, reference piece) pair that some tier links, at its first tier.
-    ``r_views``: the reference's :func:`~pipeline.music.duplicates.winnow_views`."""
+    ``r_views``: the reference's :func:`~pipeline.similarity.duplicates.winnow_views`."""
     found: dict[tuple[int, int], dict] = {}
 
     def add(qi: np.ndarray, ri: np.ndarray, tier: str, **cols: np.ndarray) -> None:

@@ -13,8 +13,8 @@ Outputs:
 - ``reports/dedupe.json`` — pieces merged, removed and bound per tier.
 
 Cache: ``.cache/dedupe/`` keeps the measures of every near candidate by the two pieces' notes
-(:class:`~pipeline.music.duplicates.VerdictStore`) and each piece's fingerprints and winnowed
-runs by its notes (:mod:`pipeline.music.dedupe_cache`), so a re-run after adding files measures
+(:class:`~pipeline.similarity.duplicates.VerdictStore`) and each piece's fingerprints and winnowed
+runs by its notes (:mod:`pipeline.similarity.dedupe_cache`), so a re-run after adding files measures
 only the pieces and candidates it has not seen, and builds note-token sequences only for the
 pieces of those candidates; ``--no-cache`` measures all. The outputs never depend on it.
 
@@ -22,7 +22,7 @@ Tiers, in order: ``note`` (equal ``note_hash``), ``transposed`` (equal music up 
 and time scale), ``melody`` (equal top-voice interval sequence), ``near`` (candidates from MinHash
 LSH, shared runs and, for short melodies, LSH over melody intervals, each verified by shingle
 Jaccard, containment or alignment). Fingerprints,
-candidates and verification live in :mod:`pipeline.music.duplicates`, shared with the
+candidates and verification live in :mod:`pipeline.similarity.duplicates`, shared with the
 contamination stage; this module links and clusters. Each tier's policy is ``drop`` (keep one
 piece of those linked by drop-tier pairs), ``bind`` (keep all; the split puts them in one group)
 or ``off``.
@@ -51,11 +51,11 @@ from scipy.sparse.csgraph import connected_components
 from pipeline.core import artifacts
 from pipeline.core.arrays import unique
 from pipeline.core.config import RuntimeConfig, load_runtime, load_section
-from pipeline.music import fingerprints as fp
-from pipeline.music import similarity
-from pipeline.music.dedupe_cache import piece_work, sequences_for
-from pipeline.music.digests import note_digests
-from pipeline.music.duplicates import (
+from pipeline.similarity import alignment as similarity
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity.dedupe_cache import piece_work, sequences_for
+from pipeline.similarity.digests import note_digests
+from pipeline.similarity.duplicates import (
     NEAR_RULES,
     TIERS,
     DedupeConfig,
@@ -290,7 +290,8 @@ def load_inputs(manifest: Path, notes: Path) -> tuple[pa.Table, fp.NoteArrays, d
 def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path, out_dir: Path,
         report: Path, cache_dir: Path | None = None) -> DedupeSummary:
     """Dedupe the ok pieces. With ``cache_dir``, the measures of near candidates are kept there
-    (:class:`~pipeline.music.duplicates.VerdictStore`) and reused by later runs, so adding files
+    (:class:`~pipeline.similarity.duplicates.VerdictStore`) and reused by later runs, so adding
+    files
     costs about their new candidates; the outputs are the same with or without it."""
     t0 = time.perf_counter()
     ok, note_arrays, counts = load_inputs(manifest, notes)

@@ -14,21 +14,21 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
   source file, not a tokenizer's preprocessed count), so they compare across tokenizers.
 - Aggregates are ratios of sums over the pieces of a split (total NLL / total tokens, notes or
   seconds), with percentile intervals from a bootstrap over ``group_id``
-  (``pipeline.scoring.bootstrap``); paired differences reuse the same replicates for both models.
+  (``pipeline.stats.bootstrap``); paired differences reuse the same replicates for both models.
 - A pair's relative improvement ``(A − B) / A`` is formed inside each of those replicates, with
   two robustness summaries beside it (median piece effect, effect without the top 3 groups).
 - The transformer slides windows of ``max_seq_len`` tokens by ``evaluate.stride``.
 - A model trained over several seeds (``data/transformer/replicates/index.json``) is scored once
   per seed; aggregates average each piece's NLL over its seeds, and every interval adds a
   Student-t term over the per-seed statistics to the group bootstrap, so it includes training
-  variance (:mod:`pipeline.scoring.aggregate`).
+  variance (:mod:`pipeline.stats.aggregate`).
 - Generalisation gap: every model also scores a fixed subset of train pieces, ``train_pieces``
   of them, or as many as the held-out (val and test) pieces when 0 (:func:`draw_train_subset`),
   by the same scorers (the transformer's is in eval mode: no dropout). ``gap.<model>`` is the
   held-out pieces, pooled, minus that subset, per note and per token, with an interval from
   independent group bootstraps of the two sets (:func:`generalisation`).
 - ``power.<a>_minus_<b>``: the minimum detectable effect of the relative improvement on the test
-  groups, estimated from val's per-group sums (:func:`pipeline.scoring.power.detectable_effect`).
+  groups, estimated from val's per-group sums (:func:`pipeline.stats.power.detectable_effect`).
 
 - A conditioned transformer (``condition.use``, docs/conditioning.md) scores every piece with the
   piece's own conditions, in the model's vocabulary; its targets, and so every NLL's count, are
@@ -51,7 +51,7 @@ the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or
 listed under ``unavailable`` with the reason; the stage still scores the others.
 
 Every scoring of test pieces is a *look*, appended to the test-access ledger
-``reports/ledger.jsonl`` with the registration in force (:mod:`pipeline.report.ledger`). The
+``reports/ledger.jsonl`` with the registration in force (:mod:`pipeline.decision.ledger`). The
 ledger is a log kept in git, not an output: it holds the time and commit of the event, and a
 look already recorded (the same scores under the same registration) is not appended again.
 """
@@ -89,15 +89,8 @@ from pipeline.core.config import (
     load_section,
     parse_section,
 )
-from pipeline.report import ledger
-from pipeline.scoring.aggregate import (
-    HELDOUT,
-    aggregate,
-    draw_train_subset,
-    generalisation,
-    power_blocks,
-)
-from pipeline.scoring.loading import (
+from pipeline.decision import ledger
+from pipeline.inference.loading import (
     ModelSpec,
     add_model_arguments,
     default_specs,
@@ -105,14 +98,21 @@ from pipeline.scoring.loading import (
     replicate_specs,
     set_torch_threads,
 )
-from pipeline.scoring.pieces import (
+from pipeline.inference.pieces import (
     PER_PIECE_SCHEMA,
     match_facts,
     piece_facts,
     piece_table,
     score_rows,
 )
-from pipeline.scoring.protocol import clean_sequences
+from pipeline.inference.protocol import clean_sequences
+from pipeline.stats.aggregate import (
+    HELDOUT,
+    aggregate,
+    draw_train_subset,
+    generalisation,
+    power_blocks,
+)
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
 SPLITS = ("val", "test")
@@ -183,7 +183,7 @@ def registration_check(path: Path | None, cfg: EvaluateConfig,
                        info: TokenInfo) -> dict[str, Any]:
     """Does this evaluation follow ``reports/preregistration.json``'s identity (its split hash and
     its ``evaluate`` section)? Recorded for readers of eval.json; the report's check
-    (:func:`pipeline.report.registration.check`) is the one that decides. ``None`` where the
+    (:func:`pipeline.decision.preregistration.check`) is the one that decides. ``None`` where the
     registration does not say (no file, or a record without an identity)."""
     registered = read_json(path) if path is not None and Path(path).exists() else None
     if not isinstance(registered, dict):

@@ -27,7 +27,7 @@ test) piece drawn with replacement from ``data/conditions.parquet`` (so requests
 labels' real frequencies), with classifier-free guidance ``guidance``; its unconditional samples
 and continuations use no condition. samples.parquet then has two more columns, ``condition``
 (the requested labels, JSON) and ``request_sha256``. The audit measures how often the samples
-follow their request (:mod:`pipeline.conditions.adherence`).
+follow their request (:mod:`pipeline.audit.adherence`).
 
 Each sample has its own generator seeded by (seed, model name, kind, index), so adding a model or
 a sample leaves the other samples unchanged.
@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from pipeline.core.config import RuntimeConfig, load_section
-from pipeline.scoring.generation import (  # noqa: F401  (the stage's API, re-exported)
+from pipeline.inference.generation import (  # noqa: F401  (the stage's API, re-exported)
     CONDITIONED,
     CONDITIONED_SCHEMA,
     KINDS,
@@ -58,7 +58,7 @@ from pipeline.scoring.generation import (  # noqa: F401  (the stage's API, re-ex
     run,
     select_prompts,
 )
-from pipeline.scoring.loading import (
+from pipeline.inference.loading import (
     ModelUnavailable,
     add_model_arguments,
     load_named,

@@ -27,9 +27,18 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import read_json_or_none, read_table_or_none
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
-from pipeline.report import ledger
-from pipeline.report.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
-from pipeline.report.document import (
+from pipeline.decision import ledger
+from pipeline.decision.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
+from pipeline.decision.history import head_commit, registration_order
+from pipeline.decision.preregistration import (
+    COMPARISON_METRIC,
+    Check,
+    Evidence,
+    check,
+    identity,
+    power_note,
+)
+from pipeline.render.document import (
     Audio,
     Details,
     Document,
@@ -42,17 +51,8 @@ from pipeline.report.document import (
     render_markdown,
     with_captions,
 )
-from pipeline.report.figures import loss_curves_png
+from pipeline.render.figures import loss_curves_png
 from pipeline.report.headline import decision_sentence, experiment_rows, gain_rows, plain_evidence
-from pipeline.report.history import head_commit, registration_order
-from pipeline.report.registration import (
-    COMPARISON_METRIC,
-    Check,
-    Evidence,
-    check,
-    identity,
-    power_note,
-)
 from pipeline.report.sections import ReportConfig, add_sections, split_counts, train_logs
 
 
@@ -254,7 +254,7 @@ def headline_figures(criteria: CriteriaConfig, metrics: Mapping[str, Any], paths
     """The first screen's figures: the transformer's gain over the n-gram per split (pooled
     and per seed, with the registered threshold), and the loss curves with the n-gram's val
     level."""
-    from pipeline.report.compare_figures import forest_png
+    from pipeline.render.compare_figures import forest_png
 
     out: list[Figure | Para] = []
     rows = gain_rows(metrics)

@@ -4,7 +4,7 @@ Inputs: ``data/manifest.parquet``, ``data/notes.parquet`` (for the leakage audit
 ``data/dedupe/{clusters,pairs}.parquet`` + ``fingerprint.json``.
 Outputs: ``data/splits.parquet`` (every kept piece: ``sha256``, ``group_id``, ``split``, ``fold``),
 ``reports/split.json`` (realised shares, ``split_hash``, moved pieces), ``reports/leakage.json``
-and ``reports/figures/leakage.png`` (see :mod:`pipeline.music.leakage`).
+and ``reports/figures/leakage.png`` (see :mod:`pipeline.similarity.leakage`).
 
 Groups are the connected components of: each file's metadata ``group`` (byte duplicates included:
 a duplicate has its canonical's sha256, so its label joins the canonical's group) and dedupe's
@@ -46,7 +46,7 @@ Invariants: no group, metadata label or dedupe pair spans splits (``crossing_*``
 audit). They hold by construction, so the stage checks them before writing anything and raises
 :class:`SplitInvariantError` otherwise: a bug here (or dedupe pairs that disagree with its
 clusters), never a property of the data. The evidence about leakage is the audit's
-``independent`` block (:mod:`pipeline.music.leakage`).
+``independent`` block (:mod:`pipeline.similarity.leakage`).
 
 Moved pieces: the previous split is read from ``--previous FILE`` or, if that is not given, from the
 output path before it is overwritten. ``dvc repro`` deletes outputs before a stage runs, so to list
@@ -75,10 +75,10 @@ from pipeline.core import artifacts
 from pipeline.core.arrays import isin
 from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
 from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_hash
-from pipeline.music import fingerprints as fp
-from pipeline.music import leakage
-from pipeline.music.digests import note_digests
-from pipeline.music.leakage_cache import AuditCache, audit_inputs, cache_key
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity import leakage
+from pipeline.similarity.digests import note_digests
+from pipeline.similarity.leakage_cache import AuditCache, audit_inputs, cache_key
 
 MAX_MOVED_LISTED = 1000
 
@@ -368,7 +368,7 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
         dedupe_dir: Path, splits: Path, report: Path, leakage_report: Path, figure: Path,
         previous: Path | None = None, cache_dir: Path | None = None) -> SplitSummary:
     """Split the kept pieces and audit the split. With ``cache_dir``, the audit's results are
-    kept there (:class:`~pipeline.music.leakage_cache.AuditCache`) and the next run compares
+    kept there (:class:`~pipeline.similarity.leakage_cache.AuditCache`) and the next run compares
     its queries only with the pieces they have not met; the outputs are the same without it."""
     t0 = time.perf_counter()
     man = artifacts.read_parquet(manifest, columns=["sha256", "status", "group", "n_notes"])

@@ -11,7 +11,7 @@ Inputs: ``data/tokens/tokens.parquet`` (``sha256``, ``split``, ``track``, ``ids`
 - ``reports/plots/ngram_orders.tsv``: the per-order curve (DVC plot);
 - ``reports/ngram.env.json``: timings (sidecar).
 
-Sequences follow the evaluation protocol (:func:`pipeline.scoring.protocol.clean_sequences`):
+Sequences follow the evaluation protocol (:func:`pipeline.inference.protocol.clean_sequences`):
 special ids are removed, pieces that were not encoded or hold out-of-range ids are excluded and
 counted. All n-grams up to the largest order are counted once on train; every order is smoothed
 from those counts and scored on val (mean NLL per target, EOS included). The lowest val NLL wins;
@@ -35,7 +35,7 @@ from models.ngram import NGramLM, Smoothing
 from models.ngram_counts import IdSpace, count_ngrams
 from pipeline.core.artifacts import read_parquet, write_json, write_sidecar, write_text
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
-from pipeline.scoring.protocol import clean_sequences
+from pipeline.inference.protocol import clean_sequences
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
 MAX_ORDER = 12

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.core.config import check_all, read_params
-from pipeline.report.comparisons import CompareConfig, check_against
+from pipeline.decision.registered_comparisons import CompareConfig, check_against
 
 
 def main(args: argparse.Namespace) -> int:

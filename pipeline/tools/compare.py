@@ -3,7 +3,7 @@
 Each argument is an *arm*: the evaluation results of one run, read from a directory (or
 ``workspace``, the current directory) or from a git revision of the repository in the current
 directory (a commit, branch, tag or DVC experiment name). The first arm is the baseline; every
-other arm is compared with it on the pieces both scored (:mod:`pipeline.scoring.compare`), and
+other arm is compared with it on the pieces both scored (:mod:`pipeline.stats.paired`), and
 the command says which parameters differ, whether the difference is significant after Holm's
 correction, and whether the arms are equivalent within a margin. See ``docs/compare.md``.
 
@@ -11,12 +11,13 @@ An arm's files, relative to its root: ``params.yaml``, ``reports/eval.json``,
 ``reports/eval/per_piece.parquet`` and, optionally, ``reports/train.json``, the training logs
 (``reports/plots/train_log/``, for the learning curves) and the registered comparisons
 (``reports/preregistration_compare.json``): the baseline's registration is judged
-(:mod:`pipeline.report.comparisons`), with the registered settings, and every comparison says
+(:mod:`pipeline.decision.registered_comparisons`), with the registered settings, and every
+comparison says
 which registered rule covers it or that none does (NOT REGISTERED). Outputs: ``compare.json``,
 ``compare.md`` and ``compare.html`` in ``--out``, and the figures in ``figures/`` under it
 unless ``--no-figures``; no timestamps or absolute paths (sources appear as the user gave
 them). This module resolves, loads and compares the arms; the words, the document and the
-figures are :mod:`pipeline.report.compare`'s.
+figures are :mod:`pipeline.report.compare_document`'s.
 
 A tool, not a DVC stage: no stage runs it, nothing here imports torch, and matplotlib is loaded
 only when figures are drawn.
@@ -44,11 +45,11 @@ from ruamel.yaml import YAMLError
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import ParamsError, parse_section, parse_yaml, read_params
-from pipeline.report import comparisons as registered
-from pipeline.report.compare import Curves, build_document, draw_figures, render, verdict
-from pipeline.report.comparisons import REGISTRATION, CompareConfig, ComparisonRule
-from pipeline.scoring import compare as stats
-from pipeline.scoring.compare import Refusal
+from pipeline.decision import registered_comparisons as registered
+from pipeline.decision.registered_comparisons import REGISTRATION, CompareConfig, ComparisonRule
+from pipeline.report.compare_document import Curves, build_document, draw_figures, render, verdict
+from pipeline.stats import paired as stats
+from pipeline.stats.paired import Refusal
 
 PARAMS, EVAL, PER_PIECE, TRAIN = ("params.yaml", "reports/eval.json",
                                   "reports/eval/per_piece.parquet", "reports/train.json")
@@ -172,7 +173,8 @@ class Arm:
     per_piece: pd.DataFrame
     train: dict[str, Any] | None
     registration: Any = None
-    """The arm's :data:`pipeline.report.comparisons.REGISTRATION`, parsed (None without one)."""
+    """The arm's :data:`pipeline.decision.registered_comparisons.REGISTRATION`, parsed (None
+    without one)."""
 
     @property
     def protocol(self) -> dict[str, Any]:
@@ -369,7 +371,8 @@ def _metrics_for(a: Arm, b: Arm) -> tuple[list[tuple[str, str]], dict[str, str]]
 
 def judge_registered(arms: Sequence[Arm]) -> dict[str, Any]:
     """The baseline's registered comparisons judged on ``arms``
-    (:func:`pipeline.report.comparisons.judge`): each rule's pair is scored like a comparison,
+    (:func:`pipeline.decision.registered_comparisons.judge`): each rule's pair is scored like a
+    comparison,
     on its own model and split, with the registered ``n_boot`` and ``seed``, and with the
     generator of the comparison of arm ``j`` when the pair's baseline is the first arm
     (``default_rng([seed, j])``; ``[seed, i, j]`` otherwise)."""

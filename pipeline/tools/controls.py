@@ -1,5 +1,5 @@
 """``symkit controls``: how often each decision criterion passes a good and a bad model at the
-default experiment's sample sizes (:mod:`pipeline.report.controls`), as a Markdown table.
+default experiment's sample sizes (:mod:`pipeline.decision.criteria_controls`), as a Markdown table.
 
 Run it before ``symkit preregister``: a rule that passes its good control less than 80% of the
 time, or its bad control more than 5%, cannot tell the two apart at these sizes and should be
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from pipeline.core.config import load_section
-from pipeline.report.controls import BAD_AT_MOST, GOOD_AT_LEAST, rates
-from pipeline.report.criteria import CriteriaConfig
+from pipeline.decision.criteria import CriteriaConfig
+from pipeline.decision.criteria_controls import BAD_AT_MOST, GOOD_AT_LEAST, rates
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

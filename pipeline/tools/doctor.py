@@ -299,7 +299,7 @@ def _condition_gap(table: Any, tokens: Path, info: Path, transformer_dir: Path) 
     from models.transformer import load_scorer
     from pipeline.conditions.assign import model_vocab, with_vocab
     from pipeline.conditions.diagnostics import condition_gap
-    from pipeline.scoring.protocol import clean_sequences
+    from pipeline.inference.protocol import clean_sequences
 
     scorer = load_scorer(transformer_dir)
     vocab = model_vocab(scorer.condition)

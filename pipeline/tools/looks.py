@@ -8,7 +8,7 @@ per-piece table hold and the ledger lacks; it never changes or removes a line.
 ``--spent FILE`` (after ``--rebuild``, when both are given) writes every piece any look scored,
 sorted, one sha256 a line under a ``#`` header: the file ``split.exclude_test`` reads to draw a
 test set no look has seen. The same ledger gives the same bytes.
-(:mod:`pipeline.report.ledger` holds the format and the scans.)
+(:mod:`pipeline.decision.ledger` holds the format and the scans.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from pipeline.core import artifacts
-from pipeline.report import ledger
+from pipeline.decision import ledger
 
 
 def current_test_pieces(splits: Path, per_piece: Path) -> tuple[list[str], str]:

@@ -4,7 +4,7 @@ set is scored.
 Pre-registration is an explicit act, not a pipeline stage: run it after ``split`` (it needs the
 split) and before ``evaluate`` has scored the test split, then commit
 ``reports/preregistration.json`` on its own, before the results. The record
-(:mod:`pipeline.report.registration`) holds:
+(:mod:`pipeline.decision.preregistration`) holds:
 
 - ``identity.split_hash``: computed from ``data/splits.parquet`` (and checked against
   ``reports/split.json``);
@@ -15,7 +15,8 @@ split) and before ``evaluate`` has scored the test split, then commit
 - ``identity_hash``: the hash of ``identity`` (the report recomputes it);
 - ``power``: before any training, each rule's pass rates under its planted good and bad
   controls at the registered sizes (split counts, audit and generate params; spreads stated,
-  :mod:`pipeline.report.controls`), and for the gain and the gap the true value each resolves at
+  :mod:`pipeline.decision.criteria_controls`), and for the gain and the gap the true value each
+  resolves at
   80% power; the report repeats it;
 - ``forced`` and ``looks_before``: set only by ``--force``, which registers although test scores
   of these pieces exist; the report then reads ``FOLLOWED AFTER n LOOKS`` at best.
@@ -23,12 +24,13 @@ split) and before ``evaluate`` has scored the test split, then commit
 It refuses when test scores of any of the test pieces exist anywhere symkit can see: the
 test-access ledger (``reports/ledger.jsonl``), the workspace's per-piece table and eval.json,
 every committed version of them on any git ref (DVC experiments included), and the DVC cache
-(:func:`pipeline.report.ledger.scan_history`). Looks found there are appended to the ledger.
+(:func:`pipeline.decision.ledger.scan_history`). Looks found there are appended to the ledger.
 No timestamps: the commit that adds the file dates it, and the report's status says whether that
 commit precedes the results.
 
 The planned comparisons between runs (params.yaml's ``compare`` section) are frozen into a file of
-their own, ``reports/preregistration_compare.json`` (:mod:`pipeline.report.comparisons`), so that
+their own, ``reports/preregistration_compare.json``
+(:mod:`pipeline.decision.registered_comparisons`), so that
 registering a comparison never changes the experiment's registration, which evaluate reads.
 Register them before the runs they compare (commit the file, then ``symkit sweep`` or ``dvc exp
 run``): every experiment carries the file it ran with, and ``symkit compare`` calls a rule
@@ -37,7 +39,8 @@ alone, e.g. on an experiment whose test set is already scored.
 
 In an adaptation experiment's folder (params.yaml with an ``adaptation`` section, e.g.
 ``experiments/adaptation``) it registers that experiment instead: the target's and the source's
-splits, the frozen sections and the decision (:mod:`pipeline.adaptation.registration`), refusing
+splits, the frozen sections and the decision (:mod:`pipeline.adaptation.adaptation_registration`),
+refusing
 when the experiment's target test scores exist (its ledger, git history, the workspace).
 """
 
@@ -48,22 +51,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.adaptation import registration as adapt_registration
+from pipeline.adaptation import adaptation_registration as adapt_registration
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash, split_hash_of
-from pipeline.report import comparisons, ledger
-from pipeline.report.comparisons import CompareConfig
-from pipeline.report.controls import design_sizes, power_block, power_lines
-from pipeline.report.criteria import CriteriaConfig
-from pipeline.report.registration import (
+from pipeline.decision import ledger
+from pipeline.decision import registered_comparisons as comparisons
+from pipeline.decision.criteria import CriteriaConfig
+from pipeline.decision.criteria_controls import design_sizes, power_block, power_lines
+from pipeline.decision.preregistration import (
     BOUND_SPLITS,
     build,
     identity,
     power_note,
     test_scores_exist,
 )
+from pipeline.decision.registered_comparisons import CompareConfig
 
 
 class AlreadyScored(RuntimeError):
@@ -141,8 +145,10 @@ def split_counts(splits: Path) -> dict[str, tuple[int, int]]:
 
 def design_power(criteria: CriteriaConfig, params: dict[str, Any], splits: Path,
                  draws: int) -> dict[str, Any]:
-    """The registration's ``power`` block: :func:`pipeline.report.controls.power_block` at the
-    sizes of this split and these params (:func:`~pipeline.report.controls.design_sizes`)."""
+    """The registration's ``power`` block: :func:`pipeline.decision.criteria_controls.power_block`
+    at the
+    sizes of this split and these params
+    (:func:`~pipeline.decision.criteria_controls.design_sizes`)."""
     return power_block(criteria, design_sizes(params, split_counts(splits)), draws)
 
 
@@ -209,7 +215,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _register_adaptation(args: argparse.Namespace) -> int:
-    """An adaptation experiment's registration (:mod:`pipeline.adaptation.registration`), run in
+    """An adaptation experiment's registration
+    (:mod:`pipeline.adaptation.adaptation_registration`), run in
     its folder: the source's split is ``--splits``, the target's ``--target-splits``."""
     try:
         rec = adapt_registration.register(

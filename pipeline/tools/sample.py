@@ -7,7 +7,7 @@ piece with a one-stream tokenizer), sample ``i`` taking prompt ``i mod len(promp
 conditioned model samples with the ``--condition NAME=LABEL`` labels (the other slots "none"; no
 ``--condition``: every slot "none", as ``generate`` samples), optionally with classifier-free
 guidance (``--guidance``). The sampler is the generate stage's
-(:func:`pipeline.scoring.sampling.sample_sequences`): temperature, top-k, top-p, PAD/BOS and the
+(:func:`pipeline.inference.sampling.sample_sequences`): temperature, top-k, top-p, PAD/BOS and the
 tokenizer's other specials never drawn, EOS ends a sample.
 
 Sample ``i`` draws from its own ``numpy.random.default_rng([seed, i])``, so the same seed, model,
@@ -33,7 +33,8 @@ import numpy as np
 
 from pipeline.core.artifacts import write_bytes, write_json
 from pipeline.core.progress import progress
-from pipeline.scoring.inference import (
+from pipeline.inference.sampling import SamplingParams, sample_sequences
+from pipeline.inference.standalone import (
     STATUSES,
     Inference,
     InferenceError,
@@ -42,7 +43,6 @@ from pipeline.scoring.inference import (
     parse_conditions,
     read_files,
 )
-from pipeline.scoring.sampling import SamplingParams, sample_sequences
 from pipeline.tokens.contract import never_sampled
 from pipeline.tokens.tokenizer import decode_ids
 

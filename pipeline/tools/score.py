@@ -3,9 +3,9 @@
 
 Files and folders (folders are searched recursively for ``.mid``/``.midi``/``.kar`` files, sorted)
 are read, checked and encoded in worker processes as the tokenize stage encodes a piece
-(:mod:`pipeline.scoring.inference`), then scored under the evaluate stage's protocol: each token
+(:mod:`pipeline.inference.standalone`), then scored under the evaluate stage's protocol: each token
 sequence framed ``BOS x_1..x_n EOS``, ``n + 1`` targets, special ids removed, long sequences in
-sliding windows (:func:`pipeline.scoring.pieces.score_rows`). A file's NLL is the sum over its
+sliding windows (:func:`pipeline.inference.pieces.score_rows`). A file's NLL is the sum over its
 sequences; per note it divides by the file's notes counted as ingest counts them.
 
 A conditioned model scores each file with the file's own built-in conditions, measured as the
@@ -14,7 +14,7 @@ becomes "none" and is listed in ``conditions_unknown``), with "none" in every sl
 (``--conditions none``), and ``--condition NAME=LABEL`` fixes a slot for every file.
 
 Output (``--out``, CSV or Parquet by its extension): one row per file, in input order, bad files
-included (:data:`pipeline.scoring.inference.STATUSES`); columns :data:`COLUMNS`, then for a
+included (:data:`pipeline.inference.standalone.STATUSES`); columns :data:`COLUMNS`, then for a
 conditioned model one ``condition_<name>`` column per slot (the label used, ``<none>`` for "no
 condition") and ``conditions_unknown``.
 """
@@ -35,8 +35,8 @@ import pyarrow.compute as pc
 
 from pipeline.core.artifacts import write_parquet, write_text
 from pipeline.core.progress import progress
-from pipeline.music.midi import list_midi_paths
-from pipeline.scoring.inference import (
+from pipeline.inference.pieces import score_rows
+from pipeline.inference.standalone import (
     FileResult,
     Inference,
     InferenceError,
@@ -46,7 +46,7 @@ from pipeline.scoring.inference import (
     parse_conditions,
     read_files,
 )
-from pipeline.scoring.pieces import score_rows
+from pipeline.music.midi import list_midi_paths
 
 COLUMNS = pa.schema([
     ("path", pa.string()), ("sha256", pa.string()), ("status", pa.string()),

@@ -43,7 +43,7 @@ import yaml
 
 from pipeline.core import artifacts
 from pipeline.core.config import SECTIONS, ParamsError, parse_section, parse_yaml, section_class
-from pipeline.report.comparisons import REGISTRATION
+from pipeline.decision.registered_comparisons import REGISTRATION
 from pipeline.tools.compare import EVAL, PARAMS, PER_PIECE
 
 GUARDED = (PARAMS, "dvc.yaml", REGISTRATION)

@@ -1,0 +1,1 @@
+"""Does generated music copy its training set, and does it follow its condition?"""

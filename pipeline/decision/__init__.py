@@ -1,0 +1,1 @@
+"""The pre-registered decision: criteria, registration, test-access ledger, history, controls."""

@@ -1,0 +1,1 @@
+"""Trained models at work: the scoring protocol, loading, sampling, per-piece scores."""

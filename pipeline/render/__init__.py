@@ -1,0 +1,1 @@
+"""Deterministic drawing and documents: Markdown/HTML blocks, PNG figures, FLAC audio."""

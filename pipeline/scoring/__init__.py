@@ -1,2 +1,0 @@
-"""Scoring and model loading: the protocol's token rules (``protocol``), loading trained models
-(``loading``), the group bootstrap, sampling and memorisation measures."""

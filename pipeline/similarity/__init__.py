@@ -1,0 +1,1 @@
+"""Which pieces are the same music: fingerprints, LSH, alignment, duplicates, leakage."""

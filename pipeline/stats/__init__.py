@@ -1,0 +1,1 @@
+"""Statistics the decision rests on: group bootstrap, power, paired comparisons, aggregates."""

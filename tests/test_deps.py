@@ -18,6 +18,7 @@ from pipeline.tools.deps import (
     experiment_files,
     scan,
     stage_modules,
+    write,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,7 @@ def test_an_experiment_stage_listing_unused_code_is_named(copy: Path) -> None:
 
 
 def test_a_removed_dep_is_named(copy: Path) -> None:
-    kept = "      - pipeline/similarity/digests.py\n"
+    kept = "      - pipeline/render/figures.py\n"
     _edit(copy / "dvc.yaml", "      - pipeline/core/splits.py\n" + kept, kept)
     problems = check(copy)
     assert len(problems) == 1, problems
@@ -161,3 +162,30 @@ def test_scan_sees_every_import_form(tmp_path: Path) -> None:
     assert closure(mods, "pipeline.sub.e") == {"pipeline.sub.e", "pipeline", "pipeline.d",
                                                "pipeline.a", "pipeline.c"}
     assert cycles(mods) == []
+
+
+
+def test_write_regenerates_both_pipelines_byte_for_byte(copy: Path) -> None:
+    files = [copy / "dvc.yaml", *experiment_files(copy)]
+    before = [f.read_bytes() for f in files]
+    assert write(copy) == []
+    assert [f.read_bytes() for f in files] == before
+
+
+def test_write_mends_stale_code_deps_and_keeps_the_rest(copy: Path) -> None:
+    """A missing entry, an entry the stage never runs and a shuffled order are mended in both
+    files; data deps, comments and the other lines keep their bytes."""
+    top, exp = copy / "dvc.yaml", copy / "experiments" / "adaptation" / "dvc.yaml"
+    committed = {f: f.read_text(encoding="utf-8") for f in (top, exp)}
+    _edit(top, "      - pipeline/core/splits.py\n      - pipeline/render/figures.py\n",
+          "      - pipeline/render/figures.py\n      # a note kept where it is\n")
+    _edit(top, "      - pipeline/stages/train_ngram.py\n",
+          "      - pipeline/stages/evaluate.py\n      - pipeline/stages/train_ngram.py\n")
+    _edit(exp, "        - ../../pipeline/core/memory.py\n", "")
+    assert len(check(copy)) == 3
+    assert write(copy) == [top, exp]
+    assert check(copy) == []
+    assert exp.read_text(encoding="utf-8") == committed[exp]
+    assert top.read_text(encoding="utf-8") == committed[top].replace(
+        "      - pipeline/stages/split.py\n",
+        "      - pipeline/stages/split.py\n      # a note kept where it is\n", 1)

@@ -17,7 +17,13 @@ Also checked, for the whole repository:
   whose outputs it reads).
 
 ``python -m pipeline.tools.deps`` (or ``symkit check-deps``) prints each problem on one line and
-exits 1 when there is any; ``--print`` shows the ``deps`` code list each stage should have.
+exits 1 when there is any; ``--print`` shows the ``deps`` code list each stage should have, and
+``--write`` puts it into ``dvc.yaml`` and every experiment's ``dvc.yaml``: in each stage's
+``deps``, the code entries are replaced by the closure, sorted, where the first code entry stood
+(paths relative to that file, as DVC reads them); data entries, comments and everything else
+keep their bytes. Layering (which package may import which) is import-linter's job, with the
+contracts in ``pyproject.toml``; this module checks only what is the project's own: that each
+stage lists the code it runs.
 """
 
 from __future__ import annotations
@@ -293,21 +299,101 @@ def _order_problems(stages: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def expected_code_deps(root: Path) -> dict[str, list[str]]:
-    """stage -> the code files its ``deps`` should list (for ``--print``)."""
+def expected_code_deps(root: Path, dvc_yaml: Path | None = None,
+                       modules: Mapping[str, Module] | None = None) -> dict[str, list[str]]:
+    """stage -> the code files its ``deps`` should list, as paths relative to the repository
+    root (for ``--print`` and ``--write``); ``dvc_yaml`` defaults to the top-level file."""
     from pipeline.cli import COMMANDS
 
-    stages = (yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {})["stages"]
-    modules = scan(root)
+    root = Path(root)
+    dvc_yaml = dvc_yaml or root / "dvc.yaml"
+    stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {})
+    modules = modules or scan(root)
     run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
     return {s: sorted(code_files(modules, closure(modules, m))) for s, m in run_by.items()
             if m in modules}
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def rewrite_code_deps(text: str, expected: Mapping[str, list[str]], prefix: str) -> str:
+    """``text`` (a ``dvc.yaml``) with each stage's code deps replaced by ``expected[stage]``
+    (repository paths, written as ``prefix + path``), sorted, at the place of the first code
+    entry (the top of ``deps`` when there is none). Only those lines change."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    stage: str | None = None
+    stage_indent = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            ind = _indent(line)
+            if stage_indent is None and stripped == "stages:":
+                stage_indent = ind + 2  # stage names sit one level below `stages:`
+            elif stage_indent is not None and ind == stage_indent and stripped.endswith(":"):
+                stage = stripped[:-1]
+            elif stage_indent is not None and ind < stage_indent:
+                stage = None
+        if stage in expected and stripped == "deps:":
+            out.append(line)
+            deps_indent = _indent(line)
+            block: list[str] = []
+            i += 1
+            while i < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith("#")
+                                      or _indent(lines[i]) > deps_indent):
+                block.append(lines[i])
+                i += 1
+            while block and not block[-1].strip():  # blank lines after the list stay after it
+                i -= 1
+                block.pop()
+            item_indent = next((_indent(b) for b in block if b.lstrip().startswith("- ")),
+                               deps_indent + 2)
+            kept: list[str] = []
+            at = None
+            for b in block:
+                entry = b.strip()[2:].strip() if b.lstrip().startswith("- ") else None
+                if entry is not None and _is_code_dep(os.path.normpath(
+                        entry[len(prefix):] if entry.startswith(prefix) else entry)):
+                    at = len(kept) if at is None else at
+                    continue
+                kept.append(b)
+            new = [f"{' ' * item_indent}- {prefix}{f}\n" for f in expected[stage]]
+            at = 0 if at is None else at
+            out.extend(kept[:at] + new + kept[at:])
+            continue
+        out.append(line)
+        i += 1
+    return "".join(out)
+
+
+def write(root: Path) -> list[Path]:
+    """Write each stage's code deps into ``dvc.yaml`` and every experiment's ``dvc.yaml``;
+    returns the files that changed."""
+    root = Path(root)
+    modules = scan(root)
+    changed = []
+    for f in [root / "dvc.yaml", *experiment_files(root)]:
+        prefix = os.path.relpath(root, f.parent)
+        prefix = "" if prefix == "." else prefix + "/"
+        text = f.read_text(encoding="utf-8")
+        new = rewrite_code_deps(text, expected_code_deps(root, f, modules), prefix)
+        if new != text:
+            f.write_text(new, encoding="utf-8")
+            changed.append(f)
+    return changed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", type=Path, default=Path("."), help="repository root")
     parser.add_argument("--print", action="store_true", dest="show",
                         help="print the code each stage should list under deps")
+    parser.add_argument("--write", action="store_true",
+                        help="write each stage's code deps into dvc.yaml and every "
+                             "experiment's dvc.yaml (data deps and comments are kept)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -316,6 +402,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"{stage}:")
             print("\n".join(f"  - {f}" for f in files))
         return 0
+    if args.write:
+        for f in write(args.root):
+            print(f"check-deps: wrote {f}")
     problems = check(args.root)
     for p in problems:
         print(p, file=sys.stderr)

@@ -9,10 +9,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from models.transformer import GPT, TransformerConfig, TransformerScorer
+from models.transformer import GPT, TransformerConfig
 from pipeline.conditions.assign import piece_conditions, transpose_label, transposed_ids
 from pipeline.conditions.diagnostics import condition_gap, shuffle_conditions, verdict
 from pipeline.conditions.vocab import ConditionVocab, fit_vocab
+from pipeline.inference.scorer import TransformerScorer
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training.data import Corpus, WindowStream, drop_conditions
 from pipeline.training.loop import train

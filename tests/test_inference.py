@@ -16,12 +16,13 @@ import pandas as pd
 import pytest
 import torch
 
-from models.transformer import GPT, TransformerConfig, TransformerScorer, load_scorer, save_model
+from models.transformer import GPT, TransformerConfig, save_model
 from pipeline.cli import main
 from pipeline.conditions.vocab import ConditionVocab
 from pipeline.core.artifacts import read_json, sha256_bytes
 from pipeline.inference.pieces import score_rows
 from pipeline.inference.protocol import clean_sequences
+from pipeline.inference.scorer import TransformerScorer, load_scorer
 from pipeline.inference.standalone import encode_midi, open_model
 from pipeline.music.parsing import parse_midi
 from pipeline.stages.tokenize import TokenizeConfig

@@ -18,6 +18,7 @@ import pipeline.training.loop as loop
 from models.lora import param_counts
 from pipeline.cli import main as cli_main
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.inference.scorer import load_scorer
 from pipeline.stages.train_transformer import run
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.config import TransformerStageConfig
@@ -78,7 +79,7 @@ def test_outputs_are_complete_and_deterministic(data, tmp_path):
     assert env["device"] == "cpu" and env["tokens_per_s"] > 0 and "environment" in env
     assert "seconds" not in json.dumps(a)
     # the evaluation/generation entry point reads the stage's output folder
-    scorer = mt.load_scorer(tmp_path / "a" / "model")
+    scorer = load_scorer(tmp_path / "a" / "model")
     seqs = [np.arange(3, 20), np.arange(3, 100) % 61 + 3]
     assert [len(x) for x in scorer.token_nll(seqs)] == [18, 98]
     assert scorer.next_logprobs(seqs).shape == (2, 64) and scorer.eos_id == EOS

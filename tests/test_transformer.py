@@ -15,11 +15,10 @@ from models.transformer import (
     GPT,
     IGNORE_INDEX,
     TransformerConfig,
-    TransformerScorer,
     load_model,
-    load_scorer,
     save_model,
 )
+from pipeline.inference.scorer import TransformerScorer, load_scorer
 
 V, T = 40, 16
 BOS, EOS, PAD = 1, 2, 0

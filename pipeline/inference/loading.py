@@ -61,7 +61,7 @@ def load_transformer(model_dir: Path, device: str = "cpu",
     """The transformer scorer; ``stride`` (``evaluate.stride``) is its sliding-window step, by
     default the scorer's own (``max_seq_len // 4``). A stride outside ``1..max_seq_len`` raises
     :class:`ParamsError` naming ``evaluate.stride``."""
-    from models.transformer import TransformerScorer, load_scorer  # torch: only when needed
+    from pipeline.inference.scorer import TransformerScorer, load_scorer  # torch: only when needed
 
     scorer = load_scorer(model_dir, device=device)
     if stride is None:

@@ -102,12 +102,13 @@ class Inference:
 
     def scorer(self, device: str = "cpu", stride: int | None = None, batch_size: int = 32,
                torch_threads: int | None = None) -> Any:
-        """The model as a :class:`models.transformer.TransformerScorer` (fp32, eval mode);
+        """The model as a :class:`pipeline.inference.scorer.TransformerScorer` (fp32, eval mode);
         ``stride``: its sliding-window step (None: the scorer's default, ``max_seq_len // 4``).
         ``torch_threads`` fixes torch's CPU threads first (results depend on it)."""
         import torch
 
-        from models.transformer import TransformerScorer, load_model
+        from models.transformer import load_model
+        from pipeline.inference.scorer import TransformerScorer
 
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)

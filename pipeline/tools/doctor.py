@@ -296,10 +296,10 @@ def condition_checks(ccfg: Any, *, conditions: Path, notes: Path, splits: Path, 
 
 
 def _condition_gap(table: Any, tokens: Path, info: Path, transformer_dir: Path) -> CheckResult:
-    from models.transformer import load_scorer
     from pipeline.conditions.assign import model_vocab, with_vocab
     from pipeline.conditions.diagnostics import condition_gap
     from pipeline.inference.protocol import clean_sequences
+    from pipeline.inference.scorer import load_scorer
 
     scorer = load_scorer(transformer_dir)
     vocab = model_vocab(scorer.condition)

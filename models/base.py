@@ -14,6 +14,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+IGNORE_INDEX = -100
+"""Target id of padded positions (torch's ``cross_entropy`` default): never a loss term."""
+
 
 @runtime_checkable
 class SequenceModel(Protocol):

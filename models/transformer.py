@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.base import IGNORE_INDEX
 from pipeline.core.artifacts import read_json, write_bytes, write_json
-from pipeline.tokens.contract import IGNORE_INDEX
 
 MODEL_FORMAT = "symkit-transformer-v1"
 

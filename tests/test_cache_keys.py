@@ -42,8 +42,9 @@ def imported_modules(name: str) -> set[str]:
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("pipeline.")}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline"):
+            found |= {a.name for a in node.names if a.name.startswith(("pipeline.", "models."))}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                ("pipeline", "models")):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
                 found.add(sub if _is_module(sub) else node.module)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from models.base import IGNORE_INDEX
 from pipeline.core.artifacts import ArtifactError, write_json, write_parquet
-from pipeline.tokens.contract import IGNORE_INDEX
 from pipeline.tokens.dataset import load_experiment, window_starts
 
 PAD, BOS, EOS = 0, 1, 2

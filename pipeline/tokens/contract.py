@@ -6,8 +6,8 @@ One home for each piece of it, with one reader and one writer:
 - ``data/tokens/tokens.parquet`` and ``augmented.parquet``: :data:`TOKENS_SCHEMA`,
   :data:`AUGMENTED_SCHEMA` and :func:`read_tokens`;
 - special ids: :data:`SPECIAL_TOKENS` (PAD, BOS, EOS, required of every tokenizer),
-  :data:`IGNORE_INDEX` (padded targets), :meth:`TokenInfo.special_ids` and
-  :func:`never_sampled`.
+  :meth:`TokenInfo.special_ids` and :func:`never_sampled`; padded targets are
+  :data:`models.base.IGNORE_INDEX`, which every model reads.
 
 Token tables hold no BOS/EOS: a model frames each row as ``BOS x_1..x_n EOS``.
 """
@@ -26,8 +26,6 @@ from pipeline.core.artifacts import ArtifactError, read_json, read_parquet, writ
 
 SPECIAL_TOKENS = ("PAD_None", "BOS_None", "EOS_None")
 """miditok special tokens every tokenizer must have (the tokenize stage refuses others)."""
-IGNORE_INDEX = -100
-"""Target id of padded positions (torch's ``cross_entropy`` default): never a loss term."""
 
 TOKENS_SCHEMA = pa.schema([
     ("sha256", pa.string()), ("split", pa.string()), ("track", pa.int16()),

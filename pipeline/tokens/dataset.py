@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from models.base import IGNORE_INDEX
 from pipeline.core.artifacts import read_parquet
 from pipeline.core.splits import SPLIT_NAMES
-from pipeline.tokens.contract import IGNORE_INDEX, TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens
 from pipeline.tokens.tokenizer import load_tokenizer
 
 

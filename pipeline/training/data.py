@@ -36,10 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.base import IGNORE_INDEX
 from pipeline.conditions.assign import PieceConditions, transposed_ids
 from pipeline.conditions.vocab import ConditionVocab
 from pipeline.core.artifacts import read_parquet
-from pipeline.tokens.contract import IGNORE_INDEX, TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens
 
 
 @dataclass

@@ -32,7 +32,6 @@ CANNOT_CHANGE_RESULTS = {
     "pipeline.core.progress": "progress bars",
     "pipeline.music.midi": "lists source files",
     "pipeline.similarity.dedupe_cache": "reads and writes the dedupe stores",
-    "pipeline.render.figures": "draws the audit's figures",
 }
 
 

@@ -116,9 +116,12 @@ def test_audit_contrasts_grouped_and_random_split(tmp_path):
     tok = TokenStrings.build(all_notes, 4).select(rows)
     pairs = artifacts.read_parquet(tmp_path / "dedupe" / "pairs.parquet")
     kw = dict(seed=1, ratios=(0.8, 0.1, 0.1), max_test=5, rule=RULE)
-    r1, png1 = audit(kept, pairs, sm, mel, tok, **kw)
-    r2, png2 = audit(kept, pairs, sm, mel, tok, **kw, workers=2)
-    assert r1 == r2 and png1 == png2 and r1["grouped_test_audited"] <= 5
+    r1, curves1 = audit(kept, pairs, sm, mel, tok, **kw)
+    r2, curves2 = audit(kept, pairs, sm, mel, tok, **kw, workers=2)
+    assert r1 == r2 and r1["grouped_test_audited"] <= 5
+    assert curves1.keys() == curves2.keys() and all(
+        np.array_equal(curves1[k], curves2[k]) for k in curves1)
+    assert len(curves1["grouped: test → nearest train"]) == r1["grouped_test_audited"]
     ind = r1["independent"]
     assert ind["test_measured"] == min(5, ind["test_pieces"]) and ind["val_measured"] <= 5
     # the independent measure, with the random-split contrast beside it in the report

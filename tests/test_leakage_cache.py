@@ -68,10 +68,10 @@ def table(names: list[str], split: dict[str, str], group: dict[str, str]) -> pd.
 def run(pieces, names, split, group, cache=None, max_test=10):
     sm, mel, tok, digests = arrays({n: pieces[n] for n in names})
     store = AuditCache(cache, "k", digests) if cache is not None else None
-    report, png = audit(table(names, split, group), pd.DataFrame({"a": [], "b": []}), sm, mel,
-                        tok, seed=3, ratios=(0.6, 0.2, 0.2), max_test=max_test, rule=RULE,
-                        cache=store)
-    return report, png, store
+    report, curves = audit(table(names, split, group), pd.DataFrame({"a": [], "b": []}), sm, mel,
+                          tok, seed=3, ratios=(0.6, 0.2, 0.2), max_test=max_test, rule=RULE,
+                          cache=store)
+    return report, curves, store
 
 
 @pytest.mark.parametrize("max_test", [10, 100], ids=["sampled", "every-piece"])
@@ -101,9 +101,10 @@ def test_a_run_from_the_cache_equals_a_fresh_run(tmp_path, max_test):
     group2["t15"] = group2["t15_copy"] = "g-t15"
     pieces2 = dict(pieces)
     pieces2["t10"] = edited(np.random.default_rng(9), pieces["t10"], k=2)
-    r2, png2, s2 = run(pieces2, every, split2, group2, tmp_path, max_test)
-    fresh, png_fresh, _ = run(pieces2, every, split2, group2, max_test=max_test)
-    assert r2 == fresh and png2 == png_fresh
+    r2, curves2, s2 = run(pieces2, every, split2, group2, tmp_path, max_test)
+    fresh, curves_fresh, _ = run(pieces2, every, split2, group2, max_test=max_test)
+    assert r2 == fresh and curves2.keys() == curves_fresh.keys()
+    assert all(np.array_equal(curves2[k], curves_fresh[k]) for k in curves2)
     assert all(v["queries_reused"] > 0 for v in s2.stats.values()), s2.stats
     # adding s06 alone to a run that had t06_copy's partner t06: the stored best is merged with
     # s06 and the tie goes to it (every test piece measured here); only queries s06 enters as

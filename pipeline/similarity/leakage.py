@@ -43,7 +43,6 @@ from scipy.sparse import csr_array
 
 from pipeline.core.arrays import isin, unique_inverse
 from pipeline.core.splits import SPLIT_NAMES, unit_hashes
-from pipeline.render.figures import histograms_png
 from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import melody
@@ -717,8 +716,9 @@ class PassRunner(Protocol):
 def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Melodies,
           tok: TokenStrings, *, seed: int, ratios: tuple[float, float, float], max_test: int,
           rule: NearCopyRule, workers: int = 1, cache: PassRunner | None = None
-          ) -> tuple[dict, bytes]:
-    """Leakage metrics and the figure (PNG bytes).
+          ) -> tuple[dict, dict[str, np.ndarray]]:
+    """Leakage metrics, and the curves the figure draws: label -> each audited test piece's
+    exact shingle Jaccard with its nearest neighbour (the split stage draws them).
 
     ``pieces``: one row per kept piece in ``sm`` order with ``sha256``, ``split``, ``group_id``,
     ``group`` (metadata label, "" if none) and ``cluster_id``. ``pairs``: dedupe's pairs (used
@@ -771,6 +771,4 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
     report = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in report.items()}
     report["independent"] = _independent(pieces, found, {p.name: p for p in passes}, sm, mel,
                                          tok, rule, max_test)
-    png = histograms_png(curves, xlabel="exact shingle Jaccard of the nearest neighbour",
-                         title="Leakage: similarity of test pieces to their nearest neighbour")
-    return report, png
+    return report, curves

@@ -75,6 +75,7 @@ from pipeline.core import artifacts
 from pipeline.core.arrays import isin
 from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
 from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_hash
+from pipeline.render.figures import histograms_png
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import leakage
 from pipeline.similarity.digests import note_digests
@@ -436,12 +437,14 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     else:
         sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, [], None, inputs)
     t2 = time.perf_counter()
-    metrics, png = leakage.audit(pieces, pairs, sm, mel, tok, seed=cfg.seed,
-                                 ratios=(cfg.train, cfg.val, cfg.test),
-                                 max_test=cfg.audit_max_test, rule=rule,
-                                 workers=runtime.n_workers(), cache=cache)
+    metrics, curves = leakage.audit(pieces, pairs, sm, mel, tok, seed=cfg.seed,
+                                    ratios=(cfg.train, cfg.val, cfg.test),
+                                    max_test=cfg.audit_max_test, rule=rule,
+                                    workers=runtime.n_workers(), cache=cache)
     artifacts.write_json(leakage_report, metrics)
-    artifacts.write_bytes(figure, png)
+    artifacts.write_bytes(figure, histograms_png(
+        curves, xlabel="exact shingle Jaccard of the nearest neighbour",
+        title="Leakage: similarity of test pieces to their nearest neighbour"))
     t3 = time.perf_counter()
     artifacts.write_sidecar(report.with_suffix(".env.json"), {
         "seconds_split": round(t1 - t0, 3), "seconds_audit_inputs": round(t2 - t1, 3),

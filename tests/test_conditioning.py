@@ -407,8 +407,8 @@ def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str
 
 
 def test_measured_labels_of_planted_windows():
-    from pipeline.audit.adherence import measured_labels
     from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
 
     cfg = ConditionConfig()
     assert measured_labels(_scale_notes(7), cfg)["key"] == "G major"
@@ -420,8 +420,9 @@ def test_measured_labels_of_planted_windows():
 
 
 def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
-    from pipeline.audit.adherence import adherence, measured_labels
+    from pipeline.audit.adherence import adherence
     from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
 
     cfg = ConditionConfig()
     tonics = [0, 2, 4, 5, 7, 9] * 10
@@ -547,8 +548,8 @@ def test_audit_adherence_on_generated_and_human_windows():
 def _notes_and_table(tmp_path):
     import pyarrow as pa
 
-    from pipeline.audit.adherence import measured_labels
     from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
     from pipeline.core.artifacts import write_parquet
 
     pieces = {f"{i:02d}": _scale_notes(t, m, per_beat=b)
@@ -599,8 +600,8 @@ def _planted_metadata(tmp_path):
     condition says it), ``composer`` drawn at random."""
     import pyarrow as pa
 
-    from pipeline.audit.adherence import measured_labels
     from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
     from pipeline.core.artifacts import write_parquet
 
     rng = np.random.default_rng(7)

@@ -26,22 +26,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.conditions.config import ConditionConfig
-from pipeline.conditions.table import measure
+from pipeline.conditions.table import FROM_NOTES, measured_labels
 from pipeline.stats.bootstrap import bootstrap_weights, percentile_interval
-
-FROM_NOTES = ("key", "mode", "density", "polyphony")
-"""Conditions a window's notes alone decide."""
-
-
-def measured_labels(notes: Mapping[str, np.ndarray] | None, cfg: ConditionConfig,
-                    meter: str | None = None, tempo_qpm: float | None = None) -> dict[str, Any]:
-    """A window's built-in labels (``notes``: onset, duration, pitch in beats; ``is_drum``
-    optional), measured as the conditions stage measures a piece."""
-    if notes is not None and "is_drum" not in notes:
-        notes = {**notes, "is_drum": np.zeros(len(notes["pitch"]), dtype=bool)}
-    if notes is not None and len(notes["pitch"]) == 0:
-        notes = None
-    return measure(notes, meter, tempo_qpm, cfg)
 
 
 def matches(requested: Sequence[Mapping[str, Any]], measured: Sequence[Mapping[str, Any]],

@@ -26,9 +26,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from pipeline.audit.adherence import FROM_NOTES, measured_labels
 from pipeline.conditions.config import BUILTIN, ConditionConfig
-from pipeline.conditions.table import GROUP_SHARE_LIMIT, group_unique_share
+from pipeline.conditions.table import (
+    FROM_NOTES,
+    GROUP_SHARE_LIMIT,
+    group_unique_share,
+    measured_labels,
+)
 
 
 def check_alignment(table: pd.DataFrame, notes: Path, cfg: ConditionConfig, *,

@@ -1,5 +1,7 @@
 """The conditions table, ``data/conditions.parquet``: its schema, its one reader, how one piece's
-row is measured, and which of its columns a model may be conditioned on.
+row is measured (:func:`measure`; a window of notes alike, :func:`measured_labels`, which the
+audit's adherence and the doctor's checks use), and which of its columns a model may be
+conditioned on.
 
 Columns (:func:`conditions_schema`): ``sha256``, ``split``; one label column per built-in
 condition (:data:`~pipeline.conditions.config.BUILTIN`: ``key``, ``mode``, ``meter``,
@@ -128,6 +130,21 @@ def measure(notes: Mapping[str, np.ndarray] | None, meter: str | None, tempo_qpm
         row["tempo_qpm"] = float(tempo_qpm)
         row["tempo"] = band(row["tempo_qpm"], *cfg.bands("tempo"))
     return row
+
+
+FROM_NOTES = ("key", "mode", "density", "polyphony")
+"""Conditions a window's notes alone decide."""
+
+
+def measured_labels(notes: Mapping[str, np.ndarray] | None, cfg: ConditionConfig,
+                    meter: str | None = None, tempo_qpm: float | None = None) -> dict[str, Any]:
+    """A window's built-in labels (``notes``: onset, duration, pitch in beats; ``is_drum``
+    optional), measured as the conditions stage measures a piece."""
+    if notes is not None and "is_drum" not in notes:
+        notes = {**notes, "is_drum": np.zeros(len(notes["pitch"]), dtype=bool)}
+    if notes is not None and len(notes["pitch"]) == 0:
+        notes = None
+    return measure(notes, meter, tempo_qpm, cfg)
 
 
 def group_unique_share(labels: Sequence[Any], group_ids: Sequence[str]) -> float | None:

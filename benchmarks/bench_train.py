@@ -39,7 +39,7 @@ Memory: measured in a fresh process (``--memory-child``) after a warm-up on a ti
 pays the one-off imports, about 90 MiB of RSS on CPU, without growing the heap): on CUDA
 ``max_memory_allocated``; on CPU the process RSS increase while ``train`` runs (sampled every
 5 ms), once with glibc's default allocator and once with :data:`FIXED_MMAP`, under which freed
-tensors leave RSS, so RSS follows the tensors alive. The estimate (``pipeline.tools.estimate``,
+tensors leave RSS, so RSS follows the tensors alive. The estimate (``pipeline.training.estimate``,
 whose docstring lists what it covers) is compared with the latter; the difference between the
 two is memory the allocator keeps. Autograd's saved activations are compared with the
 estimate's activation term. The load average is printed before and after: the machine may be shared.
@@ -62,10 +62,10 @@ import torch
 from models.transformer import GPT, TransformerConfig
 from pipeline.core.memory import FIXED_MMAP, PeakRSS
 from pipeline.tokens.contract import TokenInfo
-from pipeline.tools.estimate import estimate, peak_tflops, saved_activation_bytes
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import Corpus, WindowStream, load_corpus, make_batch
 from pipeline.training.device import DistInfo, make_device
+from pipeline.training.estimate import estimate, peak_tflops, saved_activation_bytes
 from pipeline.training.loop import train
 from pipeline.training.setup import build_model, make_optimizer, make_scheduler
 from pipeline.training.synthetic import write_token_data

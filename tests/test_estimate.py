@@ -7,7 +7,7 @@ import torch
 
 from models.transformer import GPT, TransformerConfig
 from pipeline.cli import main as cli_main
-from pipeline.tools.estimate import count_params, estimate, peak_tflops, saved_activation_bytes
+from pipeline.training.estimate import count_params, estimate, peak_tflops, saved_activation_bytes
 
 
 @pytest.mark.parametrize(("vocab", "seq", "layers", "embd", "ratio", "bias"), [

@@ -34,11 +34,11 @@ from pipeline.core.artifacts import read_json, write_sidecar
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
 from pipeline.core.memory import PeakRSS
 from pipeline.tokens.contract import TokenInfo
-from pipeline.tools.estimate import estimate
 from pipeline.training.checkpoint import CheckpointMismatch
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import load_corpus
 from pipeline.training.device import DistInfo
+from pipeline.training.estimate import estimate
 from pipeline.training.loop import NonFiniteError, train
 from pipeline.training.outputs import collect, stage_summary, summarise, write_outputs
 from pipeline.training.resume import checkpoint_dir

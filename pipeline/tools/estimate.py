@@ -1,205 +1,21 @@
 """``symkit estimate``: memory and compute of a transformer configuration, before training it.
 
-Counts (all from the architecture; no torch needed):
-- parameters: exact, matching ``models.transformer.GPT`` (tied output projection counted once);
-  with ``transformer.finetune``, the trainable ones exact too: ``freeze`` leaves every parameter
-  whose name starts with none of its prefixes, LoRA leaves only its adapters (``r·(in + out)``
-  per wrapped linear layer, added to the total), as ``pipeline.training.setup.build_model``
-  arranges them (:func:`trainable_params`);
-- training memory of one process at its peak, the start of a backward pass, as the sum of the
-  tensors alive then, each term for a stated reason:
-  - ``weights``: the fp32 master copy, plus the half-precision copy autocast caches of every
-    matmul weight (bf16/fp16);
-  - ``best``: the loop keeps the best (at first the initial) weights as a CPU fp32 copy
-    (``export_state``), so on CPU it is one more 4·P; on CUDA it lives in host memory (0 here);
-  - ``grads``: fp32, trainable parameters only (allocated during backward, freed by
-    ``zero_grad(set_to_none=True)``);
-  - ``optimizer``: AdamW's two fp32 moments per trainable parameter;
-  - ``activations``: saved for backward per micro-batch: per block about 16·B·T·C values
-    (LayerNorm inputs/outputs, q/k/v, attention output, MLP input, GELU input and output), the
-    attention matrix B·H·T² only when the kernel materialises it (the math kernel, used on CPU
-    with attention dropout; flash and memory-efficient kernels keep O(B·H·T)), dropout masks, and
-    the logits with their log-softmax (2·B·T·V fp32);
-  - ``backward``: the first tensors backward makes while all activations are still alive: the
-    gradient of the log-softmax output and of the logits (2·B·T·V fp32);
-  - ``data``: the window stream's flat int64 copy of the training tokens (8 bytes a token, on the
-    host, so counted on CPU only), when ``train_tokens`` is given.
-- FLOPs per token: forward = 2·(matmul parameters) + 2·n_layer·T·C for causal attention (each
-  query sees T/2 keys on average); training = 3 × forward (backward ≈ 2 × forward).
-
-Not covered, so a measured peak is higher: memory the allocator holds free but resident (glibc
-keeps freed heap pages; CUDA's caching allocator keeps freed blocks), fragmentation, library
-workspaces and thread buffers, the Python objects of the run, and short-lived buffers outside the
-training step (evaluation batches, the bytes of a checkpoint being written). ``benchmarks/
-bench_train.py`` prints estimate vs measured peak.
+The counts and what each covers are :mod:`pipeline.training.estimate`'s; this command reads the
+``transformer`` section (and the vocabulary size from ``data/tokens/info.json`` when it exists)
+and prints them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.core.config import load_section
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training.config import TransformerStageConfig
-
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
-               "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0, "T4": 65.0}
-"""Dense bf16/fp16 tensor-core peak (TFLOP/s) by device-name fragment, for MFU."""
-
-
-@dataclass(frozen=True)
-class Estimate:
-    params: int
-    params_trainable: int
-    params_matmul: int
-    weights_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    total_bytes: int  # weights + best + grads + optimizer + activations + backward + data
-    flops_per_token_forward: float
-    flops_per_token_train: float
-    best_bytes: int = 0
-    backward_bytes: int = 0
-    data_bytes: int = 0
-
-
-def count_params(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_ratio: int = 4,
-                 bias: bool = True) -> dict[str, int]:
-    """Exact parameter counts of ``GPT``: ``total`` and ``matmul`` (weights used in matmuls,
-    including the tied output projection once; position embeddings excluded)."""
-    C, r, b = n_embd, mlp_ratio, int(bias)
-    ln = C + C * b  # LayerNorm weight (+ bias)
-    # ln_1, ln_2; qkv + attention proj (4C² + 4C biases); MLP fc + proj (2rC² + (r+1)C biases)
-    per_layer = 2 * ln + 4 * C * C + 4 * C * b + 2 * r * C * C + (r + 1) * C * b
-    total = vocab_size * C + seq_len * C + n_layer * per_layer + ln
-    matmul = n_layer * (4 * C * C + 2 * r * C * C) + vocab_size * C
-    return {"total": total, "matmul": matmul}
-
-
-def param_numels(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_ratio: int = 4,
-                 bias: bool = True) -> dict[str, int]:
-    """Every parameter of ``GPT`` by its ``named_parameters`` name, with its element count (the
-    tied output projection is ``wte.weight``). Sums to ``count_params(...)["total"]``."""
-    C = n_embd
-    out = {"wte.weight": vocab_size * C, "wpe.weight": seq_len * C}
-    linears = linear_shapes(n_layer, n_embd, mlp_ratio)
-    for i in range(n_layer):
-        pre = f"blocks.{i}."
-        for ln in ("ln_1", "ln_2"):
-            out[f"{pre}{ln}.weight"] = C
-            if bias:
-                out[f"{pre}{ln}.bias"] = C
-        for name in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"):
-            n_in, n_out = linears[pre + name]
-            out[f"{pre}{name}.weight"] = n_in * n_out
-            if bias:
-                out[f"{pre}{name}.bias"] = n_out
-    out["ln_f.weight"] = C
-    if bias:
-        out["ln_f.bias"] = C
-    return out
-
-
-def linear_shapes(n_layer: int, n_embd: int, mlp_ratio: int = 4) -> dict[str, tuple[int, int]]:
-    """``GPT``'s linear layers by module name, as (in, out) features: what LoRA can wrap."""
-    C, H = n_embd, mlp_ratio * n_embd
-    per = {"attn.qkv": (C, 3 * C), "attn.proj": (C, C), "mlp.fc": (C, H), "mlp.proj": (H, C)}
-    return {f"blocks.{i}.{k}": v for i in range(n_layer) for k, v in per.items()}
-
-
-def trainable_params(numels: dict[str, int], linears: dict[str, tuple[int, int]], *,
-                     freeze: Sequence[str] = (), lora_rank: int = 0,
-                     lora_targets: Sequence[str] = ()) -> tuple[int, int]:
-    """(trainable, adapter) parameter counts of a fine-tuning set-up: with ``lora_rank`` only
-    the adapters train (``A``: r × in, ``B``: out × r per linear whose name ends with a target,
-    as :func:`models.lora.apply_lora` wraps them); otherwise every parameter whose name starts
-    with none of ``freeze``'s prefixes (:func:`models.lora.freeze`)."""
-    if lora_rank:
-        targets = tuple(lora_targets)
-        adapter = sum(lora_rank * (n_in + n_out) for name, (n_in, n_out) in linears.items()
-                      if name.endswith(targets))
-        return adapter, adapter
-    prefixes = tuple(freeze)
-    return sum(n for name, n in numels.items() if not name.startswith(prefixes)), 0
-
-
-def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd: int,
-             micro_batch: int, mlp_ratio: int = 4, bias: bool = True, precision: str = "fp32",
-             dropout: float = 0.0, attn_dropout: float = 0.0, freeze: Sequence[str] = (),
-             lora_rank: int = 0, lora_targets: Sequence[str] = (),
-             attention: str = "auto", device: str = "cpu",
-             train_tokens: int = 0) -> Estimate:
-    """Training-time memory (bytes) and FLOPs per token for one process.
-
-    ``freeze`` / ``lora_rank`` + ``lora_targets``: ``transformer.finetune``'s, so gradients and
-    AdamW's moments count the parameters that train (:func:`trainable_params`); LoRA's adapters
-    add to the weights (their matmuls to the FLOPs are left out: ``r / C`` of a layer's).
-    ``attention="auto"``: torch's CPU flash kernel has no dropout, so with attention dropout on
-    CPU the math kernel runs and stores the attention matrix; elsewhere a fused kernel is assumed.
-    """
-    if attention == "auto":
-        attention = "math" if attn_dropout > 0 and device == "cpu" else "flash"
-    p = count_params(vocab_size, seq_len, n_layer, n_embd, mlp_ratio, bias)
-    B, T, C, H, V, L = micro_batch, seq_len, n_embd, n_head, vocab_size, n_layer
-    a = BYTES[precision]
-    trainable, adapter = trainable_params(
-        param_numels(vocab_size, seq_len, n_layer, n_embd, mlp_ratio, bias),
-        linear_shapes(n_layer, n_embd, mlp_ratio), freeze=freeze, lora_rank=lora_rank,
-        lora_targets=lora_targets)
-    p = {**p, "total": p["total"] + adapter}
-    weights = 4 * p["total"] + (a * p["matmul"] if precision != "fp32" else 0)
-    grads = 4 * trainable
-    optim = 8 * trainable
-    per_block = 16 * B * T * C * a + 4 * B * H * T  # + softmax log-sum-exp (fp32)
-    if attention == "math":
-        # scores and probabilities; with dropout also its mask (1 byte) and the dropped copy
-        per_block += B * H * T * T * (2 * a + (a + 1 if attn_dropout > 0 else 0))
-    if dropout > 0:
-        per_block += 2 * B * T * C  # bool masks (attention and MLP residual branches)
-    acts = L * per_block + 2 * B * T * C * 4 + 2 * B * T * V * 4
-    on_host = device == "cpu"
-    best = 4 * p["total"] if on_host else 0
-    backward = 2 * B * T * V * 4
-    data = 8 * train_tokens if on_host else 0
-    fwd = 2 * p["matmul"] + 2 * L * T * C
-    return Estimate(params=p["total"], params_trainable=trainable, params_matmul=p["matmul"],
-                    weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
-                    activations_bytes=acts,
-                    total_bytes=weights + best + grads + optim + acts + backward + data,
-                    flops_per_token_forward=float(fwd), flops_per_token_train=3.0 * fwd,
-                    best_bytes=best, backward_bytes=backward, data_bytes=data)
-
-
-def saved_activation_bytes(model, x, y) -> int:
-    """Measured counterpart of ``activations_bytes`` minus logits bookkeeping: bytes of the
-    distinct non-parameter tensors autograd saves for backward in one ``model(x, y)`` pass."""
-    import torch
-
-    seen: dict[tuple[int, int], int] = {}
-    params = {p.data_ptr() for p in model.parameters()}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.data_ptr() not in params:
-            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, y)
-    return sum(seen.values())
-
-
-def peak_tflops(device_name: str) -> float | None:
-    for frag, tf in PEAK_TFLOPS.items():
-        if frag.lower() in device_name.lower():
-            return tf
-    return None
+from pipeline.training.estimate import BYTES, estimate
 
 
 def _mib(n: int) -> str:

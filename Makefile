@@ -17,7 +17,7 @@ help:
 	@echo "make test       - create .venv, install pinned deps, run the default test suite"
 	@echo "make test-slow  - also run tests marked slow"
 	@echo "make test-gpu   - run the CUDA tests (needs a GPU)"
-	@echo "make lint       - ruff check"
+	@echo "make lint       - ruff check and the import-linter contracts"
 	@echo "make bench      - run benchmarks/ (prints ratios against in-run baselines)"
 
 # The virtual environment is rebuilt when the lock file or pyproject.toml changes.
@@ -47,6 +47,7 @@ test-gpu: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done

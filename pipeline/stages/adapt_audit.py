@@ -54,6 +54,8 @@ from pipeline.core.config import (
 from pipeline.inference import generation as generate
 from pipeline.inference.loading import ModelUnavailable, load_models, set_torch_threads
 
+HELP = "memorisation audit of every adaptation arm against target and source"
+
 REFERENCES = ("target", "source")
 """The reference corpora, in the report's order."""
 

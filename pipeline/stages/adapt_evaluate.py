@@ -83,6 +83,8 @@ from pipeline.inference.protocol import clean_sequences
 from pipeline.stats.aggregate import aggregate
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
+HELP = "score every adaptation arm on target and source; choose the arm"
+
 SOURCE_VAL = "source_val"
 SPLITS = ("val", "test", SOURCE_VAL)
 

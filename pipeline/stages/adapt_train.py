@@ -43,6 +43,8 @@ from pipeline.training.loop import NonFiniteError, train
 from pipeline.training.outputs import collect, stage_summary, summarise, write_outputs
 from pipeline.training.resume import checkpoint_dir
 
+HELP = "train one arm of an adaptation experiment (experiments/adaptation)"
+
 SIDECARS = Path("reports/sidecars/arms")
 """Where each arm's sidecar goes (timings, peak memory; git-ignored, not a DVC output)."""
 

@@ -85,6 +85,8 @@ from pipeline.inference.loading import (
 )
 from pipeline.tokens.contract import TokenInfo
 
+HELP = "memorisation audit and music statistics"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=Path, default=Path("data/samples/samples.parquet"))

@@ -54,6 +54,8 @@ from pipeline.core.config import RuntimeConfig, load_runtime, load_section
 from pipeline.core.parallel import ItemFailure, chunked, isolated_map
 from pipeline.core.splits import SPLIT_NAMES
 
+HELP = "per-piece key, meter, density, polyphony, tempo and metadata conditions"
+
 CHUNK = 64
 """Files per worker task (each takes well under a millisecond to parse)."""
 TIMEOUT_S = 60.0

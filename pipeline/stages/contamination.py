@@ -65,6 +65,8 @@ from pipeline.similarity import alignment as similarity
 from pipeline.similarity import duplicates as dedupe
 from pipeline.similarity import fingerprints as fp
 
+HELP = "which val/test pieces also appear in other corpora (--against DIR)"
+
 CACHE_FORMAT = 2
 """Bump when the cached tables change meaning: older cache entries are then ignored."""
 TIER_ORDER = {t: k for k, t in enumerate(dedupe.TIERS)}

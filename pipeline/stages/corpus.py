@@ -57,6 +57,8 @@ from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_s
 from pipeline.core.parallel import ordered_map
 from pipeline.music.midi import scan_midi_files
 
+HELP = "materialise the MIDI sources into data/raw/"
+
 BACH = "music21:bach-chorales"
 MUSIC21 = "music21:"
 

@@ -67,6 +67,8 @@ from pipeline.similarity.duplicates import (
     verify,
 )
 
+HELP = "exact, transposed, melody and near-duplicate clusters"
+
 PAIRS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string()), ("tier", pa.string()),
                           ("similarity", pa.float64()), ("containment", pa.float64()),
                           ("rule", pa.string()), ("alignment", pa.float64()),

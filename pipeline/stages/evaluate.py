@@ -115,6 +115,8 @@ from pipeline.stats.aggregate import (
 )
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
+HELP = "score every model on val/test with one protocol"
+
 SPLITS = ("val", "test")
 class EvaluateConfig(StageConfig):
     """``evaluate`` section of params.yaml; each key is documented there, beside its value."""

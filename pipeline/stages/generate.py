@@ -66,6 +66,8 @@ from pipeline.inference.loading import (
 )
 from pipeline.tokens.contract import TokenInfo
 
+HELP = "sample music from trained models"
+
 # --- CLI -------------------------------------------------------------------------------------
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from pipeline.core.config import load_runtime, load_section
 from pipeline.music.ingestion import IngestConfig, run
 
+HELP = "hash, parse and quarantine sources -> data/manifest.parquet"
+
 
 # --------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:

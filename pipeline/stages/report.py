@@ -55,6 +55,8 @@ from pipeline.render.figures import loss_curves_png
 from pipeline.report.headline import decision_sentence, experiment_rows, gain_rows, plain_evidence
 from pipeline.report.sections import ReportConfig, add_sections, split_counts, train_logs
 
+HELP = "decision report against pre-registered criteria"
+
 
 @dataclass(frozen=True)
 class ReportPaths:

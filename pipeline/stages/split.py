@@ -81,6 +81,8 @@ from pipeline.similarity import leakage
 from pipeline.similarity.digests import note_digests
 from pipeline.similarity.leakage_cache import AuditCache, audit_inputs, cache_key
 
+HELP = "grouped train/val/test split and leakage audit"
+
 MAX_MOVED_LISTED = 1000
 
 

@@ -90,6 +90,8 @@ from pipeline.tokens.tokenizer import (
     tokenizer_text,
 )
 
+HELP = "miditok tokenizer (BPE on train only) and token tables"
+
 
 class AlsoTrainOn(StageConfig):
     """``tokenize.also_train_on``: another pipeline's corpus, by its stage outputs (paths

@@ -38,6 +38,8 @@ from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.inference.protocol import clean_sequences
 from pipeline.tokens.contract import TokenInfo, read_tokens
 
+HELP = "fit n-gram baselines, choose the order on val"
+
 MAX_ORDER = 12
 
 

@@ -40,6 +40,8 @@ from pipeline.training.loop import NonFiniteError, condition_identity, train
 from pipeline.training.outputs import collect, stage_summary, summarise, write_outputs
 from pipeline.training.resume import checkpoint_dir
 
+HELP = "train the transformer (resumable)"
+
 
 def run(cfg: TransformerStageConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
         augmented: Path | None, out_dir: Path, summary: Path, log_dir: Path, env: Path,

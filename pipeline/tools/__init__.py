@@ -1,2 +1,2 @@
-"""Commands beside the stages, which no DVC stage runs: ``preregister``, ``doctor``, ``estimate``,
-``check-params`` and ``check-deps``."""
+"""Commands beside the stages, which no DVC stage runs (``preregister``, ``compare``, ``doctor``,
+``estimate``, ``check-deps`` ...): each module with a ``HELP`` line is ``symkit <its name>``."""

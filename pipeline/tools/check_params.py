@@ -7,6 +7,8 @@ import argparse
 from pipeline.core.config import check_all, read_params
 from pipeline.decision.registered_comparisons import CompareConfig, check_against
 
+HELP = "validate every section of params.yaml"
+
 
 def main(args: argparse.Namespace) -> int:
     sections = check_all(args.params)

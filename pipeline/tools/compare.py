@@ -51,6 +51,8 @@ from pipeline.report.compare_document import Curves, build_document, draw_figure
 from pipeline.stats import paired as stats
 from pipeline.stats.paired import Refusal
 
+HELP = "compare evaluated runs on the same pieces: is the difference real?"
+
 PARAMS, EVAL, PER_PIECE, TRAIN = ("params.yaml", "reports/eval.json",
                                   "reports/eval/per_piece.parquet", "reports/train.json")
 """An arm's files, relative to its root (a directory or a commit's tree)."""

@@ -15,6 +15,8 @@ from pipeline.core.config import load_section
 from pipeline.decision.criteria import CriteriaConfig
 from pipeline.decision.criteria_controls import BAD_AT_MOST, GOOD_AT_LEAST, rates
 
+HELP = "how often each criterion passes a good and a bad model at the default sizes"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draws", type=int, default=1000,

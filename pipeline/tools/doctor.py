@@ -47,6 +47,8 @@ from pipeline.tokens.contract import TokenInfo
 from pipeline.tokens.tokenizer import load_tokenizer
 from pipeline.training.config import TransformerStageConfig
 
+HELP = "fast checks that tell a data bug from a model bug"
+
 
 @dataclass(frozen=True)
 class CheckResult:

@@ -17,6 +17,8 @@ from pipeline.tokens.contract import TokenInfo
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.estimate import BYTES, estimate
 
+HELP = "memory and compute estimate for a transformer config"
+
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"

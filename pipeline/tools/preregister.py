@@ -69,6 +69,8 @@ from pipeline.decision.preregistration import (
 )
 from pipeline.decision.registered_comparisons import CompareConfig
 
+HELP = "freeze the decision criteria before scoring test"
+
 
 class AlreadyScored(RuntimeError):
     """Test scores of these pieces exist: registering now would not be pre-registration."""

@@ -47,6 +47,8 @@ from pipeline.tools.compare import (
     resolve_source,
 )
 
+HELP = "did a re-run reproduce the committed experiment? (artifacts, verdicts, metrics)"
+
 LOCK = "dvc.lock"
 METRICS = "reports/metrics.json"
 SCHEMA_VERSION = 1

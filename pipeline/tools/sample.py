@@ -46,6 +46,8 @@ from pipeline.inference.standalone import (
 from pipeline.tokens.contract import never_sampled
 from pipeline.tokens.tokenizer import decode_ids
 
+HELP = "sample MIDI from a trained transformer (prompts, conditions, guidance)"
+
 SAMPLE_FILE = re.compile(r"sample-\d{3,}\.mid")
 
 

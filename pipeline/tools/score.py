@@ -48,6 +48,8 @@ from pipeline.inference.standalone import (
 )
 from pipeline.music.midi import list_midi_paths
 
+HELP = "NLL per note of MIDI files under a trained transformer"
+
 COLUMNS = pa.schema([
     ("path", pa.string()), ("sha256", pa.string()), ("status", pa.string()),
     ("detail", pa.string()), ("n_notes", pa.int64()), ("n_sequences", pa.int64()),

@@ -42,9 +42,12 @@ from typing import Any
 import yaml
 
 from pipeline.core import artifacts
+from pipeline.core.commands import run_argv
 from pipeline.core.config import SECTIONS, ParamsError, parse_section, parse_yaml, section_class
 from pipeline.decision.registered_comparisons import REGISTRATION
 from pipeline.tools.compare import EVAL, PARAMS, PER_PIECE
+
+HELP = "run a grid of DVC experiments (-S key=v1,v2), one at a time, then compare them"
 
 GUARDED = (PARAMS, "dvc.yaml", REGISTRATION)
 """Files whose uncommitted changes would make the arms differ from ``HEAD`` by more than their
@@ -434,8 +437,6 @@ def run_arms(args: argparse.Namespace, head: str, arms: Sequence[Arm]) -> list[O
 def finish(args: argparse.Namespace, head: str, outcomes: Sequence[Outcome]) -> int:
     """Compare the finished arms with HEAD; 0 when every arm finished and the comparison was
     written, else 1."""
-    from pipeline.cli import main as symkit
-
     finished = [o.name for o in outcomes if o.status == "finished"]
     failed = [o.name for o in outcomes if o.status != "finished"]
     if failed:
@@ -452,7 +453,7 @@ def finish(args: argparse.Namespace, head: str, outcomes: Sequence[Outcome]) -> 
     print(f"sweep: comparing {len(finished)} finished arm{'s' * (len(finished) > 1)} with "
           f"{baseline}" + (f" (skipped, failed: {', '.join(failed)})" if failed else ""),
           flush=True)
-    rc = symkit(argv)
+    rc = run_argv(argv[0], argv[1:])
     write_record(args, head, outcomes,
                  {"argv": ["symkit", *argv], "exit_code": rc, "arms": finished,
                   "failed_arms": failed})

@@ -7,23 +7,20 @@ run too). ``dvc.yaml`` must list every ``.py`` file of that closure under the st
 looking current; and it must list no code outside the closure, or unrelated edits re-run the
 stage. Package ``__init__.py`` files hold only a docstring (checked too), so they are not listed.
 
-Also checked, for the whole repository:
+Also checked: every stage in ``dvc.yaml`` runs ``symkit <command>`` whose module is
+``pipeline.stages.<stage>``, and stages are listed in pipeline order (each after the stages whose
+outputs it reads).
 
-- a stage module is imported by no other module (stages never import each other; the CLI finds
-  them by name);
-- there is no import cycle, counting imports inside functions;
-- every stage in ``dvc.yaml`` runs ``symkit <command>`` whose module is
-  ``pipeline.stages.<stage>``, and stages are listed in pipeline order (each after the stages
-  whose outputs it reads).
-
-``python -m pipeline.tools.deps`` (or ``symkit check-deps``) prints each problem on one line and
+``symkit check-deps`` prints each problem on one line and
 exits 1 when there is any; ``--print`` shows the ``deps`` code list each stage should have, and
 ``--write`` puts it into ``dvc.yaml`` and every experiment's ``dvc.yaml``: in each stage's
 ``deps``, the code entries are replaced by the closure, sorted, where the first code entry stood
 (paths relative to that file, as DVC reads them); data entries, comments and everything else
-keep their bytes. Layering (which package may import which) is import-linter's job, with the
-contracts in ``pyproject.toml``; this module checks only what is the project's own: that each
-stage lists the code it runs.
+keep their bytes.
+
+Which package may import which (the floors, stages never importing each other, no cycles) is
+import-linter's job, with the contracts in ``pyproject.toml`` (``tests/test_layers.py`` runs
+them); this module checks what is the project's own: that each stage lists the code it runs.
 """
 
 from __future__ import annotations
@@ -38,6 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from pipeline.core.commands import commands
+
+HELP = "check that dvc.yaml lists exactly the code each stage runs"
 
 PACKAGES = ("pipeline", "models")
 """Top-level packages whose modules count as the repository's code."""
@@ -115,42 +116,6 @@ def code_files(modules: Mapping[str, Module], names: Iterable[str]) -> set[str]:
     return {modules[n].path.as_posix() for n in names if modules[n].path.name != "__init__.py"}
 
 
-def cycles(modules: Mapping[str, Module]) -> list[list[str]]:
-    """Strongly connected components with more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(modules[v].imports):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(modules) + 100))
-    for v in sorted(modules):
-        if v not in index:
-            visit(v)
-    return sorted(found)
-
-
 def _is_docstring_only(root: Path, path: Path) -> bool:
     tree = ast.parse((root / path).read_text(encoding="utf-8"))
     body = tree.body[1:] if tree.body and isinstance(tree.body[0], ast.Expr) else tree.body
@@ -216,22 +181,17 @@ def check(root: Path, dvc_yaml: Path | None = None) -> list[str]:
     return problems
 
 
+def command_modules(root: Path) -> dict[str, str]:
+    """command name -> module, as ``symkit`` finds them under ``root``'s ``pipeline/``."""
+    return {c.name: c.module for c in commands(Path(root).resolve() / "pipeline").values()}
+
+
 def _repository_problems(root: Path, modules: Mapping[str, Module]) -> list[str]:
     problems = []
     for path in sorted(m.path for m in modules.values() if m.path.name == "__init__.py"):
         if not _is_docstring_only(root, path):
             problems.append(f"{path.as_posix()}: a package __init__ may hold only a docstring "
                             "(and dunder names), so that no stage needs to list it")
-    stage_names = {m for m in modules if m.startswith("pipeline.stages.")
-                   and modules[m].path.name != "__init__.py"}
-    for name in sorted(modules):
-        for target in sorted(modules[name].imports & stage_names):
-            problems.append(f"{modules[name].path.as_posix()} imports the stage module "
-                            f"{modules[target].path.as_posix()}: stages never import each other; "
-                            "move what is shared into a library package")
-    for component in cycles(modules):
-        files = ", ".join(modules[m].path.as_posix() for m in component)
-        problems.append(f"import cycle: {files}")
     return problems
 
 
@@ -241,8 +201,6 @@ def check_file(root: Path, dvc_yaml: Path, modules: Mapping[str, Module], *, mai
     ``../../pipeline/x.py`` is the repository's ``pipeline/x.py``). In the top-level file a
     stage is named after its module (``ingest`` runs ``pipeline.stages.ingest``); an
     experiment's stages may run any stage module (``pretrain`` runs ``train-transformer``)."""
-    from pipeline.cli import COMMANDS
-
     root = Path(root)
     label = dvc_yaml.relative_to(root).as_posix() if dvc_yaml.is_relative_to(root) else str(
         dvc_yaml)
@@ -255,7 +213,7 @@ def check_file(root: Path, dvc_yaml: Path, modules: Mapping[str, Module], *, mai
             root.resolve()) else dep
 
     problems = []
-    run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
+    run_by = stage_modules(stages, command_modules(root))
     for stage in stages:
         if stage not in run_by:
             problems.append(f"{label}: stage {stage!r} does not run a `symkit <command>`")
@@ -303,13 +261,11 @@ def expected_code_deps(root: Path, dvc_yaml: Path | None = None,
                        modules: Mapping[str, Module] | None = None) -> dict[str, list[str]]:
     """stage -> the code files its ``deps`` should list, as paths relative to the repository
     root (for ``--print`` and ``--write``); ``dvc_yaml`` defaults to the top-level file."""
-    from pipeline.cli import COMMANDS
-
     root = Path(root)
     dvc_yaml = dvc_yaml or root / "dvc.yaml"
     stages = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {})
     modules = modules or scan(root)
-    run_by = stage_modules(stages, {c: m for c, (m, _) in COMMANDS.items()})
+    run_by = stage_modules(stages, command_modules(root))
     return {s: sorted(code_files(modules, closure(modules, m))) for s, m in run_by.items()
             if m in modules}
 
@@ -413,6 +369,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    ns = argparse.ArgumentParser(prog="python -m pipeline.tools.deps")
+    ns = argparse.ArgumentParser(prog="python -m pipeline.tools.check_deps")
     add_arguments(ns)
     sys.exit(main(ns.parse_args()))

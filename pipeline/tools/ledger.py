@@ -19,6 +19,8 @@ from pathlib import Path
 from pipeline.core import artifacts
 from pipeline.decision import ledger
 
+HELP = "the test-access ledger: every look at the test pieces (--rebuild from git)"
+
 
 def current_test_pieces(splits: Path, per_piece: Path) -> tuple[list[str], str]:
     """The test pieces looks are counted against, and where they come from."""

@@ -14,11 +14,11 @@ from pydantic_core import PydanticUndefined
 
 from pipeline.core.config import (
     EXPERIMENT_SECTIONS,
-    SECTIONS,
     check_all,
     parse_yaml,
     read_params,
     section_class,
+    sections,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,7 @@ def test_params_yaml_has_every_section_and_key() -> None:
     """No key falls back to a hidden default: params.yaml spells out the whole experiment, and
     an experiment's params file spells out its own section."""
     data = read_params(PARAMS)
-    main = [s for s in SECTIONS if s not in EXPERIMENT_SECTIONS]
+    main = [s for s in sections() if s not in EXPERIMENT_SECTIONS]
     assert set(data) == set(main)
     assert [k for s in main for k in _missing(section_class(s), data[s], s)] == []
     assert set(EXPERIMENT_PARAMS) == set(EXPERIMENT_SECTIONS)
@@ -187,3 +187,23 @@ def test_read_params_parses_once_yet_never_serves_a_stale_or_shared_copy(tmp_pat
     assert read_params(path) == {"ingest": {"min_notes": 3}} and len(calls) == 1
     path.write_text("ingest:\n  min_notes: 4\n", encoding="utf-8")  # same path, new content
     assert read_params(path) == {"ingest": {"min_notes": 4}} and len(calls) == 2
+
+
+def test_sections_are_found_in_the_code_and_a_claimed_section_is_refused(tmp_path: Path) -> None:
+    """Each config class declares its section; the table is read from the files, so a new
+    stage's section needs no registration elsewhere."""
+    found = sections()
+    assert found["ingest"] == "pipeline.music.ingestion:IngestConfig"
+    assert found["runtime"] == "pipeline.core.config:RuntimeConfig"
+    assert all(name == section_class(name).SECTION for name in found)
+    pkg = tmp_path / "pipeline" / "stages"
+    pkg.mkdir(parents=True)
+    (pkg / "toy.py").write_text('class ToyConfig(StageConfig):\n    """doc"""\n\n'
+                                '    SECTION: ClassVar[str] = "toy"\n    size: int = 1\n')
+    assert sections(tmp_path / "pipeline") == {"toy": "pipeline.stages.toy:ToyConfig"}
+    (pkg / "toy2.py").write_text('class Toy2Config(StageConfig):\n'
+                                 '    SECTION: ClassVar[str] = "toy"\n')
+    sections.cache_clear()
+    with pytest.raises(ValueError, match=r"section .toy. is already pipeline\.stages\.toy"):
+        sections(tmp_path / "pipeline")
+    sections.cache_clear()

@@ -13,7 +13,7 @@ it).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -67,6 +67,8 @@ class DecisionSection(StageConfig):
 
 class AdaptationConfig(StageConfig):
     """``adaptation`` section; each key is documented in the experiment's params.yaml."""
+
+    SECTION: ClassVar[str] = "adaptation"
 
     pretrained: str = "data/pretrain"
     seed: int = Field(1234, ge=0)

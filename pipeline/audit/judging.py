@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -46,6 +46,8 @@ FlagMetric = Literal["lcs_tokens", "nn_jaccard", "nn_containment"]
 
 class AuditConfig(StageConfig):
     """``audit`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "audit"
 
     models: list[Literal["ngram", "transformer"]] = Field(
         default_factory=lambda: ["ngram", "transformer"], min_length=1)

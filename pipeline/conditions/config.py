@@ -12,6 +12,7 @@ stage checks that). Identity columns (:data:`IDENTITY_COLUMNS`) and the manifest
 from __future__ import annotations
 
 import itertools
+from typing import ClassVar
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -41,6 +42,8 @@ GROUP_REASON = ("its label identifies the piece's group: a model conditioned on 
 
 class ConditionConfig(StageConfig):
     """``condition`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "condition"
 
     use: list[str] = Field(default_factory=list)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)

@@ -13,36 +13,48 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import re
+from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from ruamel.yaml import YAML, YAMLError
 
 DEFAULT_PARAMS = Path("params.yaml")
 
-# section name -> "module:Class" of its config model. Only the tools that check every section
-# (`symkit check-params`, `symkit preregister`) import them by name; a stage passes its own class
-# to `load_section`, so no stage imports another stage through this table.
-SECTIONS: dict[str, str] = {
-    "runtime": "pipeline.core.config:RuntimeConfig",
-    "corpus": "pipeline.stages.corpus:CorpusConfig",
-    "ingest": "pipeline.music.ingestion:IngestConfig",
-    "dedupe": "pipeline.similarity.duplicates:DedupeConfig",
-    "split": "pipeline.stages.split:SplitConfig",
-    "contamination": "pipeline.stages.contamination:ContaminationConfig",
-    "condition": "pipeline.conditions.config:ConditionConfig",
-    "tokenize": "pipeline.stages.tokenize:TokenizeConfig",
-    "ngram": "pipeline.stages.train_ngram:NGramConfig",
-    "evaluate": "pipeline.stages.evaluate:EvaluateConfig",
-    "transformer": "pipeline.training.config:TransformerStageConfig",
-    "generate": "pipeline.stages.generate:GenerateConfig",
-    "audit": "pipeline.stages.audit:AuditConfig",
-    "criteria": "pipeline.decision.criteria:CriteriaConfig",
-    "report": "pipeline.report.sections:ReportConfig",
-    "compare": "pipeline.decision.registered_comparisons:CompareConfig",
-    "adaptation": "pipeline.adaptation.config:AdaptationConfig",
-}
+PIPELINE = Path(__file__).resolve().parents[1]
+"""The ``pipeline`` package folder, where :func:`sections` looks for config models."""
+_SECTION = re.compile(r'^class (\w+)\(|^    SECTION: ClassVar\[str\] = "(\w+)"', re.MULTILINE)
+
+
+@cache
+def sections(pipeline_dir: Path = PIPELINE) -> dict[str, str]:
+    """Section name -> ``"module:Class"`` of its config model, found in the code: a config
+    class declares its section with ``SECTION: ClassVar[str] = "<name>"``, wherever it lives (a
+    stage module, or the library that needs it too). The files are read as text, so nothing is
+    imported; only the tools that check every section (``symkit check-params``,
+    ``symkit preregister``) import the classes, through :func:`section_class`. Two classes that
+    claim one section are refused."""
+    found: dict[str, str] = {}
+    root = Path(pipeline_dir)
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "SECTION: ClassVar" not in text:
+            continue
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        cls = None
+        for m in _SECTION.finditer(text):
+            if m.group(1):
+                cls = m.group(1)
+            elif cls is not None:
+                if m.group(2) in found:
+                    raise ValueError(f"{path}: section {m.group(2)!r} is already "
+                                     f"{found[m.group(2)]}")
+                found[m.group(2)] = f"{module}:{cls}"
+    return found
+
+
 EXPERIMENT_SECTIONS = ("adaptation",)
 """Sections only an experiment's own params.yaml holds (``experiments/<name>/params.yaml``), never
 the top-level one."""
@@ -60,6 +72,8 @@ class StageConfig(BaseModel):
 
 class RuntimeConfig(StageConfig):
     """``runtime`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "runtime"
 
     workers: int | Literal["auto"] = "auto"
     progress: bool | Literal["auto"] = "auto"
@@ -119,17 +133,17 @@ def read_params(path: Path | str = DEFAULT_PARAMS) -> dict[str, Any]:
         raise ParamsError(
             f"{path}: top level must be a mapping of sections, got {type(data).__name__}"
         )
-    unknown = sorted(set(map(str, data)) - set(SECTIONS))
+    unknown = sorted(set(map(str, data)) - set(sections()))
     if unknown:
         raise ParamsError(
             f"{path}: unknown section {unknown[0]!r}; "
-            f"allowed sections: {', '.join(sorted(SECTIONS))}"
+            f"allowed sections: {', '.join(sorted(sections()))}"
         )
     return data
 
 
 def section_class(name: str) -> type[StageConfig]:
-    module, _, cls = SECTIONS[name].partition(":")
+    module, _, cls = sections()[name].partition(":")
     return getattr(importlib.import_module(module), cls)
 
 

@@ -41,7 +41,7 @@ import math
 import operator
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -88,6 +88,8 @@ class Criterion(StageConfig):
 class CriteriaConfig(StageConfig):
     """``criteria`` section of params.yaml: the decision rules (documented there). Every rule
     must PASS for an overall PASS."""
+
+    SECTION: ClassVar[str] = "criteria"
 
     rules: list[Criterion] = Field(min_length=1)
 

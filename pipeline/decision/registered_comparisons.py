@@ -44,12 +44,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from pipeline.core import artifacts
-from pipeline.core.config import SECTIONS, ParamsError, StageConfig, parse_section, section_class
+from pipeline.core.config import ParamsError, StageConfig, parse_section, section_class, sections
 from pipeline.decision.criteria import Criterion, evaluate, unique_rule_names
 from pipeline.stats.paired import IGNORED_SECTIONS, canonical, params_diff
 
@@ -89,8 +89,8 @@ class ComparisonRule(Criterion):
                              f"{', '.join(sorted(self.arm))})")
         for key in self.baseline:
             section = key.split(".", 1)[0]
-            if "." not in key or section not in SECTIONS or section in IGNORED_SECTIONS:
-                allowed = ", ".join(s for s in SECTIONS if s not in IGNORED_SECTIONS)
+            if "." not in key or section not in sections() or section in IGNORED_SECTIONS:
+                allowed = ", ".join(s for s in sorted(sections()) if s not in IGNORED_SECTIONS)
                 raise ValueError(f"baseline/arm key {key!r} is not a dotted params key of a "
                                  f"section that shapes results ({allowed})")
         if not self.changes:
@@ -114,6 +114,8 @@ class ComparisonRule(Criterion):
 class CompareConfig(StageConfig):
     """``compare`` section of params.yaml: ``symkit compare``'s defaults and the planned
     comparisons (documented there)."""
+
+    SECTION: ClassVar[str] = "compare"
 
     n_boot: int = Field(2000, ge=1)
     ci_level: float = Field(0.95, gt=0.0, lt=1.0)

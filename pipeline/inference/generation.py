@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +44,8 @@ JSON, ``null`` for a label not requested; null for unconditioned kinds) and ``re
 
 class GenerateConfig(StageConfig):
     """``generate`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "generate"
 
     models: list[Literal["ngram", "transformer"]] = Field(
         default_factory=lambda: ["ngram", "transformer"], min_length=1)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -108,6 +109,8 @@ NOTES_SCHEMA = pa.schema(
 
 class IngestConfig(StageConfig):
     """``ingest`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "ingest"
 
     max_file_bytes: int = Field(16 * 1024 * 1024, ge=1)
     max_notes: int = Field(100_000, ge=1)

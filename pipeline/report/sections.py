@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -44,6 +44,8 @@ from pipeline.report.conditioning_section import conditioning
 
 class ReportConfig(StageConfig):
     """``report`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "report"
 
     title: str = Field("symkit experiment report", min_length=1)
     max_samples_shown: int = Field(8, ge=0, le=1000)

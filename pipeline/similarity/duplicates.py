@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,8 @@ class TierPolicy(StageConfig):
 
 class DedupeConfig(StageConfig):
     """``dedupe`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "dedupe"
 
     policy: TierPolicy = TierPolicy()
     shingle_k: int = Field(4, ge=2, le=12)

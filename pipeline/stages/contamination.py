@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -99,6 +99,8 @@ LIST_SUFFIXES = (".txt", ".csv")
 
 class ContaminationConfig(StageConfig):
     """``contamination`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "contamination"
 
     against: list[str] = Field(default_factory=list)
     splits: list[Literal["train", "val", "test"]] = Field(

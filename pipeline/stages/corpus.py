@@ -47,7 +47,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import Field
@@ -65,6 +65,8 @@ MUSIC21 = "music21:"
 
 class CorpusConfig(StageConfig):
     """``corpus`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "corpus"
 
     source: str = Field(BACH, min_length=1)
     metadata: str | None = None

@@ -64,7 +64,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -120,6 +120,8 @@ HELP = "score every model on val/test with one protocol"
 SPLITS = ("val", "test")
 class EvaluateConfig(StageConfig):
     """``evaluate`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "evaluate"
 
     splits: list[Literal["val", "test"]] = Field(default_factory=lambda: ["val", "test"],
                                                  min_length=1)

@@ -63,6 +63,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -88,6 +89,8 @@ MAX_MOVED_LISTED = 1000
 
 class SplitConfig(StageConfig):
     """``split`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "split"
 
     seed: int = Field(1235, ge=0)
     train: float = Field(0.8, ge=0.0, le=1.0)

@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -104,6 +104,8 @@ class AlsoTrainOn(StageConfig):
 
 class TokenizeConfig(StageConfig):
     """``tokenize`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "tokenize"
 
     tokenizer: str = "REMI"
     config: dict[str, Any] = Field(default_factory=lambda: {"use_programs": True})

@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,8 @@ MAX_ORDER = 12
 
 class NGramConfig(StageConfig):
     """``ngram`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "ngram"
 
     orders: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8], min_length=1)
     smoothing: Smoothing = "kneser_ney"

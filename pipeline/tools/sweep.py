@@ -43,7 +43,7 @@ import yaml
 
 from pipeline.core import artifacts
 from pipeline.core.commands import run_argv
-from pipeline.core.config import SECTIONS, ParamsError, parse_section, parse_yaml, section_class
+from pipeline.core.config import ParamsError, parse_section, parse_yaml, section_class, sections
 from pipeline.decision.registered_comparisons import REGISTRATION
 from pipeline.tools.compare import EVAL, PARAMS, PER_PIECE
 
@@ -160,13 +160,15 @@ def arm_params(base: Path, arm: Arm, workdir: Path) -> dict[str, Any]:
 
 
 def check_sections(params: Mapping[str, Any], source: str,
-                   sections: Mapping[str, str] = SECTIONS) -> list[str]:
-    """Problems of every section the project knows (``sections``: name -> config class), one
+                   known: Mapping[str, str] | None = None) -> list[str]:
+    """Problems of every section the project knows (``known``: name -> config class, default
+    :func:`pipeline.core.config.sections`), one
     line each naming ``section.key``, the value and what is allowed. Other sections are not
     checked here: DVC's override already refused keys that do not exist."""
+    known = sections() if known is None else known
     problems = []
     for name in params:
-        if name in sections:
+        if name in known:
             try:
                 parse_section(name, params[name], section_class(name), source)
             except ParamsError as e:

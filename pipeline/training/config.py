@@ -7,7 +7,7 @@ choices. The defaults here equal params.yaml's (a test checks it).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -92,6 +92,8 @@ class FinetuneSection(StageConfig):
 
 class TransformerStageConfig(StageConfig):
     """``transformer`` section of params.yaml; each key is documented there, beside its value."""
+
+    SECTION: ClassVar[str] = "transformer"
 
     seed: int = Field(1234, ge=0)
     replicates: int = Field(3, ge=1)

@@ -382,7 +382,7 @@ def test_an_unregistered_run_says_so_and_records_its_look(world, tmp_path):
 
 
 def test_the_registered_decision_is_judged_and_a_changed_one_deviates(world, tmp_path):
-    from pipeline.adaptation.adaptation_registration import AlreadyScored
+    from pipeline.decision.ledger import AlreadyScored
 
     params = _experiment(world, tmp_path, min_gain=0.02)
     rec = _register(world, tmp_path, params)

@@ -18,8 +18,8 @@ from pipeline.cli import main as cli
 from pipeline.core import artifacts
 from pipeline.decision import ledger
 from pipeline.decision.history import registration_order
+from pipeline.decision.ledger import AlreadyScored
 from pipeline.stages.split import read_exclude_test
-from pipeline.tools.preregister import AlreadyScored
 from tests.test_report import (
     GIT_SHOWS_ORDER,
     TEST_PIECES,

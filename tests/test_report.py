@@ -20,12 +20,12 @@ from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
 from pipeline.core.splits import split_hash
 from pipeline.decision import ledger
+from pipeline.decision.ledger import AlreadyScored
 from pipeline.render.audio import notes_to_midi
 from pipeline.render.figures import piano_roll_png
 from pipeline.report.sections import piece_nll
 from pipeline.stages.audit import SPANS_SCHEMA
 from pipeline.stages.report import ReportConfig, ReportPaths, run
-from pipeline.tools.preregister import AlreadyScored
 from pipeline.tools.preregister import run as preregister
 
 RULES = [

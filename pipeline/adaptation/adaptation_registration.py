@@ -51,10 +51,6 @@ SECTIONS = ("tokenize", "split", "transformer", "adaptation", "decision")
 """The frozen params sections, in the record's order."""
 
 
-class AlreadyScored(RuntimeError):
-    """Target test scores of this experiment exist: registering now would not precede them."""
-
-
 def is_adaptation(params: Path) -> bool:
     """Is ``params`` an adaptation experiment's params.yaml?"""
     return isinstance(read_params(params).get(KIND), dict)
@@ -114,7 +110,7 @@ def register(params: Path, *, target_splits: Path, target_split_report: Path,
     ledger.append(looks, ledger_path)  # looks found in git or the workspace are looks
     if looks and not force:
         n = len(looks)
-        raise AlreadyScored(
+        raise ledger.AlreadyScored(
             f"this experiment's test scores of these {len(ident['pieces']['test'])} target "
             f"test pieces already exist ({n} look{'s' * (n != 1)}, in {ledger_path.as_posix()}"
             f", git history or {per_piece.as_posix()}): a registration made now would not "

@@ -84,6 +84,11 @@ def registration_summary(registered: Any) -> dict[str, Any] | None:
     }
 
 
+class AlreadyScored(RuntimeError):
+    """Test scores of the pieces a registration names already exist (a look in the ledger, in
+    git history or in the workspace): a registration made now would not precede them."""
+
+
 def _with_later_keys(section: str, value: Any) -> Any:
     """A params section with the keys added after earlier registrations filled in at the value
     that keeps the earlier behaviour (:data:`pipeline.training.config.LATER_KEYS`), so a section

@@ -72,10 +72,6 @@ from pipeline.decision.registered_comparisons import CompareConfig
 HELP = "freeze the decision criteria before scoring test"
 
 
-class AlreadyScored(RuntimeError):
-    """Test scores of these pieces exist: registering now would not be pre-registration."""
-
-
 def split_pieces(splits: Path, split_report: Path) -> tuple[str, dict[str, list[str]]]:
     """The split hash of ``data/splits.parquet`` and its val and test pieces; refuses when
     ``reports/split.json`` names another split (the two come from one run of the split stage)."""
@@ -121,7 +117,7 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
     eval_scored = test_scores_exist(artifacts.read_json_or_none(eval_report), digest)
     if (looks or eval_scored) and not force:
         n = len(looks) or 1
-        raise AlreadyScored(
+        raise ledger.AlreadyScored(
             f"test scores of these {len(pieces['test'])} test pieces already exist ({n} "
             f"look{'s' * (n != 1)}: {_where(looks, eval_scored, eval_report)}): a registration "
             "made now would not precede them. Register a fresh test split (`symkit ledger` "
@@ -226,7 +222,7 @@ def _register_adaptation(args: argparse.Namespace) -> int:
             target_split_report=args.target_split_report, source_splits=args.splits,
             source_split_report=args.split_report, out=args.out, ledger_path=args.ledger,
             force=args.force)
-    except adapt_registration.AlreadyScored as e:
+    except ledger.AlreadyScored as e:
         print(f"symkit preregister: {e}", file=sys.stderr)
         return 1
     ident = rec["identity"]
@@ -249,7 +245,7 @@ def _register_experiment(args: argparse.Namespace) -> int:
         rec = run(args.params, split_report=args.split_report, eval_report=args.eval_report,
                   out=args.out, splits=args.splits, per_piece=args.per_piece,
                   ledger_path=args.ledger, force=args.force, power_draws=args.power_draws)
-    except AlreadyScored as e:
+    except ledger.AlreadyScored as e:
         print(f"symkit preregister: {e}", file=sys.stderr)
         print("symkit preregister: to register the planned comparisons alone: symkit "
               "preregister --comparisons-only", file=sys.stderr)

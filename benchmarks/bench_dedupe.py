@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline.core import artifacts  # noqa: E402
-from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
+from pipeline.music.manifest import MANIFEST_SCHEMA, NOTES_SCHEMA  # noqa: E402
 from pipeline.music.parsing import note_hash  # noqa: E402
 from pipeline.similarity import fingerprints as fp  # noqa: E402
 

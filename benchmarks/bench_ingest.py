@@ -43,7 +43,8 @@ from plain_ingest import baseline  # this folder: first on the path when run as 
 
 from pipeline.core.artifacts import read_table
 from pipeline.core.config import RuntimeConfig
-from pipeline.music.ingestion import IngestConfig, run
+from pipeline.music.ingestion import run
+from pipeline.music.manifest import IngestConfig
 from pipeline.stages.corpus import scan_tree, write_index
 from tests.midi_utils import make_midi, random_piece
 

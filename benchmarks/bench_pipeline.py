@@ -166,7 +166,7 @@ def baselines(paths: list[Path], model: str) -> dict[str, float]:
     from plain_ingest import plain_inspect
     from symusic import Score
 
-    from pipeline.music.ingestion import IngestConfig
+    from pipeline.music.manifest import IngestConfig
     from pipeline.tokens.tokenizer import make_tokenizer
 
     out = {}

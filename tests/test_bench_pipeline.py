@@ -13,7 +13,8 @@ from symusic import Score
 
 from benchmarks import bench_pipeline as bench
 from pipeline.core.config import RuntimeConfig
-from pipeline.music.ingestion import IngestConfig, run
+from pipeline.music.ingestion import run
+from pipeline.music.manifest import IngestConfig
 from pipeline.similarity import fingerprints as fp
 
 ROOT = Path(__file__).resolve().parents[1]

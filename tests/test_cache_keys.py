@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.music import ingestion
+from pipeline.music import ingest_cache
 from pipeline.similarity import dedupe_cache, duplicates, leakage_cache
 from pipeline.tokens import cache as token_cache
 from pipeline.training import resume
 
 CODE_LISTS = {
-    "ingest results": ingestion.CACHE_CODE,
+    "ingest results": ingest_cache.CACHE_CODE,
     "dedupe features": dedupe_cache.FEATURES_CODE,
     "dedupe verdicts": duplicates.VERDICT_CODE,
     "split audit and features": leakage_cache.AUDIT_CODE,
@@ -70,11 +70,11 @@ def test_the_code_digest_follows_each_listed_file(tmp_path, monkeypatch):
     of the ingest key: a change there would have reused stale results)."""
     from pipeline.core import arrays, artifacts
 
-    before = artifacts.code_digest(ingestion.CACHE_CODE)
+    before = artifacts.code_digest(ingest_cache.CACHE_CODE)
     copy = tmp_path / "arrays.py"
     copy.write_bytes(Path(arrays.__file__).read_bytes() + b"\n# changed\n")
     monkeypatch.setattr(arrays, "__file__", str(copy))
-    assert artifacts.code_digest(ingestion.CACHE_CODE) != before
+    assert artifacts.code_digest(ingest_cache.CACHE_CODE) != before
 
 
 def test_the_token_cache_key_follows_the_encoding_code(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
+from pipeline.music.manifest import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.parsing import note_hash
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import melody

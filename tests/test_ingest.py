@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.music import ingestion as ingest_mod
-from pipeline.music.ingestion import IngestConfig, run
+from pipeline.music import inspection
+from pipeline.music.ingestion import run
+from pipeline.music.manifest import IngestConfig
 from pipeline.music.parsing import note_hash, parse_midi
 from tests.midi_utils import make_midi, random_piece
 
@@ -95,7 +96,7 @@ def test_crash_and_hang_are_quarantined(tmp_path: Path, monkeypatch):
     raw.mkdir()
     for name in ("a.mid", "crash.mid", "hang.mid", "z.mid"):
         (raw / name).write_bytes(make_midi(SCALE, tempo=100 + len(name)) + name.encode())
-    real = ingest_mod.parse_many
+    real = inspection.parse_many
 
     def fragile(datas: list[bytes]):
         if any(d.endswith(b"crash.mid") for d in datas):
@@ -104,7 +105,7 @@ def test_crash_and_hang_are_quarantined(tmp_path: Path, monkeypatch):
             time.sleep(60)
         return real(datas)
 
-    monkeypatch.setattr(ingest_mod, "parse_many", fragile)
+    monkeypatch.setattr(inspection, "parse_many", fragile)
     m = ingest(raw, tmp_path, IngestConfig(timeout_s=1.0), workers=2)
     assert m["reason"].to_dict() == {
         "a.mid": "",
@@ -203,7 +204,7 @@ def test_files_judged_together_as_one_at_a_time(bad_corpus: Path):
     give for that file alone, whatever else is in the chunk: good and bad files, drums, chords
     whose notes end at different times, lead-in silence, a track order that differs from time
     order, and files that do not parse between them."""
-    from pipeline.music.ingestion import inspect_many
+    from pipeline.music.inspection import inspect_many
 
     rng = np.random.default_rng(11)
     datas = [f.read_bytes() for f in sorted(bad_corpus.iterdir())]
@@ -215,7 +216,7 @@ def test_files_judged_together_as_one_at_a_time(bad_corpus: Path):
         drums = [bool(rng.integers(0, 2)) for _ in piece]
         datas.insert(2 * k, make_midi(piece[::-1], tpq=int(rng.choice([96, 480, 1001])),
                                       drums=drums))
-    rows, notes = ingest_mod.inspect_many(datas, CFG)
+    rows, notes = inspection.inspect_many(datas, CFG)
     at = 0
     for data, row in zip(datas, rows, strict=True):
         want, want_notes = _judge_plainly(data, CFG)

@@ -16,8 +16,11 @@ import pytest
 
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import RuntimeConfig
+from pipeline.music import ingest_cache, inspection
 from pipeline.music import ingestion as ingest_mod
-from pipeline.music.ingestion import IngestConfig, ResultCache, cache_key, run
+from pipeline.music.ingest_cache import ResultCache, cache_key
+from pipeline.music.ingestion import run
+from pipeline.music.manifest import NOTES_SCHEMA, IngestConfig
 from pipeline.stages.corpus import scan_tree, write_index
 from tests.midi_utils import make_midi, random_piece
 
@@ -34,14 +37,14 @@ def outputs(raw: Path, out: Path, cache: Path | None, workers: int = 1,
 
 def crash_on_parse(monkeypatch, marker: bytes = b"") -> None:
     """Make the parser kill its worker (on files ending in ``marker``; every file when empty)."""
-    real = ingest_mod.parse_many
+    real = inspection.parse_many
 
     def fragile(datas: list[bytes]):
         if any(d.endswith(marker) for d in datas):
             os._exit(11)
         return real(datas)
 
-    monkeypatch.setattr(ingest_mod, "parse_many", fragile)
+    monkeypatch.setattr(inspection, "parse_many", fragile)
 
 
 @pytest.fixture
@@ -126,7 +129,7 @@ def test_crashes_and_timeouts_are_not_cached(corpus: Path, tmp_path: Path, monke
 
 def test_crash_inside_a_chunk_costs_only_its_file(corpus: Path, tmp_path: Path, monkeypatch):
     n = len(list(corpus.rglob("*.mid")))
-    assert n > 2 * ingest_mod.chunk_size(n, 2)  # several chunks, the victim mid-chunk
+    assert n > 2 * inspection.chunk_size(n, 2)  # several chunks, the victim mid-chunk
     victim = corpus / "sub" / "p12.mid"
     victim.write_bytes(victim.read_bytes() + b"victim")
     crash_on_parse(monkeypatch, marker=b"victim")
@@ -147,7 +150,7 @@ def test_cache_key_ignores_timeout_only():
 
 
 def test_segments_are_merged(corpus: Path, tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(ingest_mod, "CACHE_SEGMENTS", 2)
+    monkeypatch.setattr(ingest_cache, "CACHE_SEGMENTS", 2)
     cache = tmp_path / "cache"
     rng = np.random.default_rng(11)
     for k in range(4):
@@ -194,7 +197,7 @@ def test_no_ok_file_gives_an_empty_notes_table(tmp_path: Path):
     (raw / "empty.mid").write_bytes(b"")
     outputs(raw, tmp_path / "out", tmp_path / "cache", workers=2)
     table = pq.read_table(tmp_path / "out" / "notes.parquet")
-    assert table.num_rows == 0 and table.schema.names == ingest_mod.NOTES_SCHEMA.names
+    assert table.num_rows == 0 and table.schema.names == NOTES_SCHEMA.names
 
 
 def test_the_corpus_index_gives_the_same_outputs(corpus: Path, tmp_path: Path):
@@ -218,7 +221,7 @@ def test_the_corpus_index_gives_the_same_outputs(corpus: Path, tmp_path: Path):
 
 @pytest.mark.parametrize("values", [["a", "bü", None, "", "xyz"], [], [None], ["é", "e"]])
 def test_strings_to_arrow(values):
-    arr = ingest_mod.to_arrow(values, pa.string())
+    arr = inspection.to_arrow(values, pa.string())
     arr.validate(full=True)
     assert arr.to_pylist() == values
 
@@ -226,10 +229,10 @@ def test_strings_to_arrow(values):
 def test_numbers_round_trip_through_arrow():
     x = np.arange(10, dtype=np.int64)
     mask = x % 3 == 0
-    arr = ingest_mod.to_arrow(x, pa.int64(), mask)
+    arr = inspection.to_arrow(x, pa.int64(), mask)
     assert arr.to_pylist() == [None if m else int(v) for v, m in zip(x, mask, strict=True)]
-    flags = ingest_mod.to_arrow(x % 2 == 1, pa.bool_())
+    flags = inspection.to_arrow(x % 2 == 1, pa.bool_())
     assert flags.to_pylist() == [bool(v % 2) for v in x]
-    sliced = pa.chunked_array([ingest_mod.to_arrow(x, pa.int64()).slice(2),
-                                          ingest_mod.to_arrow(x[:3], pa.int64())])
-    assert ingest_mod.from_arrow(sliced).tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2]
+    sliced = pa.chunked_array([inspection.to_arrow(x, pa.int64()).slice(2),
+                                          inspection.to_arrow(x[:3], pa.int64())])
+    assert inspection.from_arrow(sliced).tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2]

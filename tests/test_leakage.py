@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, parse_section
-from pipeline.music.ingestion import NOTES_SCHEMA
+from pipeline.music.manifest import NOTES_SCHEMA
 from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity.leakage import (

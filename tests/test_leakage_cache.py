@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from pipeline.music.ingestion import NOTES_SCHEMA
+from pipeline.music.manifest import NOTES_SCHEMA
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity.digests import note_digests, take_pieces
 from pipeline.similarity.leakage import (

@@ -193,7 +193,7 @@ def test_sections_are_found_in_the_code_and_a_claimed_section_is_refused(tmp_pat
     """Each config class declares its section; the table is read from the files, so a new
     stage's section needs no registration elsewhere."""
     found = sections()
-    assert found["ingest"] == "pipeline.music.ingestion:IngestConfig"
+    assert found["ingest"] == "pipeline.music.manifest:IngestConfig"
     assert found["runtime"] == "pipeline.core.config:RuntimeConfig"
     assert all(name == section_class(name).SECTION for name in found)
     pkg = tmp_path / "pipeline" / "stages"

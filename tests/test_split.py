@@ -213,7 +213,7 @@ def test_stage_lists_moves_against_previous(tmp_path):
 
 
 def test_empty_corpus_gives_empty_artifacts(tmp_path):
-    from pipeline.music.ingestion import MANIFEST_SCHEMA, NOTES_SCHEMA
+    from pipeline.music.manifest import MANIFEST_SCHEMA, NOTES_SCHEMA
 
     manifest, notes = tmp_path / "manifest.parquet", tmp_path / "notes.parquet"
     artifacts.write_parquet(manifest, MANIFEST_SCHEMA.empty_table())

@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 
 from pipeline.core.config import load_runtime, load_section
-from pipeline.music.ingestion import IngestConfig, run
+from pipeline.music.ingestion import run
+from pipeline.music.manifest import IngestConfig
 
 HELP = "hash, parse and quarantine sources -> data/manifest.parquet"
 

@@ -9,7 +9,7 @@ export MKL_NUM_THREADS ?= 2
 export DVC_NO_ANALYTICS := 1
 export PYTHONHASHSEED := 0
 
-.PHONY: repro adaptation test test-slow test-gpu lint bench clean-venv help
+.PHONY: repro adaptation test test-slow test-gpu lint bench screenshot clean-venv help
 
 help:
 	@echo "make repro      - create .venv, install pinned deps, run the DVC pipeline"
@@ -19,6 +19,7 @@ help:
 	@echo "make test-gpu   - run the CUDA tests (needs a GPU)"
 	@echo "make lint       - ruff check and the import-linter contracts"
 	@echo "make bench      - run benchmarks/ (prints ratios against in-run baselines)"
+	@echo "make screenshot - re-make the README's picture of reports/report.html (needs Chromium)"
 
 # The virtual environment is rebuilt when the lock file or pyproject.toml changes.
 $(STAMP): requirements.lock pyproject.toml
@@ -51,6 +52,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+# The README's picture of the report's first screen, drawn as tests/test_browser.py renders it.
+screenshot: $(STAMP)
+	$(BIN)/python docs/images/screenshot.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,5 +1,6 @@
-"""report.html in a real browser: headless Chromium renders it at 1280 x 900 and a probe script,
-added to a copy of the page, reports what a reader would see.
+"""report.html in a real browser: headless Chromium renders it at 1280 x 900 (``tests/browser.py``,
+shared with the README's screenshot) and a probe script, added to a copy of the page, reports
+what a reader would see.
 
 Checked on the committed report of the default experiment and on a small synthetic one:
 
@@ -17,19 +18,16 @@ from __future__ import annotations
 import html
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.browser import CHROMIUM, chromium
+
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser",
-                                                        "google-chrome")) if p), None)
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed (Debian: apt-get install "
                              "chromium; .ci/run installs it): report.html not checked in a browser")
-WIDTH, HEIGHT = 1280, 900
 
 PROBE = """<script>
 window.addEventListener('load', () => {
@@ -59,11 +57,7 @@ def probe(page: Path, tmp_path: Path) -> dict:
     copy = tmp_path / f"probe-{page.name}"
     copy.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"),
                     encoding="utf-8")
-    done = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         f"--user-data-dir={tmp_path / 'chromium'}", f"--window-size={WIDTH},{HEIGHT}",
-         "--virtual-time-budget=5000", "--dump-dom", copy.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False)
+    done = chromium(copy, tmp_path / "chromium", "--dump-dom")
     found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.S)
     assert found, f"no probe output from Chromium (exit {done.returncode}): {done.stderr[-800:]}"
     return json.loads(html.unescape(found.group(1)))

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
+# docs/**: the measured results under docs/results/ are checked too.
+DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("**/*.md")])
 CODE = sorted(p for pkg in ("pipeline", "models") for p in (ROOT / pkg).rglob("*.py"))
 
 # A path into the code or docs: pipeline/..., models/..., tests/..., benchmarks/..., docs/...
@@ -31,11 +32,13 @@ def _prose(path: Path) -> str:
     return "\n".join(t.string for t in tokens if t.type in (tokenize.STRING, tokenize.COMMENT))
 
 
-def _mentions(pattern: re.Pattern, files: list[Path]) -> list[tuple[str, str]]:
+def _mentions(pattern: re.Pattern, files: list[Path], tail: str = ".") -> list[tuple[str, str]]:
+    """(file, mention) pairs; ``tail``: characters stripped from a mention's end (a sentence's
+    full stop; for paths also Markdown's closing ``_`` of emphasis: no path ends in one)."""
     found = set()
     for f in files:
         for m in pattern.finditer(_prose(f)):
-            found.add((f.relative_to(ROOT).as_posix(), m.group(1).rstrip(".")))
+            found.add((f.relative_to(ROOT).as_posix(), m.group(1).rstrip(tail)))
     return sorted(found)
 
 
@@ -55,12 +58,13 @@ def _resolves(dotted: str) -> bool:
     return False
 
 
-PATHS = _mentions(PATH, DOCS)
+PATHS = _mentions(PATH, DOCS, tail="._")
 NAMES = _mentions(DOTTED, DOCS + CODE)
 
 
 def test_the_scan_finds_mentions() -> None:
-    assert ("README.md", "pipeline/stages") in {(f, p.rstrip("/")) for f, p in PATHS}
+    assert ("README.md", "docs/images/report-first-screen.png") in PATHS
+    assert ("docs/results/default_experiment.md", "docs/evaluation.md") in PATHS
     assert any(n == "pipeline.tokens.dataset" for _, n in NAMES)
 
 
@@ -72,3 +76,44 @@ def test_documented_path_exists(doc: str, path: str) -> None:
 @pytest.mark.parametrize(("source", "name"), NAMES, ids=[f"{s}:{n}" for s, n in NAMES])
 def test_documented_name_resolves(source: str, name: str) -> None:
     assert _resolves(name), f"{source} names {name}, which does not resolve"
+
+
+FENCED = re.compile(r"^```[^\n]*\n.*?^```", re.S | re.M)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the headings of a Markdown file."""
+    text = FENCED.sub("", path.read_text(encoding="utf-8"))
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+\s+(.*)$", text, re.M)}
+
+
+def _broken_links(doc: Path) -> list[str]:
+    """Relative Markdown links of ``doc`` whose file, or heading anchor, does not exist."""
+    broken = []
+    for target in LINK.findall(FENCED.sub("", doc.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (doc.parent / path).resolve() if path else doc
+        if not linked.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(f"{target} (no such heading)")
+    return broken
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.relative_to(ROOT).as_posix() for d in DOCS])
+def test_relative_links_resolve(doc: Path) -> None:
+    """Links are relative to the file that holds them: moving a section between files (the
+    README and docs/, docs/ and docs/results/) must move its links' targets with it."""
+    assert _broken_links(doc) == [], f"{doc.relative_to(ROOT)} links nowhere"
+
+
+def test_a_broken_link_is_found(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# A heading\n")
+    doc = tmp_path / "b.md"
+    doc.write_text("[ok](a.md#a-heading) [gone](c.md) [bad](a.md#nothing) [web](https://x.y)\n"
+                   "```\n[in code](d.md)\n```\n")
+    assert _broken_links(doc) == ["c.md (no such file)", "a.md#nothing (no such heading)"]

@@ -1,7 +1,10 @@
-"""Shared fixtures: tiny MIDI files generated on the fly, plus a few real Bach chorales."""
+"""Shared fixtures: tiny MIDI files generated on the fly, the committed MIDI fixtures of
+``tests/fixtures/midi/`` (good and bad files, each with its expected ingest verdict), plus a few
+real Bach chorales."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,6 +17,46 @@ from tests.midi_utils import make_midi
 def midi_factory():
     """``midi_factory(tracks, **kw) -> bytes`` (see :func:`make_midi`)."""
     return make_midi
+
+
+MIDI_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "midi"
+"""Small MIDI files written by ``tests/fixtures/make_midi_fixtures.py``; ``expected.json`` says
+what ingest makes of each (``ok`` or its quarantine reason) and what it is."""
+MIDI_EXPECTED: dict = json.loads((MIDI_FIXTURES / "expected.json").read_text(encoding="utf-8"))
+MIDI_FILES = sorted(MIDI_FIXTURES.glob("*.mid"))
+GOOD_MIDI = [p for p in MIDI_FILES if MIDI_EXPECTED["files"][p.name]["expect"] == "ok"]
+BAD_MIDI = [p for p in MIDI_FILES if MIDI_EXPECTED["files"][p.name]["expect"] != "ok"]
+
+
+@pytest.fixture(scope="session")
+def midi_fixtures() -> Path:
+    """The folder of committed MIDI fixtures (read it, never write into it)."""
+    return MIDI_FIXTURES
+
+
+@pytest.fixture(scope="session")
+def midi_expected() -> dict:
+    """``expected.json``: ``ingest`` (the limits its reasons assume) and ``files`` (per name:
+    ``expect``, ``about``; ``n_notes``, ``meter``, ``qpm`` for the files ingest keeps)."""
+    return MIDI_EXPECTED
+
+
+@pytest.fixture(params=MIDI_FILES, ids=lambda p: p.name)
+def midi_file(request) -> Path:
+    """Each committed MIDI fixture, good or bad."""
+    return request.param
+
+
+@pytest.fixture(params=GOOD_MIDI, ids=lambda p: p.name)
+def good_midi(request) -> Path:
+    """Each committed MIDI fixture that ingest keeps (``expect: ok``)."""
+    return request.param
+
+
+@pytest.fixture(params=BAD_MIDI, ids=lambda p: p.name)
+def bad_midi(request) -> Path:
+    """Each committed MIDI fixture that ingest quarantines."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

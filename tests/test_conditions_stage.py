@@ -306,3 +306,48 @@ def test_the_defaults_are_unconditioned():
     cfg = ConditionConfig()
     assert cfg.use == [] and cfg.bands("tempo") == ([80.0, 140.0], ["slow", "moderate", "fast"])
     assert _cfg(use=["key", "composer"]).use == ["key", "composer"]
+
+
+# --------------------------------------------------------------------------- committed fixtures
+@pytest.fixture(scope="module")
+def fixture_corpus(tmp_path_factory, midi_fixtures: Path, midi_expected: dict) -> Path:
+    """The committed MIDI fixtures through the real ingest stage, every kept piece its own group
+    (train, val and test in turn by sha256), then the conditions stage."""
+    root = tmp_path_factory.mktemp("fixture_conditions")
+    raw = root / "data" / "raw"
+    shutil.copytree(midi_fixtures, raw)
+    ingestion.run(ingestion.IngestConfig(**midi_expected["ingest"]), RUNTIME, raw_dir=raw,
+                  metadata=None, manifest=root / "data/manifest.parquet",
+                  notes=root / "data/notes.parquet", report=root / "reports/ingest.json")
+    manifest = pd.read_parquet(root / "data/manifest.parquet")
+    shas = sorted(manifest.loc[manifest["status"] == "ok", "sha256"])
+    rows = [{"sha256": s, "group_id": f"group:{s[:8]}", "split": ("train", "val", "test")[i % 3],
+             "fold": -1} for i, s in enumerate(shas)]
+    write_parquet(root / "data/splits.parquet", pa.Table.from_pylist(rows, schema=SPLITS_SCHEMA))
+    run_stage(root)
+    return root
+
+
+def test_every_kept_fixture_gets_a_conditions_row(good_midi: Path, midi_expected: dict,
+                                                  fixture_corpus: Path):
+    want = midi_expected["files"][good_midi.name]
+    df = read_conditions(fixture_corpus / "data/conditions.parquet").set_index("sha256")
+    row = df.loc[hashlib.sha256(good_midi.read_bytes()).hexdigest()]
+    meter = None if pd.isna(row["meter"]) else row["meter"]
+    qpm = None if pd.isna(row["tempo_qpm"]) else float(row["tempo_qpm"])
+    assert (meter, qpm) == (want["meter"], want["qpm"])
+    assert row["density"] is not None and row["polyphony"] is not None
+    rep = read_json(fixture_corpus / "reports/conditions.json")
+    assert rep["midi_unreadable"] == 0 and rep["pieces"] == len(df)
+
+
+def test_reading_meter_and_tempo_never_raises(midi_file: Path, midi_expected: dict):
+    """Every fixture, bad ones included, gives the conditions reader a value or a reason."""
+    want = midi_expected["files"][midi_file.name]
+    data = midi_file.read_bytes()
+    [(meter, qpm, reason)] = stage._read_chunk([(str(midi_file), hashlib.sha256(data).hexdigest())])
+    assert reason in ("", "unreadable")
+    if want["expect"] == "ok":
+        assert (meter, qpm, reason) == (want["meter"], want["qpm"], "")
+    if reason:
+        assert (meter, qpm) == (None, None)

@@ -532,3 +532,55 @@ def test_bad_input_is_counted_not_fatal(tmp_path):
 def test_bad_params_fail_fast(raw, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
         parse_section("dedupe", raw, DedupeConfig)
+
+
+# --------------------------------------------------------------------------- committed fixtures
+def _ingest_and_dedupe(root: Path, raw: Path, limits: dict, workers: int) -> dict[str, bytes]:
+    """The real ingest stage, then dedupe, over ``raw``; their output files' bytes by name."""
+    from pipeline.music.ingestion import IngestConfig
+    from pipeline.music.ingestion import run as ingest
+
+    runtime = RuntimeConfig(workers=workers, progress=False)
+    ingest(IngestConfig(**limits), runtime, raw_dir=raw, metadata=None,
+           manifest=root / "manifest.parquet", notes=root / "notes.parquet",
+           report=root / "ingest.json")
+    run(DedupeConfig(), runtime, manifest=root / "manifest.parquet", notes=root / "notes.parquet",
+        out_dir=root / "dedupe", report=root / "dedupe.json")
+    names = ("manifest.parquet", "dedupe/pairs.parquet", "dedupe/clusters.parquet",
+             "dedupe/fingerprint.json", "dedupe.json")
+    return {n: (root / n).read_bytes() for n in names}
+
+
+def test_fixture_folder_dedupes_deterministically_and_finds_copies(tmp_path, midi_fixtures,
+                                                                   midi_expected, copy_tree):
+    """The committed fixtures, plus a byte copy of one under another name and the same music
+    saved again at another resolution: the same bytes with 1 or 2 workers, the byte copy marked
+    a duplicate by ingest and counted by dedupe, the re-saved copy linked by the note tier and
+    dropped. No two distinct fixtures are linked."""
+    from symusic import Score
+
+    raw = copy_tree(midi_fixtures, tmp_path / "raw")
+    band = (midi_fixtures / "band.mid").read_bytes()
+    (raw / "zz_copy_of_band.mid").write_bytes(band)
+    resaved = Score.from_midi(band).resample(960).dumps_midi()
+    assert resaved != band
+    (raw / "band_960.mid").write_bytes(resaved)
+    limits = midi_expected["ingest"]
+    outs = [_ingest_and_dedupe(tmp_path / f"w{w}", raw, limits, w) for w in (1, 2)]
+    assert outs[0] == outs[1]
+
+    root = tmp_path / "w1"
+    manifest = artifacts.read_parquet(root / "manifest.parquet").set_index("path")
+    assert manifest.loc["zz_copy_of_band.mid", ["status", "duplicate_of"]].tolist() == \
+        ["duplicate", "band.mid"]
+    report = artifacts.read_json(root / "dedupe.json")
+    assert report["byte_duplicates"] == 1
+    sha = manifest["sha256"].to_dict()
+    pairs = artifacts.read_parquet(root / "dedupe/pairs.parquet")
+    assert [(r.tier, {r.a, r.b}) for r in pairs.itertuples()] == \
+        [("note", {sha["band.mid"], sha["band_960.mid"]})]
+    clusters = artifacts.read_parquet(root / "dedupe/clusters.parquet").set_index("sha256")
+    kept = manifest[manifest["status"] == "ok"]
+    assert sorted(clusters.index) == sorted(kept["sha256"])
+    assert clusters.loc[[sha["band.mid"], sha["band_960.mid"]], "keep"].sum() == 1
+    assert clusters["keep"].sum() == len(clusters) - 1

@@ -292,3 +292,51 @@ def test_real_chorales(bach_dir: Path, tmp_path: Path):
 def test_bad_params_name_the_key(raw, message):
     with pytest.raises(ParamsError, match=message.replace(".", r"\.").replace("'", "'")):
         parse_section("ingest", raw, IngestConfig)
+
+
+# --------------------------------------------------------------------------- committed fixtures
+def test_committed_fixtures_are_what_their_script_writes(midi_fixtures: Path, tmp_path: Path):
+    """tests/fixtures/midi/ holds exactly the files make_midi_fixtures.py writes, byte for byte
+    (run it again after changing it), and stays small."""
+    from tests.fixtures import make_midi_fixtures
+
+    names = make_midi_fixtures.write(tmp_path / "a")
+    assert make_midi_fixtures.write(tmp_path / "b") == names
+    assert sorted(p.name for p in midi_fixtures.iterdir()) == names
+    for name in names:
+        assert (midi_fixtures / name).read_bytes() == (tmp_path / "a" / name).read_bytes(), name
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes(), name
+    assert sum((midi_fixtures / n).stat().st_size for n in names) < 50_000
+
+
+@pytest.fixture(scope="module")
+def fixture_manifest(tmp_path_factory, midi_fixtures: Path, midi_expected: dict) -> pd.DataFrame:
+    """The ingest stage over the committed fixtures (2 workers), under the limits their table
+    assumes."""
+    tmp = tmp_path_factory.mktemp("fixtures")
+    return ingest(midi_fixtures, tmp, IngestConfig(**midi_expected["ingest"]), workers=2)
+
+
+def test_each_fixture_gets_its_expected_verdict(midi_file: Path, midi_expected: dict,
+                                                 fixture_manifest: pd.DataFrame):
+    want = midi_expected["files"][midi_file.name]
+    row = fixture_manifest.loc[midi_file.name]
+    if want["expect"] == "ok":
+        assert (row["status"], row["reason"], row["detail"]) == ("ok", "", "")
+        assert row["n_notes"] == want["n_notes"] and row["note_hash"]
+    else:
+        assert want["expect"] in ingest_mod.REASONS
+        assert (row["status"], row["reason"]) == ("quarantined", want["expect"])
+        assert row["detail"]  # the size, the count or the parser's own message
+
+
+def test_the_fixture_folder_under_default_limits(midi_fixtures: Path, midi_expected: dict,
+                                                 tmp_path: Path):
+    """With params.yaml's limits the verdicts that depend on the small limits become ok and the
+    others stay; one worker gives the same."""
+    m = ingest(midi_fixtures, tmp_path, IngestConfig(), workers=1)
+    loose = {"too_large", "too_many_notes"}
+    want = {name: "" if e["expect"] in loose | {"ok"} else e["expect"]
+            for name, e in midi_expected["files"].items()}
+    assert m["reason"].to_dict() == want
+    assert set(m["status"]) == {"ok", "quarantined"}

@@ -623,3 +623,30 @@ def test_also_train_on_refuses_what_trains_nothing(extra, match):
     raw = {"also_train_on": {"raw_dir": "r", "manifest": "m", "splits": "s"}, **extra}
     with pytest.raises(ParamsError, match=match):
         parse_section("tokenize", raw, TokenizeConfig)
+
+
+# --------------------------------------------------------------------------- committed fixtures
+@pytest.fixture(scope="module")
+def fixture_tokens(tmp_path_factory, midi_fixtures, midi_expected) -> Path:
+    """The tokenize stage (REMI, programs in one stream, BPE) over the committed MIDI fixtures
+    that ingest keeps."""
+    root = tmp_path_factory.mktemp("fixture_tokens")
+    files = {p.name: p.read_bytes() for p in sorted(midi_fixtures.glob("*.mid"))
+             if midi_expected["files"][p.name]["expect"] == "ok"}
+    write_corpus(root, files)
+    run_stage(root, TokenizeConfig(vocab_size=600))
+    return root
+
+
+def test_every_kept_fixture_encodes_and_round_trips(good_midi, fixture_tokens):
+    """Each kept fixture (drums, several programs, format 0 and 2, zero-length and overlapping
+    notes included): one sequence, the ids of plain miditok ``encode``, no flag, and a lossless
+    round trip."""
+    root = fixture_tokens
+    table = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    data = good_midi.read_bytes()
+    [row] = table[table["sha256"] == sha256_bytes(data)].itertuples()
+    tok = miditok.REMI(params=root / "data/tokenizer.json")
+    assert list(row.ids) == tok.encode(Score.from_midi(data)).ids
+    assert list(row.flags) == [] and row.roundtrip_f1 == 1.0
+    assert 0 < row.n_notes <= row.n_notes_input

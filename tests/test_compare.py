@@ -34,7 +34,7 @@ from pipeline.stats.paired import (
     pair,
     params_diff,
 )
-from pipeline.tools.compare import Source, read_curves, resolve_source
+from pipeline.tools.compare import RunSource, read_curves, resolve_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -609,7 +609,7 @@ def test_learning_curves_from_directory_and_git_arms(tmp_path, monkeypatch):
     workspace = read_curves(resolve_source("workspace"))  # a directory: the working tree
     assert workspace.seeds["seed 10"][1][-1] > 9.0
     assert any("seed-99.tsv left out" in n for n in workspace.notes)
-    none = read_curves(Source("x", "directory", root=tmp_path))
+    none = read_curves(RunSource("x", "directory", root=tmp_path))
     assert not none.seeds and none.missing == ("reports/plots/train_log/seed-<s>.tsv or "
                                                "reports/plots/train_log.tsv")
     write_arm(tmp_path / "nologs", b)

@@ -20,7 +20,7 @@ import pytest
 from pipeline.cli import main
 from pipeline.core.config import ParamsError
 from pipeline.tools.sweep import (
-    Arm,
+    SweepArm,
     SweepError,
     check_sections,
     child_env,
@@ -129,7 +129,8 @@ def test_the_grid_is_the_product_in_order_with_lists_and_quoted_commas_kept():
         ("a.x=2", "b.y=[3,5]", "c.z='u,v'"),
         ("a.x=2", "b.y=[8]", "c.z='u,v'"),
     ]
-    assert expand_grid(["a.x=1,2"], "p") == [Arm("p-1", ("a.x=1",)), Arm("p-2", ("a.x=2",))]
+    assert expand_grid(["a.x=1,2"], "p") == [SweepArm("p-1", ("a.x=1",)),
+                                             SweepArm("p-2", ("a.x=2",))]
 
 
 @pytest.mark.parametrize(("text", "key", "values"), [

@@ -69,14 +69,14 @@ TEST_WARNING = ("compared on test: test results must not be used to pick a winne
 SCHEMA_VERSION = 1
 
 
-class SourceError(ValueError):
+class RunSourceError(ValueError):
     """An arm's source is neither a directory nor a git revision; the message lists what was
     tried."""
 
 
 # ---- where an arm comes from ----------------------------------------------------------------
 @dataclass(frozen=True)
-class Source:
+class RunSource:
     """An arm's source: ``name`` as the user gave it; ``kind`` ``directory`` (``root``) or
     ``git`` (``commit``, and ``ref`` when the name was a DVC experiment under ``refs/exps``)."""
 
@@ -120,18 +120,19 @@ def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.CompletedProcess(["git", *args], 127, b"", b"git: command not found")
 
 
-def resolve_source(name: str) -> Source:
+def resolve_source(name: str) -> RunSource:
     """A directory that exists wins (``workspace`` is the current directory); then a git
     revision (``git rev-parse --verify --quiet <name>^{commit}``); then a DVC experiment: a ref
-    under ``refs/exps`` whose last component is ``name``. :class:`SourceError` lists the tries."""
+    under ``refs/exps`` whose last component is ``name``. :class:`RunSourceError` lists the
+    tries."""
     if name == "workspace":
-        return Source(name, "directory", root=Path("."))
+        return RunSource(name, "directory", root=Path("."))
     if Path(name).is_dir():
-        return Source(name, "directory", root=Path(name))
+        return RunSource(name, "directory", root=Path(name))
     tried = [f"no directory {name!r}"]
     rev = _git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
     if rev.returncode == 0:
-        return Source(name, "git", commit=rev.stdout.decode().strip())
+        return RunSource(name, "git", commit=rev.stdout.decode().strip())
     err = rev.stderr.decode(errors="replace").strip()
     tried.append(f"not a git revision (`git rev-parse --verify {name}^{{commit}}`"
                  + (f": {err.splitlines()[0]})" if err else ")"))
@@ -139,15 +140,16 @@ def resolve_source(name: str) -> Source:
     matches = sorted(r for r in refs.stdout.decode().split()
                      if r.rsplit("/", 1)[-1] == name and not r.startswith("refs/exps/exec/"))
     if len(matches) > 1:
-        raise SourceError(f"arm {name!r} is ambiguous: DVC experiments {', '.join(matches)}; "
-                          "give one of their commits instead")
+        raise RunSourceError(f"arm {name!r} is ambiguous: DVC experiments "
+                             f"{', '.join(matches)}; give one of their commits instead")
     if len(matches) == 1:
         commit = _git("rev-parse", "--verify", "--quiet", f"{matches[0]}^{{commit}}")
         if commit.returncode == 0:
-            return Source(name, "git", commit=commit.stdout.decode().strip(), ref=matches[0])
+            return RunSource(name, "git", commit=commit.stdout.decode().strip(), ref=matches[0])
     tried.append(f"no DVC experiment named {name!r} under refs/exps")
-    raise SourceError(f"cannot find arm {name!r}: {'; '.join(tried)}. Give a directory holding "
-                      f"{PARAMS} and {EVAL}, `workspace`, a commit, branch, tag or experiment name")
+    raise RunSourceError(f"cannot find arm {name!r}: {'; '.join(tried)}. Give a directory "
+                         f"holding {PARAMS} and {EVAL}, `workspace`, a commit, branch, tag or "
+                         "experiment name")
 
 
 def unique_labels(names: Sequence[str]) -> list[str]:
@@ -164,12 +166,12 @@ def unique_labels(names: Sequence[str]) -> list[str]:
 
 # ---- what an arm holds ----------------------------------------------------------------------
 @dataclass(frozen=True)
-class Arm:
+class EvaluatedRun:
     """One evaluated run: its label, source, params, eval.json, per-piece rows and, when it has
     one, the training summary."""
 
     label: str
-    source: Source
+    source: RunSource
     params: dict[str, Any]
     eval: dict[str, Any]
     per_piece: pd.DataFrame
@@ -183,7 +185,7 @@ class Arm:
         return self.eval.get("protocol") or {}
 
 
-def _required(src: Source, rel: str) -> bytes:
+def _required(src: RunSource, rel: str) -> bytes:
     data = src.read(rel)
     if data is None:
         raise ArtifactError(f"{src.where(rel)} does not exist: an arm needs {PARAMS}, {EVAL} and "
@@ -191,14 +193,14 @@ def _required(src: Source, rel: str) -> bytes:
     return data
 
 
-def _json(src: Source, rel: str, data: bytes) -> Any:
+def _json(src: RunSource, rel: str, data: bytes) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ArtifactError(f"{src.where(rel)} is not a readable JSON file") from None
 
 
-def load_arm(src: Source, label: str) -> Arm:
+def read_run(src: RunSource, label: str) -> EvaluatedRun:
     """Read an arm's files (a directory through the project's readers, a commit through
     ``git show``); missing or unreadable files raise ArtifactError or ParamsError naming them."""
     if src.kind == "directory":
@@ -232,11 +234,11 @@ def load_arm(src: Source, label: str) -> Arm:
     train = _json(src, TRAIN, train_bytes) if train_bytes is not None else None
     reg_bytes = src.read(REGISTRATION)
     reg = _json(src, REGISTRATION, reg_bytes) if reg_bytes is not None else None
-    return Arm(label, src, params, evaluation, per_piece,
-               train if isinstance(train, dict) else None, reg)
+    return EvaluatedRun(label, src, params, evaluation, per_piece,
+                        train if isinstance(train, dict) else None, reg)
 
 
-def check_split_hashes(arms: Sequence[Arm]) -> None:
+def check_split_hashes(arms: Sequence[EvaluatedRun]) -> None:
     """:class:`Refusal` unless every arm's ``protocol.split_hash`` is present and the same."""
     hashes = {a.label: a.protocol.get("split_hash") for a in arms}
     listed = "; ".join(f"{label!r}: {h}" for label, h in hashes.items())
@@ -248,7 +250,7 @@ def check_split_hashes(arms: Sequence[Arm]) -> None:
                       "Scores on different pieces cannot be paired; compare runs of one split")
 
 
-def model_rows(arm: Arm, model: str, split: str) -> pd.DataFrame:
+def model_rows(arm: EvaluatedRun, model: str, split: str) -> pd.DataFrame:
     """The arm's rows of ``model`` on ``split``; :class:`Refusal` when there are none."""
     pp = arm.per_piece
     rows = pp[(pp["model"] == model) & (pp["split"] == split)]
@@ -277,7 +279,7 @@ def _val_curve(data: bytes) -> tuple[np.ndarray, np.ndarray] | str:
     return step[ok][order], val[ok][order]
 
 
-def read_curves(src: Source) -> Curves:
+def read_curves(src: RunSource) -> Curves:
     """An arm's validation-loss curves, from the same source as its other files: every
     ``seed-<s>.tsv`` in :data:`TRAIN_LOG_DIR` (labelled ``seed <s>``, in seed order), else the
     single :data:`TRAIN_LOG_FILE`. A log that cannot be read is left out with a note."""
@@ -318,7 +320,8 @@ class Settings:
         return round(1.0 - self.ci_level, 12)
 
 
-def exclusions(arms: Sequence[Arm], split: str, model: str) -> dict[str, list[dict[str, str]]]:
+def exclusions(arms: Sequence[EvaluatedRun], split: str,
+               model: str) -> dict[str, list[dict[str, str]]]:
     """Per arm (by label), the ``split`` pieces its evaluate lists as encoded lossily
     (``fidelity.pieces``: scored, but its tokens lose notes) or as not scored with a reason
     (``excluded.pieces``, e.g. ``not_encoded``), restricted to pieces some arm scored with
@@ -341,12 +344,12 @@ def exclusions(arms: Sequence[Arm], split: str, model: str) -> dict[str, list[di
     return out
 
 
-def dropped(arms: Sequence[Arm], split: str, model: str) -> set[str]:
+def dropped(arms: Sequence[EvaluatedRun], split: str, model: str) -> set[str]:
     """Every piece :func:`exclusions` lists for some arm."""
     return {p["sha256"] for items in exclusions(arms, split, model).values() for p in items}
 
 
-def compared_scores(arms: Sequence[Arm], cfg: Settings,
+def compared_scores(arms: Sequence[EvaluatedRun], cfg: Settings,
                     drop: set[str] | None = None) -> list[stats.ArmScores]:
     """Each arm's scores of ``cfg.model`` on ``cfg.split``, without the pieces in ``drop``
     (default: every piece :func:`exclusions` lists for some arm)."""
@@ -359,7 +362,7 @@ def compared_scores(arms: Sequence[Arm], cfg: Settings,
     return out
 
 
-def _metrics_for(a: Arm, b: Arm) -> tuple[list[tuple[str, str]], dict[str, str]]:
+def _metrics_for(a: EvaluatedRun, b: EvaluatedRun) -> tuple[list[tuple[str, str]], dict[str, str]]:
     """The metrics two arms are compared on, and those left out with the reason: per token
     only when both use the same tokenizer."""
     tok_a, tok_b = a.protocol.get("tokenizer_hash"), b.protocol.get("tokenizer_hash")
@@ -371,7 +374,7 @@ def _metrics_for(a: Arm, b: Arm) -> tuple[list[tuple[str, str]], dict[str, str]]
         "not comparable across tokenizers; per note and per second are")}
 
 
-def judge_registered(arms: Sequence[Arm]) -> dict[str, Any]:
+def judge_registered(arms: Sequence[EvaluatedRun]) -> dict[str, Any]:
     """The baseline's registered comparisons judged on ``arms``
     (:func:`pipeline.decision.registered_comparisons.judge`): each rule's pair is scored like a
     comparison,
@@ -417,7 +420,7 @@ def _no_scorer(i: int, j: int, rule: ComparisonRule, level: float) -> dict[str, 
     raise AssertionError("nothing is scored without a registration")
 
 
-def _arm_record(arm: Arm, scores: stats.ArmScores) -> dict[str, Any]:
+def _arm_record(arm: EvaluatedRun, scores: stats.ArmScores) -> dict[str, Any]:
     p = arm.protocol
     return {"label": arm.label, "source": arm.source.name, "kind": arm.source.kind,
             "commit": arm.source.commit, "ref": arm.source.ref,
@@ -427,7 +430,7 @@ def _arm_record(arm: Arm, scores: stats.ArmScores) -> dict[str, Any]:
             "train_config_hash": (arm.train or {}).get("config_hash")}
 
 
-def compare(arms: Sequence[Arm], cfg: Settings) -> dict[str, Any]:
+def compare(arms: Sequence[EvaluatedRun], cfg: Settings) -> dict[str, Any]:
     """compare.json's content for ``arms`` (the first is the baseline). Refusals first: split
     hashes, the model's rows, the pieces and groups of every pair; then the statistics, one
     Generator ``default_rng([seed, k])`` for the comparison with arm ``k`` (1-based), so adding
@@ -500,7 +503,7 @@ def run(sources: Sequence[str], cfg: Settings, out: Path, *,
     """Resolve, load and compare the arms; write compare.json, .md and .html into ``out`` and,
     with ``figures``, the PNGs that compare.md links into ``out/figures``."""
     labels = unique_labels(sources)
-    arms = [load_arm(resolve_source(name), label) for name, label in zip(sources, labels,
+    arms = [read_run(resolve_source(name), label) for name, label in zip(sources, labels,
                                                                            strict=True)]
     result = compare(arms, cfg)
     drawn = None
@@ -608,7 +611,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         defaults = baseline_defaults(args.arms[0])
-    except SourceError as e:
+    except RunSourceError as e:
         print(f"symkit compare: {e}", file=sys.stderr)
         return 2
     cfg = Settings(
@@ -622,7 +625,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"symkit compare: warning: {TEST_WARNING}", file=sys.stderr)
     try:
         result = run(args.arms, cfg, args.out, figures=args.figures)
-    except (Refusal, SourceError) as e:
+    except (Refusal, RunSourceError) as e:
         print(f"symkit compare: {e}", file=sys.stderr)
         return 2
     for c in result["comparisons"]:

@@ -40,10 +40,10 @@ import yaml
 
 from pipeline.core import artifacts
 from pipeline.tools.compare import (
-    Source,
-    SourceError,
+    RunSource,
+    RunSourceError,
     fraction_arg,
-    load_arm,
+    read_run,
     resolve_source,
 )
 
@@ -58,7 +58,7 @@ class ReproduceError(ValueError):
     """A file the check needs is missing or unreadable; the message names it."""
 
 
-def _read(src: Source, rel: str) -> bytes:
+def _read(src: RunSource, rel: str) -> bytes:
     data = src.read(rel)
     if data is None:
         raise ReproduceError(f"{src.where(rel)} does not exist: run `make repro` (or `dvc "
@@ -132,12 +132,12 @@ def tolerance_for(per_seed: pd.Series, floor: float, level: float = 0.95) -> dic
             "from": "seed spread" if spread > floor else "stated tolerance"}
 
 
-def metric_check(against: Source, workspace: Source, floor: float) -> dict[str, Any]:
+def metric_check(against: RunSource, workspace: RunSource, floor: float) -> dict[str, Any]:
     """Each model's pooled NLL per note on each scored split of ``against``, re-run against
     committed, within :func:`tolerance_for`. Not a test over pieces: a re-run is the same
     experiment on the same pieces, and the question is whether it moved more than training
     noise moves it, which an equivalence interval over a few dozen pieces cannot resolve."""
-    arms = [load_arm(against, "committed"), load_arm(workspace, "rerun")]
+    arms = [read_run(against, "committed"), read_run(workspace, "rerun")]
     models = sorted(arms[0].eval.get("models") or {})
     splits = [s for s in (arms[0].protocol.get("splits") or []) if s in ("val", "test")]
     rows = []
@@ -171,8 +171,8 @@ def run(against: str, *, tolerance: float) -> dict[str, Any]:
     """The reproduction record of the workspace against revision ``against``."""
     src = resolve_source(against)
     if src.kind != "git":
-        raise SourceError(f"{against!r} is a folder: give a git revision (commit, branch or tag) "
-                          "holding the committed results")
+        raise RunSourceError(f"{against!r} is a folder: give a git revision (commit, branch or "
+                             "tag) holding the committed results")
     ws = resolve_source("workspace")
     arts = artifact_check(lock_outputs(_read(src, LOCK)), lock_outputs(_read(ws, LOCK)))
     verdicts = verdict_check(json.loads(_read(src, METRICS)), json.loads(_read(ws, METRICS)))
@@ -236,7 +236,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     try:
         record = run(args.against, tolerance=args.tolerance)
-    except (SourceError, ReproduceError) as e:
+    except (RunSourceError, ReproduceError) as e:
         print(f"symkit reproduce: {e}", file=sys.stderr)
         return 2
     artifacts.write_json(args.out, record)

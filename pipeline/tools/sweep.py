@@ -67,7 +67,7 @@ class SweepError(ValueError):
 
 # ---- the grid -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Arm:
+class SweepArm:
     """One experiment of the grid: its name and its ``-S`` overrides (``key=value``)."""
 
     name: str
@@ -107,7 +107,7 @@ def parse_set(text: str) -> tuple[str, list[str]]:
     return key, values
 
 
-def expand_grid(sets: Sequence[str], prefix: str) -> list[Arm]:
+def expand_grid(sets: Sequence[str], prefix: str) -> list[SweepArm]:
     """The cartesian product of the ``-S`` options, in the order given (the first option varies
     slowest, as in ``itertools.product`` and DVC's queue sweeps); arm ``k`` is ``<prefix>-<k>``.
     A key given twice is refused (DVC would silently keep the last)."""
@@ -121,7 +121,7 @@ def expand_grid(sets: Sequence[str], prefix: str) -> list[Arm]:
         raise SweepError(f"-S {twice[0]} is given more than once; list all its values in one "
                          "-S, separated by commas")
     choices = [[f"{k}={v}" for v in values] for k, values in parsed]
-    return [Arm(f"{prefix}-{i}", tuple(combo))
+    return [SweepArm(f"{prefix}-{i}", tuple(combo))
             for i, combo in enumerate(itertools.product(*choices), start=1)]
 
 
@@ -141,7 +141,7 @@ def default_prefix(sets: Sequence[str], head: str) -> str:
 
 
 # ---- validating every arm before running one ------------------------------------------------
-def arm_params(base: Path, arm: Arm, workdir: Path) -> dict[str, Any]:
+def arm_params(base: Path, arm: SweepArm, workdir: Path) -> dict[str, Any]:
     """params.yaml as ``dvc exp run -S`` will write it for ``arm``: DVC's override code applied
     to a copy of ``base`` in ``workdir``. A key that does not exist (without ``+``) or a value
     the override cannot set raises :class:`ParamsError` naming the arm and the override."""
@@ -176,7 +176,7 @@ def check_sections(params: Mapping[str, Any], source: str,
     return problems
 
 
-def validate(base: Path, arms: Sequence[Arm]) -> dict[str, bool]:
+def validate(base: Path, arms: Sequence[SweepArm]) -> dict[str, bool]:
     """Check every arm's params; :class:`ParamsError` listing every bad arm. Returns, per arm,
     whether its params equal ``base``'s (an arm that repeats the baseline)."""
     base_params = parse_yaml(base.read_text(encoding="utf-8")) or {}
@@ -208,7 +208,7 @@ def experiment_refs() -> dict[str, str]:
             if r.count("/") >= 4 and not r.startswith(("refs/exps/exec/", "refs/exps/celery/"))}
 
 
-def check_workspace(arms: Sequence[Arm], target: str) -> str:
+def check_workspace(arms: Sequence[SweepArm], target: str) -> str:
     """``HEAD``'s commit, after refusing a workspace the sweep cannot use as its baseline."""
     if not Path(PARAMS).is_file() or not Path("dvc.yaml").is_file():
         raise SweepError(f"no {PARAMS} and dvc.yaml here: run the sweep from the repository root")
@@ -264,7 +264,7 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def dvc_args(arm: Arm, target: str) -> list[str]:
+def dvc_args(arm: SweepArm, target: str) -> list[str]:
     """``dvc`` arguments that run ``arm`` as an experiment in a temporary copy, in the
     foreground."""
     return ["exp", "run", "--temp", "--name", arm.name,
@@ -288,7 +288,7 @@ class Outcome:
                 "log_tail": self.log_tail}
 
 
-def run_arm(arm: Arm, target: str, log: Path) -> Outcome:
+def run_arm(arm: SweepArm, target: str, log: Path) -> Outcome:
     """Run one arm in the foreground, its output echoed and kept; ``finished`` when DVC exits 0
     and the experiment's ref exists. The log is written after the run, never inside the
     workspace while DVC stashes it."""
@@ -385,7 +385,7 @@ def main(args: argparse.Namespace) -> int:
     return finish(args, head, outcomes)
 
 
-def plan(args: argparse.Namespace) -> tuple[str, list[Arm], dict[str, bool]]:
+def plan(args: argparse.Namespace) -> tuple[str, list[SweepArm], dict[str, bool]]:
     """Everything checked before an arm runs: options, grid, workspace, every arm's params."""
     if args.jobs != 1:
         raise SweepError(f"--jobs {args.jobs}: arms run one at a time; concurrent `dvc exp run` "
@@ -407,7 +407,7 @@ def plan(args: argparse.Namespace) -> tuple[str, list[Arm], dict[str, bool]]:
     return head, arms, same
 
 
-def run_arms(args: argparse.Namespace, head: str, arms: Sequence[Arm]) -> list[Outcome]:
+def run_arms(args: argparse.Namespace, head: str, arms: Sequence[SweepArm]) -> list[Outcome]:
     """Run the arms in order, rewriting sweep.json after each; Ctrl-C marks the running arm
     ``interrupted`` and runs no later one."""
     outcomes = [Outcome(a.name, a.overrides) for a in arms]

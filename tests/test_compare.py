@@ -34,7 +34,7 @@ from pipeline.stats.paired import (
     pair,
     params_diff,
 )
-from pipeline.tools.compare import RunSource, read_curves, resolve_source
+from pipeline.tools.runs import RunSource, read_curves, resolve_source
 
 ROOT = Path(__file__).resolve().parents[1]
 

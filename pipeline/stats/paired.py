@@ -1,6 +1,6 @@
 """Statistics of ``symkit compare``: is one run's NLL really lower than another's, same pieces?
 
-Pure functions, no I/O (the command, :mod:`pipeline.tools.compare`, loads the arms):
+Pure functions, no I/O (:mod:`pipeline.tools.runs` reads the arms for the command):
 
 - :func:`arm_scores` turns one arm's per-piece rows (``reports/eval/per_piece.parquet``, one model
   on one split) into per-seed NLL arrays; :func:`pair` lines two arms up on the same pieces and

@@ -2,22 +2,20 @@
 
 Each argument is an *arm*: the evaluation results of one run, read from a directory (or
 ``workspace``, the current directory) or from a git revision of the repository in the current
-directory (a commit, branch, tag or DVC experiment name). The first arm is the baseline; every
-other arm is compared with it on the pieces both scored (:mod:`pipeline.stats.paired`), and
-the command says which parameters differ, whether the difference is significant after Holm's
-correction, and whether the arms are equivalent within a margin. See ``docs/compare.md``.
+directory (a commit, branch, tag or DVC experiment name) by :mod:`pipeline.tools.runs`. The
+first arm is the baseline; every other arm is compared with it on the pieces both scored
+(:mod:`pipeline.stats.paired`), and the command says which parameters differ, whether the
+difference is significant after Holm's correction, and whether the arms are equivalent within a
+margin. See ``docs/compare.md``.
 
-An arm's files, relative to its root: ``params.yaml``, ``reports/eval.json``,
-``reports/eval/per_piece.parquet`` and, optionally, ``reports/train.json``, the training logs
-(``reports/plots/train_log/``, for the learning curves) and the registered comparisons
-(``reports/preregistration_compare.json``): the baseline's registration is judged
-(:mod:`pipeline.decision.registered_comparisons`), with the registered settings, and every
-comparison says
-which registered rule covers it or that none does (NOT REGISTERED). Outputs: ``compare.json``,
-``compare.md`` and ``compare.html`` in ``--out``, and the figures in ``figures/`` under it
-unless ``--no-figures``; no timestamps or absolute paths (sources appear as the user gave
-them). This module resolves, loads and compares the arms; the words, the document and the
-figures are :mod:`pipeline.report.compare_document`'s.
+Besides an arm's scores, its training logs are drawn (the learning curves) and the baseline's
+registered comparisons (``reports/preregistration_compare.json``) are judged
+(:mod:`pipeline.decision.registered_comparisons`), with the registered settings: every
+comparison says which registered rule covers it or that none does (NOT REGISTERED). Outputs:
+``compare.json``, ``compare.md`` and ``compare.html`` in ``--out``, and the figures in
+``figures/`` under it unless ``--no-figures``; no timestamps or absolute paths (sources appear as
+the user gave them). This module compares the arms; the words, the document and the figures are
+:mod:`pipeline.report.compare_document`'s.
 
 A tool, not a DVC stage: no stage runs it, nothing here imports torch, and matplotlib is loaded
 only when figures are drawn.
@@ -26,130 +24,39 @@ only when figures are drawn.
 from __future__ import annotations
 
 import argparse
-import io
-import json
-import re
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from ruamel.yaml import YAMLError
 
 from pipeline.core import artifacts
-from pipeline.core.artifacts import ArtifactError
-from pipeline.core.config import ParamsError, parse_section, parse_yaml, read_params
+from pipeline.core.config import ParamsError, parse_section, parse_yaml
 from pipeline.decision import registered_comparisons as registered
 from pipeline.decision.registered_comparisons import REGISTRATION, CompareConfig, ComparisonRule
-from pipeline.report.compare_document import Curves, build_document, draw_figures, render, verdict
+from pipeline.report.compare_document import build_document, draw_figures, render, verdict
 from pipeline.stats import paired as stats
 from pipeline.stats.paired import Refusal
+from pipeline.tools.runs import (
+    EVAL,
+    PARAMS,
+    EvaluatedRun,
+    RunSourceError,
+    read_curves,
+    read_run,
+    resolve_source,
+)
 
 HELP = "compare evaluated runs on the same pieces: is the difference real?"
 
-PARAMS, EVAL, PER_PIECE, TRAIN = ("params.yaml", "reports/eval.json",
-                                  "reports/eval/per_piece.parquet", "reports/train.json")
-"""An arm's files, relative to its root (a directory or a commit's tree)."""
-TRAIN_LOG_DIR, TRAIN_LOG_FILE = "reports/plots/train_log", "reports/plots/train_log.tsv"
-"""Training logs, read for the learning curves: ``seed-<s>.tsv`` per training seed in the
-folder, or, in runs made before training seeds existed, the one file."""
 FIGURES = "figures"
-COLUMNS = ["sha256", "split", "model", "group_id", "nll_nats", "n_tokens", "n_notes",
-           "duration_s"]
-"""per_piece.parquet columns an arm needs; ``seed`` too when present (results written before
-training seeds existed lack it: one model per name, as a null seed)."""
 TEST_WARNING = ("compared on test: test results must not be used to pick a winner among arms "
                 "(a sweep picks on val, then scores its one choice on test)")
 SCHEMA_VERSION = 1
-
-
-class RunSourceError(ValueError):
-    """An arm's source is neither a directory nor a git revision; the message lists what was
-    tried."""
-
-
-# ---- where an arm comes from ----------------------------------------------------------------
-@dataclass(frozen=True)
-class RunSource:
-    """An arm's source: ``name`` as the user gave it; ``kind`` ``directory`` (``root``) or
-    ``git`` (``commit``, and ``ref`` when the name was a DVC experiment under ``refs/exps``)."""
-
-    name: str
-    kind: Literal["directory", "git"]
-    root: Path | None = None
-    commit: str | None = None
-    ref: str | None = None
-
-    def where(self, rel: str) -> str:
-        """How a file of this arm is named in messages."""
-        if self.kind == "directory":
-            return (Path(self.name) / rel).as_posix()
-        return f"{self.name}:{rel} (commit {self.commit[:12] if self.commit else '?'})"
-
-    def read(self, rel: str) -> bytes | None:
-        """The file's bytes, or None when the arm has no such file."""
-        if self.kind == "directory":
-            path = self.root / rel  # type: ignore[operator]
-            return path.read_bytes() if path.is_file() else None
-        done = _git("show", f"{self.commit}:{rel}")
-        return done.stdout if done.returncode == 0 else None
-
-    def listdir(self, rel: str) -> list[str]:
-        """Names of the entries directly in folder ``rel``, sorted; [] when there is none
-        (``git ls-tree --full-tree``: paths from the repository's root, as ``git show``)."""
-        if self.kind == "directory":
-            path = self.root / rel  # type: ignore[operator]
-            return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
-        done = _git("ls-tree", "--full-tree", "--name-only", f"{self.commit}", f"{rel}/")
-        if done.returncode != 0:
-            return []
-        return sorted(PurePosixPath(line).name for line in done.stdout.decode().splitlines())
-
-
-def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
-    """``git args`` in the current directory, without a shell; output as bytes."""
-    try:
-        return subprocess.run(["git", *args], capture_output=True, check=False)
-    except FileNotFoundError:  # git not installed: every lookup fails the same way
-        return subprocess.CompletedProcess(["git", *args], 127, b"", b"git: command not found")
-
-
-def resolve_source(name: str) -> RunSource:
-    """A directory that exists wins (``workspace`` is the current directory); then a git
-    revision (``git rev-parse --verify --quiet <name>^{commit}``); then a DVC experiment: a ref
-    under ``refs/exps`` whose last component is ``name``. :class:`RunSourceError` lists the
-    tries."""
-    if name == "workspace":
-        return RunSource(name, "directory", root=Path("."))
-    if Path(name).is_dir():
-        return RunSource(name, "directory", root=Path(name))
-    tried = [f"no directory {name!r}"]
-    rev = _git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
-    if rev.returncode == 0:
-        return RunSource(name, "git", commit=rev.stdout.decode().strip())
-    err = rev.stderr.decode(errors="replace").strip()
-    tried.append(f"not a git revision (`git rev-parse --verify {name}^{{commit}}`"
-                 + (f": {err.splitlines()[0]})" if err else ")"))
-    refs = _git("for-each-ref", "--format=%(refname)", "refs/exps")
-    matches = sorted(r for r in refs.stdout.decode().split()
-                     if r.rsplit("/", 1)[-1] == name and not r.startswith("refs/exps/exec/"))
-    if len(matches) > 1:
-        raise RunSourceError(f"arm {name!r} is ambiguous: DVC experiments "
-                             f"{', '.join(matches)}; give one of their commits instead")
-    if len(matches) == 1:
-        commit = _git("rev-parse", "--verify", "--quiet", f"{matches[0]}^{{commit}}")
-        if commit.returncode == 0:
-            return RunSource(name, "git", commit=commit.stdout.decode().strip(), ref=matches[0])
-    tried.append(f"no DVC experiment named {name!r} under refs/exps")
-    raise RunSourceError(f"cannot find arm {name!r}: {'; '.join(tried)}. Give a directory "
-                         f"holding {PARAMS} and {EVAL}, `workspace`, a commit, branch, tag or "
-                         "experiment name")
 
 
 def unique_labels(names: Sequence[str]) -> list[str]:
@@ -162,80 +69,6 @@ def unique_labels(names: Sequence[str]) -> list[str]:
             label = f"{n}#{k}"
         labels.append(label)
     return labels
-
-
-# ---- what an arm holds ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class EvaluatedRun:
-    """One evaluated run: its label, source, params, eval.json, per-piece rows and, when it has
-    one, the training summary."""
-
-    label: str
-    source: RunSource
-    params: dict[str, Any]
-    eval: dict[str, Any]
-    per_piece: pd.DataFrame
-    train: dict[str, Any] | None
-    registration: Any = None
-    """The arm's :data:`pipeline.decision.registered_comparisons.REGISTRATION`, parsed (None
-    without one)."""
-
-    @property
-    def protocol(self) -> dict[str, Any]:
-        return self.eval.get("protocol") or {}
-
-
-def _required(src: RunSource, rel: str) -> bytes:
-    data = src.read(rel)
-    if data is None:
-        raise ArtifactError(f"{src.where(rel)} does not exist: an arm needs {PARAMS}, {EVAL} and "
-                            f"{PER_PIECE} (run `dvc repro evaluate` for it)")
-    return data
-
-
-def _json(src: RunSource, rel: str, data: bytes) -> Any:
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ArtifactError(f"{src.where(rel)} is not a readable JSON file") from None
-
-
-def read_run(src: RunSource, label: str) -> EvaluatedRun:
-    """Read an arm's files (a directory through the project's readers, a commit through
-    ``git show``); missing or unreadable files raise ArtifactError or ParamsError naming them."""
-    if src.kind == "directory":
-        root = src.root
-        params = read_params(root / PARAMS)  # type: ignore[operator]
-        evaluation = artifacts.read_json(root / EVAL)  # type: ignore[operator]
-        table = artifacts.read_table(root / PER_PIECE)  # type: ignore[operator]
-    else:
-        try:
-            params = parse_yaml(_required(src, PARAMS).decode("utf-8")) or {}
-        except (YAMLError, UnicodeDecodeError) as e:
-            raise ParamsError(f"{src.where(PARAMS)}: not valid YAML: {e}") from e
-        evaluation = _json(src, EVAL, _required(src, EVAL))
-        try:
-            table = pq.read_table(pa.BufferReader(_required(src, PER_PIECE)))
-        except (pa.ArrowException, OSError):
-            raise ArtifactError(f"{src.where(PER_PIECE)} is not a readable Parquet file") from None
-    missing = [c for c in COLUMNS if c not in table.column_names]
-    if missing:
-        raise ArtifactError(f"{src.where(PER_PIECE)} has no column "
-                            f"{', '.join(map(repr, missing))}: re-run `dvc repro evaluate`")
-    per_piece = table.select([c for c in [*COLUMNS, "seed"] if c in table.column_names]
-                             ).to_pandas()
-    if "seed" not in per_piece:
-        per_piece["seed"] = pd.Series(pd.NA, index=per_piece.index, dtype="Int64")
-    if not isinstance(params, dict):
-        raise ParamsError(f"{src.where(PARAMS)}: top level must be a mapping of sections")
-    if not isinstance(evaluation, dict):
-        raise ArtifactError(f"{src.where(EVAL)} is not a JSON object")
-    train_bytes = src.read(TRAIN)
-    train = _json(src, TRAIN, train_bytes) if train_bytes is not None else None
-    reg_bytes = src.read(REGISTRATION)
-    reg = _json(src, REGISTRATION, reg_bytes) if reg_bytes is not None else None
-    return EvaluatedRun(label, src, params, evaluation, per_piece,
-                        train if isinstance(train, dict) else None, reg)
 
 
 def check_split_hashes(arms: Sequence[EvaluatedRun]) -> None:
@@ -259,48 +92,6 @@ def model_rows(arm: EvaluatedRun, model: str, split: str) -> pd.DataFrame:
         raise Refusal(f"arm {arm.label!r} has no {model!r} scores on {split} (models scored "
                       f"there: {', '.join(have) or 'none'}); choose another --model or --split")
     return rows
-
-
-def _val_curve(data: bytes) -> tuple[np.ndarray, np.ndarray] | str:
-    """``(step, val_loss)`` at the steps where val loss was measured, from a training log's
-    bytes (tab-separated, columns ``step, train_loss, val_loss, lr, grad_norm``), or why not."""
-    try:
-        log = pd.read_csv(io.BytesIO(data), sep="\t")
-    except (ValueError, UnicodeDecodeError, pd.errors.ParserError):
-        return "not a readable tab-separated file"
-    if not {"step", "val_loss"} <= set(log.columns):
-        return "no step or val_loss column"
-    step = pd.to_numeric(log["step"], errors="coerce").to_numpy(dtype=float)
-    val = pd.to_numeric(log["val_loss"], errors="coerce").to_numpy(dtype=float)
-    ok = np.isfinite(step) & np.isfinite(val)
-    if not ok.any():
-        return "no val_loss value"
-    order = np.argsort(step[ok], kind="stable")
-    return step[ok][order], val[ok][order]
-
-
-def read_curves(src: RunSource) -> Curves:
-    """An arm's validation-loss curves, from the same source as its other files: every
-    ``seed-<s>.tsv`` in :data:`TRAIN_LOG_DIR` (labelled ``seed <s>``, in seed order), else the
-    single :data:`TRAIN_LOG_FILE`. A log that cannot be read is left out with a note."""
-    names = [n for n in src.listdir(TRAIN_LOG_DIR) if re.fullmatch(r"seed-.+\.tsv", n)]
-    if names:
-        files = [(f"{TRAIN_LOG_DIR}/{n}", f"seed {n.removeprefix('seed-').removesuffix('.tsv')}")
-                 for n in sorted(names, key=lambda n: (len(n), n))]
-    else:
-        files = [(TRAIN_LOG_FILE, Path(TRAIN_LOG_FILE).name)]
-    seeds: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    notes: list[str] = []
-    for rel, label in files:
-        data = src.read(rel)
-        if data is None:  # only the single file can be missing
-            return Curves(missing=f"{TRAIN_LOG_DIR}/seed-<s>.tsv or {TRAIN_LOG_FILE}")
-        curve = _val_curve(data)
-        if isinstance(curve, str):
-            notes.append(f"{src.where(rel)} left out: {curve}")
-        else:
-            seeds[label] = curve
-    return Curves(seeds, tuple(notes))
 
 
 # ---- the comparison -------------------------------------------------------------------------

@@ -39,13 +39,8 @@ import pandas as pd
 import yaml
 
 from pipeline.core import artifacts
-from pipeline.tools.compare import (
-    RunSource,
-    RunSourceError,
-    fraction_arg,
-    read_run,
-    resolve_source,
-)
+from pipeline.tools.compare import fraction_arg
+from pipeline.tools.runs import RunSource, RunSourceError, read_run, resolve_source
 
 HELP = "did a re-run reproduce the committed experiment? (artifacts, verdicts, metrics)"
 

@@ -45,7 +45,7 @@ from pipeline.core import artifacts
 from pipeline.core.commands import run_argv
 from pipeline.core.config import ParamsError, parse_section, parse_yaml, section_class, sections
 from pipeline.decision.registered_comparisons import REGISTRATION
-from pipeline.tools.compare import EVAL, PARAMS, PER_PIECE
+from pipeline.tools.runs import EVAL, PARAMS, PER_PIECE
 
 HELP = "run a grid of DVC experiments (-S key=v1,v2), one at a time, then compare them"
 

@@ -25,6 +25,7 @@ from pipeline.tools.runs import (
     TRAIN,
     RunSource,
     RunSourceError,
+    params_section,
     read_curves,
     read_run,
     resolve_source,
@@ -211,6 +212,34 @@ def test_train_json_that_is_not_an_object_is_left_out(tmp_path, rows):
     (tmp_path / "reports" / "preregistration_compare.json").write_text('{"rules": []}')
     run = read_run(RunSource("x", "directory", root=tmp_path), "x")
     assert run.train is None and run.registration == {"rules": []}
+
+
+@pytest.mark.parametrize("kind", ["directory", "git"])
+def test_one_params_section_is_read_as_written(tmp_path, monkeypatch, kind):
+    monkeypatch.chdir(tmp_path)
+    if kind == "git":
+        _git(tmp_path, "init", "-q")
+
+    def source(text: str | None) -> RunSource:
+        path = tmp_path / PARAMS
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(text)
+        if kind == "directory":
+            return RunSource(".", "directory", root=tmp_path)
+        _git(tmp_path, "add", "-A")
+        _git(tmp_path, "commit", "-q", "--allow-empty", "-m", "params")
+        return resolve_source("HEAD")
+
+    src = source("compare:\n  n_boot: 10\n  rules: []\nmine: {a: 1}\n")
+    assert params_section(src, "compare") == {"n_boot": 10, "rules": []}
+    assert params_section(src, "mine") == {"a": 1}  # not refused: only a section is read
+    assert params_section(src, "ngram") is None
+    assert params_section(source("- a list\n"), "compare") is None
+    assert params_section(source(None), "compare") is None
+    with pytest.raises(ParamsError, match=r"params\.yaml.*: not valid YAML"):
+        params_section(source("compare: [x"), "compare")
 
 
 # ---- training logs ----------------------------------------------------------------------------

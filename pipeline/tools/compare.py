@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from ruamel.yaml import YAMLError
 
 from pipeline.core import artifacts
-from pipeline.core.config import ParamsError, parse_section, parse_yaml
+from pipeline.core.config import parse_section
 from pipeline.decision import registered_comparisons as registered
 from pipeline.decision.registered_comparisons import REGISTRATION, CompareConfig, ComparisonRule
 from pipeline.report.compare_document import build_document, draw_figures, render, verdict
@@ -46,6 +45,7 @@ from pipeline.tools.runs import (
     PARAMS,
     EvaluatedRun,
     RunSourceError,
+    params_section,
     read_curves,
     read_run,
     resolve_source,
@@ -382,14 +382,7 @@ def baseline_defaults(name: str) -> CompareConfig:
     """The settings in the baseline arm's params.yaml ``compare`` section (the built-in defaults
     when it has none): the options' defaults, read from the arm like everything else of it."""
     src = resolve_source(name)
-    data = src.read(PARAMS)
-    raw = None
-    if data is not None:
-        try:
-            parsed = parse_yaml(data.decode("utf-8"))
-        except (YAMLError, UnicodeDecodeError) as e:
-            raise ParamsError(f"{src.where(PARAMS)}: not valid YAML: {e}") from e
-        raw = parsed.get("compare") if isinstance(parsed, dict) else None
+    raw = params_section(src, "compare")
     if raw is None:
         return CompareConfig(rules=[])
     return parse_section("compare", raw, CompareConfig, src.where(PARAMS))

@@ -162,6 +162,14 @@ def _required(src: RunSource, rel: str) -> bytes:
     return data
 
 
+def _yaml(src: RunSource, rel: str, data: bytes) -> Any:
+    """A YAML file's content, read as DVC reads it (:func:`pipeline.core.config.parse_yaml`)."""
+    try:
+        return parse_yaml(data.decode("utf-8"))
+    except (YAMLError, UnicodeDecodeError) as e:
+        raise ParamsError(f"{src.where(rel)}: not valid YAML: {e}") from e
+
+
 def _json(src: RunSource, rel: str, data: bytes) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
@@ -178,10 +186,7 @@ def read_run(src: RunSource, label: str) -> EvaluatedRun:
         evaluation = artifacts.read_json(root / EVAL)  # type: ignore[operator]
         table = artifacts.read_table(root / PER_PIECE)  # type: ignore[operator]
     else:
-        try:
-            params = parse_yaml(_required(src, PARAMS).decode("utf-8")) or {}
-        except (YAMLError, UnicodeDecodeError) as e:
-            raise ParamsError(f"{src.where(PARAMS)}: not valid YAML: {e}") from e
+        params = _yaml(src, PARAMS, _required(src, PARAMS)) or {}
         evaluation = _json(src, EVAL, _required(src, EVAL))
         try:
             table = pq.read_table(pa.BufferReader(_required(src, PER_PIECE)))
@@ -205,6 +210,18 @@ def read_run(src: RunSource, label: str) -> EvaluatedRun:
     reg = _json(src, REGISTRATION, reg_bytes) if reg_bytes is not None else None
     return EvaluatedRun(label, src, params, evaluation, per_piece,
                         train if isinstance(train, dict) else None, reg)
+
+
+def params_section(src: RunSource, section: str) -> Any:
+    """``section`` of the run's params.yaml as written, unchecked; None when the run has no
+    params.yaml, its top level is not a mapping or it has no such section. :class:`ParamsError`
+    when the file is not valid YAML. Unlike :func:`read_run`, a folder's file is read as a
+    commit's: an unknown section is not refused."""
+    data = src.read(PARAMS)
+    if data is None:
+        return None
+    parsed = _yaml(src, PARAMS, data)
+    return parsed.get(section) if isinstance(parsed, dict) else None
 
 
 def _val_curve(data: bytes) -> tuple[np.ndarray, np.ndarray] | str:

@@ -27,7 +27,9 @@ from pipeline.report.compare_document import forest_rows, scatter_panels, seed_e
 from pipeline.stats.bootstrap import hierarchical_paired_ci
 from pipeline.stats.paired import (
     arm_scores,
+    comparable_metrics,
     compare_pair,
+    conclusion,
     design_label,
     flatten_params,
     holm,
@@ -316,6 +318,27 @@ def test_with_two_arms_the_adjusted_p_is_the_raw_p(tmp_path, monkeypatch, two_ar
     assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
     for m in result(tmp_path)["comparisons"][0]["metrics"].values():
         assert m["p_holm"] == m["p_value"]
+
+
+def test_conclusions_follow_holm_then_equivalence():
+    def block(significant: bool, diff: float, equivalent: bool) -> dict:
+        return {"significant": significant, "diff": {"value": diff}, "equivalent": equivalent}
+
+    assert conclusion(block(True, 0.1, False)) == "arm_lower"  # A − B > 0: the arm's NLL lower
+    assert conclusion(block(True, -0.1, True)) == "arm_higher"
+    assert conclusion(block(False, 0.1, True)) == "equivalent"
+    assert conclusion(block(False, -0.1, False)) == "inconclusive"
+
+
+def test_per_token_is_comparable_only_under_one_tokenizer():
+    same, omitted = comparable_metrics({"tokenizer_hash": "a" * 64}, {"tokenizer_hash": "a" * 64})
+    assert [k for k, _ in same] == ["nats_per_note", "nats_per_second", "nats_per_token"]
+    assert omitted == {}
+    for b in ({"tokenizer_hash": "b" * 64}, {}):
+        metrics, omitted = comparable_metrics({"tokenizer_hash": "a" * 64}, b)
+        assert [k for k, _ in metrics] == ["nats_per_note", "nats_per_second"]
+        assert omitted["nats_per_token"].startswith(f"tokenizer_hash differs ({'a' * 12} vs ")
+    assert comparable_metrics({}, {})[1]  # two unknown tokenizers are not the same one
 
 
 # ---- 6. which params differ ------------------------------------------------------------------

@@ -10,7 +10,9 @@ Pure functions, no I/O (:mod:`pipeline.tools.runs` reads the arms for the comman
   with percentile intervals from the bootstrap over ``group_id`` that also resamples training
   seeds (:func:`pipeline.stats.bootstrap.replicate_sums`: group counts first, then seed counts),
   a two-sided bootstrap p-value (:func:`bootstrap_p_value`) and the equivalence check.
-- :func:`holm` adjusts the p-values of several comparisons with the same baseline.
+- :func:`comparable_metrics` says which metrics two arms can be compared on (per token only with
+  one tokenizer); :func:`holm` (through :func:`apply_holm`) adjusts the p-values of several
+  comparisons with the same baseline, and :func:`conclusion` names each metric's outcome.
 - :func:`flatten_params`, :func:`params_diff` and :func:`design_label` say which parameters
   differ between two runs and whether the comparison is ``identical``, ``controlled`` (one
   parameter) or ``confounded`` (several).
@@ -326,6 +328,19 @@ def protocol_diff(baseline: Mapping[str, Any], arm: Mapping[str, Any]) -> list[d
     return params_diff(pick(baseline), pick(arm))
 
 
+def comparable_metrics(baseline: Mapping[str, Any], arm: Mapping[str, Any]
+                       ) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """The :data:`METRICS` two arms are compared on, given their eval.json ``protocol`` blocks,
+    and those left out with the reason: per token only when both use the same tokenizer."""
+    tok_a, tok_b = baseline.get("tokenizer_hash"), arm.get("tokenizer_hash")
+    metrics = [m for m in METRICS if m[0] != "nats_per_token"]
+    if tok_a and tok_a == tok_b:
+        return [*metrics, ("nats_per_token", "n_tokens")], {}
+    return metrics, {"nats_per_token": (
+        f"tokenizer_hash differs ({str(tok_a)[:12]} vs {str(tok_b)[:12]}): token counts are "
+        "not comparable across tokenizers; per note and per second are")}
+
+
 def apply_holm(stats: Sequence[Mapping[str, dict[str, Any]]], alpha: float) -> None:
     """Add ``p_holm`` and ``significant`` (``p_holm ≤ alpha``) to every metric of every
     comparison, in place: per metric, Holm over the comparisons that report that metric."""
@@ -335,3 +350,11 @@ def apply_holm(stats: Sequence[Mapping[str, dict[str, Any]]], alpha: float) -> N
         for block, adj in zip(blocks, holm([b["p_value"] for b in blocks]), strict=True):
             block["p_holm"] = adj
             block["significant"] = bool(math.isfinite(adj) and adj <= alpha)
+
+
+def conclusion(block: Mapping[str, Any]) -> str:
+    """A metric's conclusion once :func:`apply_holm` has run: ``arm_lower`` / ``arm_higher``
+    (significant after Holm), else ``equivalent`` or ``inconclusive``."""
+    if block["significant"]:
+        return "arm_lower" if block["diff"]["value"] > 0 else "arm_higher"
+    return "equivalent" if block["equivalent"] else "inconclusive"

@@ -31,15 +31,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from pipeline.core import artifacts
 from pipeline.core.config import parse_section
 from pipeline.decision import registered_comparisons as registered
-from pipeline.decision.registered_comparisons import REGISTRATION, CompareConfig, ComparisonRule
+from pipeline.decision.registered_comparisons import CompareConfig
 from pipeline.report.compare_document import build_document, draw_figures, render, verdict
 from pipeline.stats import paired as stats
 from pipeline.stats.paired import Refusal
+from pipeline.tools.pairing import (
+    check_split_hashes,
+    compared_scores,
+    exclusions,
+    judge_registered,
+)
 from pipeline.tools.runs import (
     EVAL,
     PARAMS,
@@ -71,29 +76,6 @@ def unique_labels(names: Sequence[str]) -> list[str]:
     return labels
 
 
-def check_split_hashes(arms: Sequence[EvaluatedRun]) -> None:
-    """:class:`Refusal` unless every arm's ``protocol.split_hash`` is present and the same."""
-    hashes = {a.label: a.protocol.get("split_hash") for a in arms}
-    listed = "; ".join(f"{label!r}: {h}" for label, h in hashes.items())
-    if any(not h for h in hashes.values()):
-        raise Refusal(f"no protocol.split_hash in {EVAL} of some arms ({listed}); re-run "
-                      "`dvc repro evaluate` for them")
-    if len(set(hashes.values())) > 1:
-        raise Refusal(f"the arms were scored on different splits (protocol.split_hash): {listed}. "
-                      "Scores on different pieces cannot be paired; compare runs of one split")
-
-
-def model_rows(arm: EvaluatedRun, model: str, split: str) -> pd.DataFrame:
-    """The arm's rows of ``model`` on ``split``; :class:`Refusal` when there are none."""
-    pp = arm.per_piece
-    rows = pp[(pp["model"] == model) & (pp["split"] == split)]
-    if rows.empty:
-        have = sorted(set(pp.loc[pp["split"] == split, "model"]))
-        raise Refusal(f"arm {arm.label!r} has no {model!r} scores on {split} (models scored "
-                      f"there: {', '.join(have) or 'none'}); choose another --model or --split")
-    return rows
-
-
 # ---- the comparison -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
@@ -109,106 +91,6 @@ class Settings:
     @property
     def alpha(self) -> float:
         return round(1.0 - self.ci_level, 12)
-
-
-def exclusions(arms: Sequence[EvaluatedRun], split: str,
-               model: str) -> dict[str, list[dict[str, str]]]:
-    """Per arm (by label), the ``split`` pieces its evaluate lists as encoded lossily
-    (``fidelity.pieces``: scored, but its tokens lose notes) or as not scored with a reason
-    (``excluded.pieces``, e.g. ``not_encoded``), restricted to pieces some arm scored with
-    ``model`` on ``split``. Every piece listed for any arm is left out of every comparison: a
-    tokenizer that drops notes, or fails on the hardest pieces, must not look better for it."""
-    scored: set[str] = set()
-    for a in arms:
-        pp = a.per_piece
-        scored.update(pp.loc[(pp["model"] == model) & (pp["split"] == split), "sha256"])
-    out = {}
-    for a in arms:
-        items: dict[str, str] = {}
-        for p in (a.eval.get("fidelity") or {}).get("pieces") or []:
-            if p.get("split") == split and p.get("sha256") in scored:
-                items[p["sha256"]] = "lossy: " + ", ".join(p.get("flags") or [])
-        for p in (a.eval.get("excluded") or {}).get("pieces") or []:
-            if p.get("sha256") in scored:
-                items.setdefault(p["sha256"], f"not scored: {p.get('reason')}")
-        out[a.label] = [{"sha256": sha, "reason": r} for sha, r in sorted(items.items())]
-    return out
-
-
-def dropped(arms: Sequence[EvaluatedRun], split: str, model: str) -> set[str]:
-    """Every piece :func:`exclusions` lists for some arm."""
-    return {p["sha256"] for items in exclusions(arms, split, model).values() for p in items}
-
-
-def compared_scores(arms: Sequence[EvaluatedRun], cfg: Settings,
-                    drop: set[str] | None = None) -> list[stats.ArmScores]:
-    """Each arm's scores of ``cfg.model`` on ``cfg.split``, without the pieces in ``drop``
-    (default: every piece :func:`exclusions` lists for some arm)."""
-    if drop is None:
-        drop = dropped(arms, cfg.split, cfg.model)
-    out = []
-    for a in arms:
-        rows = model_rows(a, cfg.model, cfg.split)
-        out.append(stats.arm_scores(rows[~rows["sha256"].isin(drop)], a.label))
-    return out
-
-
-def _metrics_for(a: EvaluatedRun, b: EvaluatedRun) -> tuple[list[tuple[str, str]], dict[str, str]]:
-    """The metrics two arms are compared on, and those left out with the reason: per token
-    only when both use the same tokenizer."""
-    tok_a, tok_b = a.protocol.get("tokenizer_hash"), b.protocol.get("tokenizer_hash")
-    metrics = [m for m in stats.METRICS if m[0] != "nats_per_token"]
-    if tok_a and tok_a == tok_b:
-        return [*metrics, ("nats_per_token", "n_tokens")], {}
-    return metrics, {"nats_per_token": (
-        f"tokenizer_hash differs ({str(tok_a)[:12]} vs {str(tok_b)[:12]}): token counts are "
-        "not comparable across tokenizers; per note and per second are")}
-
-
-def judge_registered(arms: Sequence[EvaluatedRun]) -> dict[str, Any]:
-    """The baseline's registered comparisons judged on ``arms``
-    (:func:`pipeline.decision.registered_comparisons.judge`): each rule's pair is scored like a
-    comparison,
-    on its own model and split, with the registered ``n_boot`` and ``seed``, and with the
-    generator of the comparison of arm ``j`` when the pair's baseline is the first arm
-    (``default_rng([seed, j])``; ``[seed, i, j]`` otherwise)."""
-    infos = [registered.ArmInfo(a.label, stats.flatten_params(a.params), a.params.get("compare"),
-                                a.registration) for a in arms]
-    base = arms[0]
-    if base.registration is None:
-        out = registered.judge(None, infos, _no_scorer)
-        out["note"] = (f"{base.label} (the baseline) holds no {REGISTRATION}: no comparison was "
-                       "registered (`symkit preregister` freezes params.yaml's compare section)")
-        return out
-    reg = registered.read_registration(base.registration, base.label)
-    if isinstance(reg, str):
-        out = registered.judge(None, infos, _no_scorer)
-        out["note"] = reg
-        return out
-    drops: dict[tuple[str, str], set[str]] = {}
-
-    def score(i: int, j: int, rule: ComparisonRule, level: float) -> dict[str, Any]:
-        key = (rule.split, rule.model)
-        if key not in drops:
-            drops[key] = dropped(arms, rule.split, rule.model)
-        a, b = arms[i], arms[j]
-        sa, sb = (stats.arm_scores(rows[~rows["sha256"].isin(drops[key])], arm.label)
-                  for arm, rows in ((a, model_rows(a, rule.model, rule.split)),
-                                    (b, model_rows(b, rule.model, rule.split))))
-        p = stats.pair(sa, sb, a.label, b.label, rule.split)
-        rng = np.random.default_rng([reg.config.seed, j] if i == 0 else
-                                    [reg.config.seed, i, j])
-        metrics = stats.compare_pair(p, _metrics_for(a, b)[0], n_boot=reg.config.n_boot,
-                                     level=level, rng=rng,
-                                     margin=reg.config.equivalence_margin)
-        return {"metrics": metrics, "n_pieces": p.n_pieces, "n_groups": p.n_groups,
-                "n_seeds": [p.a.n_seeds, p.b.n_seeds]}
-
-    return registered.judge(reg, infos, score)
-
-
-def _no_scorer(i: int, j: int, rule: ComparisonRule, level: float) -> dict[str, Any]:
-    raise AssertionError("nothing is scored without a registration")
 
 
 def _arm_record(arm: EvaluatedRun, scores: stats.ArmScores) -> dict[str, Any]:
@@ -229,14 +111,14 @@ def compare(arms: Sequence[EvaluatedRun], cfg: Settings) -> dict[str, Any]:
     check_split_hashes(arms)
     left_out = exclusions(arms, cfg.split, cfg.model)
     drop = {p["sha256"] for items in left_out.values() for p in items}
-    scores = compared_scores(arms, cfg, drop)
+    scores = compared_scores(arms, cfg.split, cfg.model, drop)
     base, base_scores = arms[0], scores[0]
     pairs = [stats.pair(base_scores, s, base.label, a.label, cfg.split)
              for a, s in zip(arms[1:], scores[1:], strict=True)]
     flat_base = stats.flatten_params(base.params)
     comparisons = []
     for k, (arm, p) in enumerate(zip(arms[1:], pairs, strict=True), start=1):
-        metrics, omitted = _metrics_for(base, arm)
+        metrics, omitted = stats.comparable_metrics(base.protocol, arm.protocol)
         diff = stats.params_diff(flat_base, stats.flatten_params(arm.params))
         comparisons.append({
             "arm": arm.label, "baseline": base.label, "rng": [cfg.seed, k],
@@ -253,7 +135,7 @@ def compare(arms: Sequence[EvaluatedRun], cfg: Settings) -> dict[str, Any]:
         c["registered_rules"] = [e["rule"] for e in
                                  registered.coverage(judged, c["baseline"], c["arm"])]
         for key, block in c["metrics"].items():
-            block["conclusion"] = _conclusion(block)
+            block["conclusion"] = stats.conclusion(block)
             block["verdict"] = verdict(c, key, cfg, n_comparisons=len(comparisons))
     warnings = [TEST_WARNING] if cfg.split == "test" else []
     if drop:
@@ -280,14 +162,6 @@ def compare(arms: Sequence[EvaluatedRun], cfg: Settings) -> dict[str, Any]:
     }
 
 
-def _conclusion(block: dict[str, Any]) -> str:
-    """``arm_lower`` / ``arm_higher`` (significant after Holm), else ``equivalent`` or
-    ``inconclusive``."""
-    if block["significant"]:
-        return "arm_lower" if block["diff"]["value"] > 0 else "arm_higher"
-    return "equivalent" if block["equivalent"] else "inconclusive"
-
-
 # ---- command line ---------------------------------------------------------------------------
 def run(sources: Sequence[str], cfg: Settings, out: Path, *,
         figures: bool = True) -> dict[str, Any]:
@@ -299,7 +173,8 @@ def run(sources: Sequence[str], cfg: Settings, out: Path, *,
     result = compare(arms, cfg)
     drawn = None
     if figures:
-        scores = {a.label: s for a, s in zip(arms, compared_scores(arms, cfg), strict=True)}
+        scores = {a.label: s for a, s in zip(arms, compared_scores(arms, cfg.split, cfg.model),
+                                                   strict=True)}
         drawn = draw_figures(result, scores, {a.label: read_curves(a.source) for a in arms},
                              cfg)
     md, html = render(build_document(result, cfg, drawn))

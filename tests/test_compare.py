@@ -524,6 +524,37 @@ def test_outputs_are_byte_identical_across_runs(tmp_path, monkeypatch, two_arms)
     assert str(tmp_path) not in (tmp_path / "one" / "compare.json").read_text()
 
 
+def test_a_directory_arm_is_recorded_by_its_relative_path(tmp_path, monkeypatch, capsys,
+                                                         two_arms):
+    """An absolute or untidy path given for a folder is written as the folder's path relative
+    to the current directory: no output depends on where the project lies."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "a").rename(tmp_path / "runs" / "a")
+    write_logs(tmp_path / "b", {"1": 3.9})
+    (tmp_path / "b" / "reports" / "plots" / "train_log" / "seed-2.tsv").write_text("not a log")
+    assert run_cli(tmp_path, monkeypatch, str(tmp_path / "runs" / "a"), "./b/", "runs/./a/",
+                   "--out", "one") == 0
+    out = result(tmp_path, "one")
+    assert [(a["label"], a["source"]) for a in out["arms"]] == [
+        ("runs/a", "runs/a"), ("b", "b"), ("runs/a#2", "runs/a")]
+    assert out["baseline"] == "runs/a"
+    assert [(c["baseline"], c["arm"]) for c in out["comparisons"]] == [
+        ("runs/a", "b"), ("runs/a", "runs/a#2")]
+    assert "b vs runs/a (identical)" in capsys.readouterr().out
+    for name in ("compare.json", "compare.md", "compare.html"):
+        text = (tmp_path / "one" / name).read_text()
+        assert str(tmp_path) not in text
+    assert "b/reports/plots/train_log/seed-2.tsv left out" in \
+        (tmp_path / "one" / "compare.md").read_text()
+    # the same arms from another folder: the paths are relative to it
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert main(["compare", "--n-boot", "300", "--no-figures", "--out", "two",
+                 str(tmp_path / "runs" / "a"), "../b"]) == 0
+    arms = json.loads((tmp_path / "sub" / "two" / "compare.json").read_text())["arms"]
+    assert [a["label"] for a in arms] == ["../runs/a", "../b"]
+
+
 def test_help_does_not_import_torch():
     code = ("import sys\nfrom pipeline.cli import main\ntry:\n    main(['compare', '--help'])\n"
             "except SystemExit:\n    pass\nassert 'torch' not in sys.modules\n")
@@ -640,7 +671,7 @@ def test_learning_curves_from_directory_and_git_arms(tmp_path, monkeypatch):
                  str(tmp_path / "nologs")]) == 0
     md = (tmp_path / "out" / "compare.md").read_text()
     assert "](figures/learning_curves.png)" in md
-    assert f"reports/plots/train_log.tsv) in {tmp_path / 'nologs'}: not drawn" in md
+    assert "reports/plots/train_log.tsv) in ../nologs: not drawn" in md  # relative, not absolute
     assert png_size((tmp_path / "out" / "figures" / "learning_curves.png").read_bytes())
 
 

@@ -28,6 +28,7 @@ from pipeline.tools.runs import (
     params_section,
     read_curves,
     read_run,
+    relative_name,
     resolve_source,
 )
 from tests.test_compare import PARAMS as PARAM_VALUES
@@ -79,6 +80,18 @@ def test_an_existing_directory_wins_over_a_revision_and_workspace_is_here(repo, 
     write_arm(repo / "HEAD", rows)
     assert resolve_source("HEAD") == RunSource("HEAD", "directory", root=Path("HEAD"))
     assert resolve_source("workspace") == RunSource("workspace", "directory", root=Path("."))
+
+
+def test_a_directory_is_named_by_its_normalised_relative_path(repo, rows):
+    write_arm(repo / "runs" / "a", rows)
+    (repo / "runs" / "b").mkdir()
+    for given in ("runs/a", "./runs//a/", "runs/b/../a", str(repo / "runs" / "a")):
+        src = resolve_source(given)
+        assert (src.name, src.kind, src.root) == ("runs/a", "directory", Path(given))
+        assert src.where(EVAL) == f"runs/a/{EVAL}"
+    assert relative_name(str(repo.parent)) == ".." and relative_name(".") == "."
+    assert relative_name(str(repo.parent / "elsewhere" / "x")) == "../elsewhere/x"
+    assert read_run(resolve_source(str(repo / "runs" / "a")), "a").source.name == "runs/a"
 
 
 def test_a_dvc_experiment_is_found_by_its_name_under_any_commit(repo):

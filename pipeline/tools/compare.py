@@ -13,8 +13,9 @@ registered comparisons (``reports/preregistration_compare.json``) are judged
 (:mod:`pipeline.decision.registered_comparisons`), with the registered settings: every
 comparison says which registered rule covers it or that none does (NOT REGISTERED). Outputs:
 ``compare.json``, ``compare.md`` and ``compare.html`` in ``--out``, and the figures in
-``figures/`` under it unless ``--no-figures``; no timestamps or absolute paths (sources appear as
-the user gave them). This module compares the arms; the words, the document and the figures are
+``figures/`` under it unless ``--no-figures``; no timestamps or absolute paths (a revision
+appears as the user gave it, a directory as its path relative to the current one). This module
+compares the arms; the words, the document and the figures are
 :mod:`pipeline.report.compare_document`'s.
 
 A tool, not a DVC stage: no stage runs it, nothing here imports torch, and matplotlib is loaded
@@ -65,7 +66,8 @@ SCHEMA_VERSION = 1
 
 
 def unique_labels(names: Sequence[str]) -> list[str]:
-    """The names as given, a repeated one suffixed ``#2``, ``#3``, ... (``HEAD``, ``HEAD#2``)."""
+    """The arms' names (each :class:`pipeline.tools.runs.RunSource`'s ``name``), a repeated one
+    suffixed ``#2``, ``#3``, ... (``HEAD``, ``HEAD#2``)."""
     labels: list[str] = []
     for n in names:
         label, k = n, 1
@@ -167,9 +169,9 @@ def run(sources: Sequence[str], cfg: Settings, out: Path, *,
         figures: bool = True) -> dict[str, Any]:
     """Resolve, load and compare the arms; write compare.json, .md and .html into ``out`` and,
     with ``figures``, the PNGs that compare.md links into ``out/figures``."""
-    labels = unique_labels(sources)
-    arms = [read_run(resolve_source(name), label) for name, label in zip(sources, labels,
-                                                                           strict=True)]
+    resolved = [resolve_source(name) for name in sources]
+    labels = unique_labels([src.name for src in resolved])
+    arms = [read_run(src, label) for src, label in zip(resolved, labels, strict=True)]
     result = compare(arms, cfg)
     drawn = None
     if figures:

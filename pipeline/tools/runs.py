@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -58,8 +59,9 @@ class RunSourceError(ValueError):
 # ---- where a run comes from -----------------------------------------------------------------
 @dataclass(frozen=True)
 class RunSource:
-    """A run's source: ``name`` as the user gave it; ``kind`` ``directory`` (``root``) or
-    ``git`` (``commit``, and ``ref`` when the name was a DVC experiment under ``refs/exps``)."""
+    """A run's source: ``kind`` ``directory`` (``root``) or ``git`` (``commit``, and ``ref``
+    when the name was a DVC experiment under ``refs/exps``). ``name`` is a revision as the user
+    gave it, or a directory's :func:`relative_name` (compare writes it into its outputs)."""
 
     name: str
     kind: Literal["directory", "git"]
@@ -101,15 +103,24 @@ def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.CompletedProcess(["git", *args], 127, b"", b"git: command not found")
 
 
+def relative_name(path: str) -> str:
+    """A directory's path relative to the current directory, normalised and with ``/``:
+    ``./runs//a/``, ``runs/b/../a`` and ``/abs/path/to/runs/a`` (from ``/abs/path/to``) are all
+    ``runs/a``; a folder outside the current one is ``../...``. Never absolute, so an output
+    that records it does not depend on where the project lies. Lexical: symbolic links are not
+    followed."""
+    return Path(os.path.relpath(Path(path).absolute())).as_posix()
+
+
 def resolve_source(name: str) -> RunSource:
     """A directory that exists wins (``workspace`` is the current directory); then a git
     revision (``git rev-parse --verify --quiet <name>^{commit}``); then a DVC experiment: a ref
     under ``refs/exps`` whose last component is ``name``. :class:`RunSourceError` lists the
-    tries."""
+    tries. A directory is named by its :func:`relative_name` and read from ``name`` as given."""
     if name == "workspace":
         return RunSource(name, "directory", root=Path("."))
     if Path(name).is_dir():
-        return RunSource(name, "directory", root=Path(name))
+        return RunSource(relative_name(name), "directory", root=Path(name))
     tried = [f"no directory {name!r}"]
     rev = _git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
     if rev.returncode == 0:

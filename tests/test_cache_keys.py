@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.music import ingest_cache
 from pipeline.similarity import dedupe_cache, duplicates, leakage_cache
-from pipeline.tokens import cache as token_cache
+from pipeline.tokens import store as token_store
 from pipeline.training import resume
 
 CODE_LISTS = {
@@ -21,7 +21,7 @@ CODE_LISTS = {
     "dedupe features": dedupe_cache.FEATURES_CODE,
     "dedupe verdicts": duplicates.VERDICT_CODE,
     "split audit and features": leakage_cache.AUDIT_CODE,
-    "token entries": token_cache.ENTRY_CODE,
+    "token entries": token_store.ENTRY_CODE,
     "training run identity": resume.TRAIN_CODE,
 }
 CANNOT_CHANGE_RESULTS = {
@@ -82,9 +82,9 @@ def test_the_token_cache_key_follows_the_encoding_code(tmp_path, monkeypatch):
     configuration and the library versions: a change there makes a new store."""
     from pipeline.tokens import tokenizer
 
-    before = token_cache.config_key("REMI", {"beat_res": {"0_4": 8}})
-    assert token_cache.config_key("REMI", {"beat_res": {"0_4": 8}}) == before
+    before = token_store.config_key("REMI", {"beat_res": {"0_4": 8}})
+    assert token_store.config_key("REMI", {"beat_res": {"0_4": 8}}) == before
     copy = tmp_path / "tokenizer.py"
     copy.write_bytes(Path(tokenizer.__file__).read_bytes() + b"\n# changed\n")
     monkeypatch.setattr(tokenizer, "__file__", str(copy))
-    assert token_cache.config_key("REMI", {"beat_res": {"0_4": 8}}) != before
+    assert token_store.config_key("REMI", {"beat_res": {"0_4": 8}}) != before

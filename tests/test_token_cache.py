@@ -1,4 +1,5 @@
-"""Token cache: entry format, store operations, note matching used by the round-trip check."""
+"""The token cache: the entry format (pipeline.tokens.entries), the store (store), the round-trip
+check and its REMI reader (roundtrip, remi_keys) and encoding in workers (encoding)."""
 
 from __future__ import annotations
 
@@ -11,26 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from symusic import Note, Score, Track
 
-from pipeline.tokens.cache import (
+from pipeline.tokens.encoding import SourceError, encode_file, transposition_allowed
+from pipeline.tokens.entries import (
     FORMAT,
     HEADER,
-    SEGMENT_SCHEMA,
     Encoding,
-    Entries,
     SeqEncoding,
-    SourceError,
-    TokenCache,
-    config_key,
-    encode_file,
     entry_ok,
     f1_from_counts,
-    match_counts,
-    multiset_matches,
     pack,
-    same_per_owner,
-    transposition_allowed,
     unpack,
 )
+from pipeline.tokens.roundtrip import match_counts, multiset_matches, same_per_owner
+from pipeline.tokens.store import SEGMENT_SCHEMA, Entries, TokenCache, config_key
 
 
 def seq(track: int, n: int, seed: int = 0) -> SeqEncoding:
@@ -80,7 +74,7 @@ def test_store_put_get_keys_and_corrupt_entries(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.tokens.cache import SEGMENT_SCHEMA
+    from pipeline.tokens.store import SEGMENT_SCHEMA
 
     bad = pa.table({"sha256": ["ab" * 32, "11" * 32], "transpose": [0, 0],
                     "entry": [b"not an entry", pack(enc)[:-1].tobytes()]}, schema=SEGMENT_SCHEMA)
@@ -211,7 +205,7 @@ def walk(times: list[int], ticks: list[int]) -> list[int]:
 @given(st.lists(st.integers(0, 40), max_size=30), st.lists(st.integers(0, 50), max_size=12),
        st.booleans())
 def test_chunk_starts_equals_the_walk(times, ticks, sort_times):
-    from pipeline.tokens.cache import chunk_starts
+    from pipeline.tokens.encoding import chunk_starts
 
     times = sorted(times) if sort_times else times
     ticks = sorted(ticks)
@@ -278,7 +272,7 @@ def remi():
 def decoded_keys(tok, ids: list[int]) -> list[tuple[int, ...]]:
     from miditok import TokSequence
 
-    from pipeline.tokens.cache import note_keys
+    from pipeline.tokens.roundtrip import note_keys
 
     score = tok.decode(TokSequence(ids=list(ids)))
     return sorted(map(tuple, note_keys(score, int(score.ticks_per_quarter)).tolist()))
@@ -303,7 +297,7 @@ def token_events(tok):
 def test_remi_note_keys_equal_miditok_decode(remi):
     from hypothesis import HealthCheck
 
-    from pipeline.tokens.cache import remi_note_keys
+    from pipeline.tokens.remi_keys import remi_note_keys
 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(token_events(remi))
@@ -321,7 +315,7 @@ def test_remi_note_keys_equal_miditok_decode(remi):
 def test_remi_note_keys_refuses_other_configurations(kwargs):
     import miditok
 
-    from pipeline.tokens.cache import remi_note_keys
+    from pipeline.tokens.remi_keys import remi_note_keys
 
     tok = miditok.REMI(miditok.TokenizerConfig(**kwargs))
     assert remi_note_keys(tok, np.zeros(3, np.int64)) is None
@@ -335,7 +329,7 @@ def test_remi_note_keys_batch_equals_one_at_a_time(remi):
     ids outside the vocabulary spoil only their own sequence."""
     from hypothesis import HealthCheck
 
-    from pipeline.tokens.cache import remi_note_keys, remi_note_keys_batch
+    from pipeline.tokens.remi_keys import remi_note_keys, remi_note_keys_batch
 
     @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
     @given(st.lists(token_events(remi), max_size=6), st.integers(0, 6))
@@ -372,7 +366,7 @@ def test_roundtrip_batch_equals_miditok_decode_per_check(remi):
     """The batched check gives miditok's decode counts, whether the fast reader agrees with the
     reference (most checks) or not (a reference that is not the encoded score, so the batch
     falls back to decoding those): a mismatch in one check never leaks into another."""
-    from pipeline.tokens.cache import RoundTrip, roundtrip_batch, roundtrip_counts
+    from pipeline.tokens.roundtrip import RoundTrip, roundtrip_batch, roundtrip_counts
 
     scores = [score_with(480, [(0, 480, 60 + k), (480, 240, 64), (960, 480, 67 - k)])
               for k in range(4)]
@@ -396,7 +390,8 @@ def test_settle_writes_each_checks_counts_into_its_own_entry(remi):
     two counts differ and a swap or a shift between entries shows."""
     from dataclasses import replace
 
-    from pipeline.tokens.cache import RoundTrip, encode_score, roundtrip_counts, settle
+    from pipeline.tokens.encoding import encode_score, settle
+    from pipeline.tokens.roundtrip import RoundTrip, roundtrip_counts
 
     pre = [remi.preprocess_score(score_with(480, [(240 * j, 240, 60 + j + k)
                                                   for j in range(2 + k)]))
@@ -417,7 +412,7 @@ def test_settle_writes_each_tracks_counts_into_its_own_sequence():
     """Per-track sequences: each track's counts land in its own sequence of the entry."""
     import miditok
 
-    from pipeline.tokens.cache import encode_score
+    from pipeline.tokens.encoding import encode_score
 
     tok = miditok.REMI(miditok.TokenizerConfig(use_programs=False))
     score = score_with(480, [(0, 480, 60), (480, 480, 62)])
@@ -434,7 +429,7 @@ def test_chunk_settles_checks_like_one_file_at_a_time(tmp_path, monkeypatch, bat
     in the chunk is flagged on its own; when settling the chunk's checks together fails, they
     are settled one file at a time."""
     from pipeline.core.artifacts import sha256_file
-    from pipeline.tokens import cache
+    from pipeline.tokens import encoding
     from pipeline.tokens.tokenizer import make_tokenizer
 
     jobs = []
@@ -445,20 +440,20 @@ def test_chunk_settles_checks_like_one_file_at_a_time(tmp_path, monkeypatch, bat
     jobs[3] = (*jobs[3][:2], (2,))  # its base entry is cached already: only a copy to encode
     (tmp_path / "bad.mid").write_bytes(b"not midi")
     jobs.insert(2, (sha256_file(tmp_path / "bad.mid"), str(tmp_path / "bad.mid"), (0,)))
-    cache._init_worker((make_tokenizer, "REMI", {"use_programs": True}), None, "")
+    encoding._init_worker((make_tokenizer, "REMI", {"use_programs": True}), None, "")
     if batch_fails:
-        whole = cache.roundtrip_batch
+        whole = encoding.roundtrip_batch
 
         def one_only(tokenizer, checks):
             if len(checks) > 1:
                 raise RuntimeError("batch")
             return whole(tokenizer, checks)
 
-        monkeypatch.setattr(cache, "roundtrip_batch", one_only)
-    out, seconds = cache._encode_chunk(tuple(jobs))
+        monkeypatch.setattr(encoding, "roundtrip_batch", one_only)
+    out, seconds = encoding._encode_chunk(tuple(jobs))
     assert out[2][0] == "read_error" and seconds["check"] > 0
     assert [isinstance(r, tuple) for r in out] == [k == 2 for k in range(len(jobs))]
-    tok = cache._WORKER["tokenizer"]
+    tok = encoding._WORKER["tokenizer"]
     for (sha, path, transposes), got in zip(jobs, out, strict=True):
         if isinstance(got, tuple):
             continue
@@ -476,7 +471,7 @@ def test_a_file_failing_after_its_base_encoding_leaves_no_check_behind(tmp_path,
     import miditok.data_augmentation
 
     from pipeline.core.artifacts import sha256_file
-    from pipeline.tokens import cache
+    from pipeline.tokens import encoding
     from pipeline.tokens.tokenizer import make_tokenizer
 
     jobs = []
@@ -484,17 +479,17 @@ def test_a_file_failing_after_its_base_encoding_leaves_no_check_behind(tmp_path,
         path = tmp_path / f"{k}.mid"
         score_with(480, [(0, 480, 60 + k), (480, 240, 70), (960, 120, 50 + k)]).dump_midi(path)
         jobs.append((sha256_file(path), str(path), (0, 2) if k == 1 else (0,)))
-    cache._init_worker((make_tokenizer, "REMI", {"use_programs": True}), None, "")
+    encoding._init_worker((make_tokenizer, "REMI", {"use_programs": True}), None, "")
 
     def broken(*args, **kwargs):
         raise RuntimeError("no copy")
 
     monkeypatch.setattr(miditok.data_augmentation, "augment_score", broken)
     batches = []
-    whole = cache.roundtrip_batch
-    monkeypatch.setattr(cache, "roundtrip_batch",
+    whole = encoding.roundtrip_batch
+    monkeypatch.setattr(encoding, "roundtrip_batch",
                         lambda tok, checks: batches.append(len(checks)) or whole(tok, checks))
-    out, _ = cache._encode_chunk(tuple(jobs))
+    out, _ = encoding._encode_chunk(tuple(jobs))
     assert out[1] == ("encode_error", "RuntimeError: no copy")
     assert batches == [3]
     assert all(unpack(out[k][0]).seqs[0].roundtrip_f1 == 1.0 for k in (0, 2, 3))
@@ -502,7 +497,7 @@ def test_a_file_failing_after_its_base_encoding_leaves_no_check_behind(tmp_path,
 
 @given(st.integers(1, 100_000), st.integers(1, 16))
 def test_chunk_size_stays_within_bounds(n_jobs, workers):
-    from pipeline.tokens.cache import MAX_CHUNK, MIN_CHUNK, chunk_size
+    from pipeline.tokens.encoding import MAX_CHUNK, MIN_CHUNK, chunk_size
 
     size = chunk_size(n_jobs, workers)
     assert MIN_CHUNK <= size <= MAX_CHUNK
@@ -514,7 +509,7 @@ def test_chunk_size_stays_within_bounds(n_jobs, workers):
 
 @given(st.integers(1, 100_000), st.integers(1, 16))
 def test_chunks_cover_the_jobs_evenly_in_a_multiple_of_the_workers(n_jobs, workers):
-    from pipeline.tokens.cache import chunk_bounds, chunk_size
+    from pipeline.tokens.encoding import chunk_bounds, chunk_size
 
     bounds = chunk_bounds(n_jobs, workers)
     sizes = np.diff(bounds)
@@ -529,7 +524,7 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
     packed, else left in the store), and equal each file encoded alone."""
     from pipeline.core.artifacts import sha256_file
     from pipeline.core.parallel import join_all
-    from pipeline.tokens.cache import encode_missing
+    from pipeline.tokens.encoding import encode_missing
     from pipeline.tokens.tokenizer import make_tokenizer
 
     jobs = []
@@ -574,7 +569,7 @@ def test_block_reads_entries_as_unpack_does(entries):
     """A block of packed entries gives back each entry as packed; a damaged entry (truncated,
     extended, wrong magic, a negative length with the same total, wrong dtype) is refused by
     :func:`entries_ok`, :func:`unpack` and :func:`parse_block`, which names it."""
-    from pipeline.tokens.cache import BadEntry, entries_ok, parse_block
+    from pipeline.tokens.entries import BadEntry, entries_ok, parse_block
 
     arrays, encodings = [], []
     for lengths, out_of_range, damage in entries:
@@ -635,9 +630,9 @@ def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch,
     group is read once, and a key held twice is read from the first segment."""
     import pyarrow.parquet as pq
 
-    import pipeline.tokens.cache as cache_mod
+    import pipeline.tokens.store as store_mod
 
-    monkeypatch.setattr(cache_mod, "SEGMENT_ROWS", 4)
+    monkeypatch.setattr(store_mod, "SEGMENT_ROWS", 4)
     cache = TokenCache(tmp_path, "k")
     encs = {(f"{i:064x}", t): Encoding(n_notes_input=i, seqs=(seq(-1, 3 + i, i),))
             for i in range(10) for t in (-2, 0)}

@@ -15,7 +15,7 @@ from symusic import Note, Score, Tempo, TimeSignature, Track
 from pipeline.core.artifacts import read_json, sha256_bytes, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.stages.tokenize import TokenizeConfig, run
-from pipeline.tokens.cache import TokenCache
+from pipeline.tokens.store import TokenCache
 
 OUTPUTS = ("data/tokenizer.json", "data/tokens/tokens.parquet", "data/tokens/augmented.parquet",
            "data/tokens/info.json", "reports/tokenize.json")
@@ -278,7 +278,8 @@ def test_fast_note_reader_equals_miditok_decode(corpus_files):
     multitrack chorales and synthetic pieces (gaps, drums, a high pitch)."""
     from miditok import TokSequence
 
-    from pipeline.tokens.cache import note_keys, remi_note_keys
+    from pipeline.tokens.remi_keys import remi_note_keys
+    from pipeline.tokens.roundtrip import note_keys
     from pipeline.tokens.tokenizer import make_tokenizer
 
     tok = make_tokenizer("REMI", {"use_programs": True})
@@ -434,7 +435,7 @@ def test_cli_uses_params_section(corpus_files, tmp_path, monkeypatch):
 
 def test_expand_matches_miditok_decode_token_ids(reference):
     """The vectorised lossless check equals miditok's own per-id decoding."""
-    from pipeline.tokens.cache import expand, expansion_table
+    from pipeline.tokens.vocabulary import expand, expansion_table
 
     tok = miditok.REMI(params=reference / "data/tokenizer.json")
     table = expansion_table(tok)
@@ -470,7 +471,7 @@ def test_rows_flags_and_counts_from_a_block():
     from collections import Counter
 
     from pipeline.stages.tokenize import batch_tables
-    from pipeline.tokens.cache import Encoding, SeqEncoding, pack, parse_block
+    from pipeline.tokens.entries import Encoding, SeqEncoding, pack, parse_block
 
     def seq(n_ids: int, n_notes: int, matched: int, decoded: int) -> SeqEncoding:
         return SeqEncoding(track=-1, program=-1, is_drum=False, n_notes=n_notes,

@@ -38,9 +38,11 @@ from pipeline.core.artifacts import read_json, sha256_file
 from pipeline.core.parallel import ItemFailure, isolated_map
 from pipeline.inference.protocol import clean_sequences
 from pipeline.music.parsing import looks_like_midi, parse_many
-from pipeline.tokens.cache import apply_model, encode_score, pack, parse_block
 from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.encoding import encode_score
+from pipeline.tokens.entries import pack, parse_block
 from pipeline.tokens.tokenizer import load_tokenizer, tokenizer_hash
+from pipeline.tokens.vocabulary import apply_model
 
 TIMEOUT_S = 120.0
 """Seconds one file may take to read, parse and encode in its worker (``tokenize.timeout_s``'s
@@ -247,8 +249,8 @@ class FileResult:
 
 def encode_midi(tokenizer: Any, data: bytes) -> list[tuple[int, np.ndarray]]:
     """MIDI bytes -> ``(track, ids)`` per token sequence, exactly as the tokenize stage encodes a
-    piece (:func:`pipeline.tokens.cache.encode_file`, then the trained vocabulary as
-    :func:`pipeline.tokens.cache.apply_model` applies it): one sequence for a one-stream
+    piece (:func:`pipeline.tokens.encoding.encode_file`, then the trained vocabulary as
+    :func:`pipeline.tokens.vocabulary.apply_model` applies it): one sequence for a one-stream
     tokenizer (``track`` -1), one per track otherwise; a piece without sequences is one row of
     ``track`` -1 and no ids, as in ``tokens.parquet``. Raises what symusic or miditok raise."""
     from symusic import Score

@@ -13,7 +13,7 @@ Inputs: ``data/raw/`` (MIDI), ``data/manifest.parquet`` (``path``, ``sha256``, `
 - ``data/tokens/augmented.parquet``: transposed train pieces (``sha256``, ``transpose``,
   ``track``, ``ids``, ``n_tokens``);
 - ``data/tokens/info.json``: vocabulary size, special ids, ``tokenizer_hash``, ``split_hash``;
-- ``.cache/tokens/``: base encodings per file, in segments (see :mod:`pipeline.tokens.cache`;
+- ``.cache/tokens/``: base encodings per file, in segments (see :mod:`pipeline.tokens.store`;
   a cache, not an output: the outputs never depend on what it holds);
 - ``reports/tokenize.json`` (metrics) and ``reports/tokenize.env.json`` (timings, worker
   seconds of encoding and of the round-trip check, cache hits).
@@ -26,7 +26,7 @@ only, never written to the tables, and ``reports/tokenize.json`` counts them
 Invariants: the trained vocabulary sees train pieces only; outputs are byte-identical for any
 worker count, file order, cache state and ``BATCH``; every piece gets a row, failures are
 flagged. With the cache, memory does not grow with the corpus's tokens: encodings are read from
-the store ``BATCH`` pieces at a time (:class:`pipeline.tokens.cache.Entries`) and the tables are
+the store ``BATCH`` pieces at a time (:class:`pipeline.tokens.store.Entries`) and the tables are
 written as they are assembled.
 """
 
@@ -64,22 +64,11 @@ from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_s
 from pipeline.core.parallel import join_all
 from pipeline.core.segments import StoreChanged, rerun_if_store_changed
 from pipeline.core.splits import split_hash as compute_split_hash
-from pipeline.tokens.cache import (
-    Block,
-    Entries,
-    SeqEncoding,
-    TokenCache,
-    apply_model,
-    base_byte_table,
-    config_key,
-    encode_missing,
-    expand,
-    expansion_table,
-    f1_from_counts,
-    match_counts,
-    words,
-)
 from pipeline.tokens.contract import AUGMENTED_SCHEMA, TOKENS_SCHEMA, TokenInfo
+from pipeline.tokens.encoding import encode_missing
+from pipeline.tokens.entries import Block, SeqEncoding, f1_from_counts
+from pipeline.tokens.roundtrip import match_counts
+from pipeline.tokens.store import Entries, TokenCache, config_key
 from pipeline.tokens.tokenizer import (
     MODELS,
     REFUSED,
@@ -89,6 +78,7 @@ from pipeline.tokens.tokenizer import (
     tokenizer_hash,
     tokenizer_text,
 )
+from pipeline.tokens.vocabulary import apply_model, base_byte_table, expand, expansion_table, words
 
 HELP = "miditok tokenizer (BPE on train only) and token tables"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from pipeline.core.segments import SegmentStore, StoreChanged, list_column
 
@@ -147,3 +149,106 @@ def test_list_column_gives_offsets_and_values():
                             pa.array([[3]], pa.large_list(pa.uint64()))])
     offsets, flat = list_column(col)
     assert offsets.tolist() == [0, 2, 2, 3] and flat.tolist() == [1, 2, 3]
+
+
+def test_a_store_that_only_adds_never_reads_its_index(tmp_path, monkeypatch):
+    """A worker's store adds segments without reading the others' keys, and with
+    ``max_segments=None`` never merges; the index is read when first used, this segment in it."""
+    SegmentStore(tmp_path, SCHEMA, "key").add(rows(("a", 1)))
+    store = SegmentStore(tmp_path, SCHEMA, "key", max_segments=None)
+    read = []
+    original = SegmentStore._read_index
+    monkeypatch.setattr(SegmentStore, "_read_index", lambda self: read.append(1) or original(self))
+    for k in "bcdefghijklmnopqrs":  # more than the default 16 segments
+        store.add(rows((k, ord(k))))
+    assert read == [] and len(store.segments) == 19
+    assert values(store, {"a", "s"}) == {"a": 1, "s": ord("s")} and read == [1]
+
+
+def test_refresh_lists_what_other_processes_added(tmp_path):
+    store = SegmentStore(tmp_path, SCHEMA, "key")
+    assert store.keys == {}
+    SegmentStore(tmp_path, SCHEMA, "key").add(rows(("a", 1)))
+    assert store.keys == {} and len(store.refresh()) == 1 and set(store.keys) == {"a"}
+
+
+def test_row_groups_stop_at_what_cannot_be_read(tmp_path, monkeypatch):
+    import pipeline.core.segments as segments
+
+    monkeypatch.setattr(segments, "SEGMENT_ROWS", 2)
+    store = SegmentStore(tmp_path, SCHEMA, "key")
+    seg = store.add(rows(("a", 1), ("b", 2), ("c", 3)))
+    got = [(g, row, t["key"].to_pylist()) for g, row, t in store.row_groups(seg)]
+    assert got == [(0, 0, ["a", "b"]), (1, 2, ["c"])]
+    assert [t.column_names for _, _, t in store.row_groups(seg, ["value"])] == [["value"]] * 2
+    pq.write_table(pa.table({"key": ["x"], "other": [2.0]}), tmp_path / "seg-foreign.parquet")
+    (tmp_path / "seg-broken.parquet").write_bytes(b"PAR1 not really")
+    assert list(store.row_groups(tmp_path / "seg-foreign.parquet")) == []
+    assert list(store.row_groups(tmp_path / "seg-broken.parquet")) == []
+
+
+def sorted_store(tmp_path, group_rows: int = 3) -> SegmentStore:
+    return SegmentStore(tmp_path, SCHEMA, "key", max_segments=None, group_rows=group_rows)
+
+
+def test_compact_merges_a_tier_streaming_and_keeps_the_first_copy(tmp_path):
+    """Segments of similar size merge once ``fanout`` of them exist, into one sorted segment in
+    row groups of the store's size; a key held twice keeps the row of the segment first in name
+    order; an unreadable segment is deleted; a larger segment waits for its own tier."""
+    store = sorted_store(tmp_path)
+    big = store.add(rows(*((f"z{i:02d}", i) for i in range(9))))  # tier 2 of fanout 3
+    small = [store.add(rows((f"k{i}", i), (f"k{i + 3}", i + 3))) for i in range(3)]
+    (tmp_path / "seg-broken.parquet").write_bytes(b"PAR1 not really")
+    assert store.compact(3) == 4  # the broken one and the three small ones
+    [merged] = [s for s in store.segments if s != big]
+    assert sorted(store.segments) == store.segments and big in store.segments
+    table = pq.read_table(merged)
+    assert table["key"].to_pylist() == [f"k{i}" for i in range(6)]
+    assert pq.read_metadata(merged).num_row_groups == 2
+    assert small[0] not in store.segments and store.compact(3) == 0
+    # copies of k1 that differ (never in practice): the three segments of tier 1 merge
+    a = store.add(rows(("k1", 100), ("k7", 7), ("k9", 9)))
+    b = store.add(rows(("k1", 200), ("k2", 2), ("k8", 8)))
+    first = min(a, b, merged)
+    assert store.compact(3) == 3
+    assert values(store, {"k1", "k9"}) == {"k1": {a: 100, b: 200, merged: 1}[first], "k9": 9}
+    assert len(store.segments) == 2 and set(store.keys) == {
+        *(f"k{i}" for i in (0, 1, 2, 3, 4, 5, 7, 8, 9)), *(f"z{i:02d}" for i in range(9))}
+
+
+def test_retain_rewrites_only_what_drops_rows(tmp_path):
+    store = sorted_store(tmp_path)
+    keep_all = store.add(rows(("a", 1), ("b", 2)))
+    mixed = store.add(rows(("c", 3), ("d", 4), ("e", 5), ("f", 6)))
+    gone = store.add(rows(("g", 7)))
+    (tmp_path / "seg-broken.parquet").write_bytes(b"PAR1 not really")
+    assert store.retain({"a", "b", "d", "f"}) == 3
+    assert keep_all in store.segments and mixed not in store.segments
+    assert not gone.exists() and not (tmp_path / "seg-broken.parquet").exists()
+    assert values(store, {"a", "b", "c", "d", "e", "f", "g"}) == {"a": 1, "b": 2, "d": 4, "f": 6}
+    assert store.retain(set()) == 4 and store.refresh() == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sets(st.sampled_from("abcd"), min_size=1), min_size=5, max_size=9),
+       st.integers(1, 4))
+def test_compact_keeps_the_first_copy_of_each_key_in_order(tmp_path_factory, key_sets,
+                                                           group_rows):
+    """Any five or more sorted segments of one tier (at most 4 rows, fanout 5) merge into one
+    sorted segment holding each key once, with its row in the first segment in name order that
+    holds it."""
+    store = sorted_store(tmp_path_factory.mktemp("s"), group_rows)
+    for n, keys in enumerate(key_sets):
+        store.add(rows(*((k, n) for k in sorted(keys))))
+    assume(len(store.segments) >= 5)  # equal key sets share a segment's name
+    first: dict[str, int] = {}
+    for seg in sorted(store.segments):
+        table = pq.read_table(seg)
+        for k, v in zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True):
+            first.setdefault(k, v)
+    store.compact(5)
+    [merged] = store.segments
+    table = pq.read_table(merged)
+    assert list(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True)) == sorted(
+        first.items())
+    assert pq.read_metadata(merged).row_group(0).num_rows == min(group_rows, len(first))

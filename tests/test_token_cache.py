@@ -24,7 +24,7 @@ from pipeline.tokens.entries import (
     unpack,
 )
 from pipeline.tokens.roundtrip import match_counts, multiset_matches, same_per_owner
-from pipeline.tokens.store import SEGMENT_SCHEMA, Entries, TokenCache, config_key
+from pipeline.tokens.store import SEGMENT_SCHEMA, Entries, TokenCache, config_key, entry_key
 
 
 def seq(track: int, n: int, seed: int = 0) -> SeqEncoding:
@@ -64,7 +64,7 @@ def test_store_put_get_keys_and_corrupt_entries(tmp_path):
     enc = Encoding(n_notes_input=5, seqs=(seq(-1, 12),))
     cache.put("ab" * 32, 0, enc)
     cache.put_many([("ab" * 32, -3, enc), ("cd" * 32, 0, pack(enc))])
-    assert len(cache.segments()) == 2
+    assert len(cache.segments) == 2
     assert cache.present() == {("ab" * 32, 0), ("ab" * 32, -3), ("cd" * 32, 0)}
     assert_same(cache.get("ab" * 32, -3), enc)
     assert cache.get("ef" * 32, 0) is None
@@ -76,11 +76,11 @@ def test_store_put_get_keys_and_corrupt_entries(tmp_path):
 
     from pipeline.tokens.store import SEGMENT_SCHEMA
 
-    bad = pa.table({"sha256": ["ab" * 32, "11" * 32], "transpose": [0, 0],
+    bad = pa.table({"key": [entry_key("ab" * 32, 0), entry_key("11" * 32, 0)],
                     "entry": [b"not an entry", pack(enc)[:-1].tobytes()]}, schema=SEGMENT_SCHEMA)
-    for seg in cache.segments():
+    for seg in cache.segments:
         rows = pq.read_table(seg).to_pylist()
-        if ("ab" * 32, 0) in {(r["sha256"], r["transpose"]) for r in rows}:
+        if entry_key("ab" * 32, 0) in {r["key"] for r in rows}:
             pq.write_table(bad, seg)
     (cache.dir / "seg-truncated.parquet").write_bytes(b"PAR1 truncated")
     assert set(cache.load()) == {("ab" * 32, -3), ("cd" * 32, 0)}
@@ -92,7 +92,7 @@ def test_same_entries_give_the_same_segment(tmp_path):
     e1, e2 = Encoding(n_notes_input=1, seqs=(seq(-1, 4),)), Encoding(n_notes_input=2, seqs=())
     a.put_many([("11" * 32, 0, e1), ("22" * 32, 0, e2)])
     b.put_many([("22" * 32, 0, e2), ("11" * 32, 0, e1)])
-    [sa], [sb] = a.segments(), b.segments()
+    [sa], [sb] = a.segments, b.segments
     assert sa.name == sb.name and sa.read_bytes() == sb.read_bytes()
 
 
@@ -104,9 +104,9 @@ def test_compact_merges_tiers_and_keeps_every_entry(tmp_path):
         cache.put(f"{i:064x}", 0, encs[(f"{i:064x}", 0)])
     cache.put_many([(k[0], 0, encs[k]) for k in [(f"{3:064x}", 0), (f"{0:064x}", 0)]])  # again
     (cache.dir / "seg-broken.parquet").write_bytes(b"not parquet")
-    assert len(cache.segments()) == 22
+    assert len(cache.refresh()) == 22
     removed = cache.compact(fanout=8)
-    assert removed == 22 and len(cache.segments()) == 1
+    assert removed == 22 and len(cache.segments) == 1
     loaded = cache.load()
     assert set(loaded) == set(encs)
     for k, e in encs.items():
@@ -114,9 +114,9 @@ def test_compact_merges_tiers_and_keeps_every_entry(tmp_path):
     assert cache.compact(fanout=8) == 0  # nothing left to merge
     for i in range(20, 27):  # 7 small segments beside one of 20 rows: below the fanout
         cache.put(f"{i:064x}", 0, encs[(f"{0:064x}", 0)])
-    assert cache.compact(fanout=8) == 0 and len(cache.segments()) == 8
+    assert cache.compact(fanout=8) == 0 and len(cache.segments) == 8
     cache.put(f"{99:064x}", 0, encs[(f"{0:064x}", 0)])  # the 8th small one: merged
-    assert cache.compact(fanout=8) == 8 and len(cache.segments()) == 2
+    assert cache.compact(fanout=8) == 8 and len(cache.segments) == 2
     assert len(cache.present()) == 28
 
 
@@ -129,7 +129,7 @@ def test_prune_keeps_only_referenced(tmp_path):
     (tmp_path / "legacy" / "ab").mkdir(parents=True)  # an older layout: one file per entry
     (tmp_path / "legacy" / "ab" / ("ab" * 32 + ".+0.i32")).write_bytes(b"x")
     assert new.prune({("22" * 32, 0)}) == 3
-    assert new.present() == {("22" * 32, 0)} and len(new.segments()) == 1
+    assert new.present() == {("22" * 32, 0)} and len(new.segments) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
     assert new.prune(set()) == 1 and not new.dir.exists()
 
@@ -541,7 +541,7 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
                              show_progress=False, closing=closing)
         join_all(closing)
         assert got == {sha: {0: None} for sha, _, _ in jobs}
-        assert len(store.segments()) == workers
+        assert len(store.refresh()) == workers
         runs[workers] = {sha: enc for (sha, _), enc in store.load().items()}
     got = encode_missing(jobs, factory, None, workers=2, timeout_s=60, show_progress=False)
     runs[0] = {sha: unpack(r[0]) for sha, r in got.items()}
@@ -680,7 +680,7 @@ def test_entries_refuse_a_store_changed_during_the_run(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"sha256": ["ab" * 32], "transpose": [0], "entry": [b"garbage!"]},
+    pq.write_table(pa.table({"key": [entry_key("ab" * 32, 0)], "entry": [b"garbage!"]},
                             schema=SEGMENT_SCHEMA), seg)
     from pipeline.core.segments import StoreChanged
 
@@ -702,21 +702,19 @@ def test_compaction_opens_a_segment_once_the_merge_reaches_its_keys(tmp_path, mo
         cache.put_many([(k, 0, encs[(k, 0)]) for k in keys[lo : lo + 5]])
     cache.put_many([(keys[7], 0, encs[(keys[7], 0)]), (keys[33], 2, encs[(keys[33], 2)])])
     open_now = most = 0
-    original = TokenCache._rows
+    original = TokenCache.row_groups
 
-    def counting(self, seg, rank):
+    def counting(self, seg, columns=None):
         nonlocal open_now, most
         open_now += 1
         most = max(most, open_now)
-        yield from original(self, seg, rank)
+        yield from original(self, seg, columns)
         open_now -= 1
 
-    monkeypatch.setattr(TokenCache, "_rows", counting)
+    monkeypatch.setattr(TokenCache, "row_groups", counting)
     assert cache.compact(fanout=8) == 9 and most == 2
-    [seg] = cache.segments()
-    table = pq.read_table(seg)
-    stored = list(zip(table["sha256"].to_pylist(), table["transpose"].to_pylist(), strict=True))
-    assert stored == sorted(encs)
+    [seg] = cache.segments
+    assert pq.read_table(seg)["key"].to_pylist() == sorted(entry_key(*k) for k in encs)
     loaded = cache.load()
     for key, enc in encs.items():
         assert_same(loaded[key], enc)

@@ -136,7 +136,7 @@ def test_incremental_and_interrupted_runs_encode_only_missing(reference, corpus_
     assert run_stage(root).encoded == 1
     [key] = [p.name for p in (root / "data/token_cache").iterdir()]
     cache = TokenCache(root / "data/token_cache", key)
-    segments = cache.segments()
+    segments = cache.segments
     assert segments
     lost = {sha for sha, _ in cache.present()}
     segments[0].unlink()  # as if the run had been killed before this chunk was written
@@ -177,11 +177,11 @@ def test_a_corrupt_cache_entry_is_encoded_again(reference, tmp_path):
     root = tmp_path / "corrupt"
     shutil.copytree(reference, root)
     [key] = [p.name for p in (root / "data/token_cache").iterdir()]
-    seg = TokenCache(root / "data/token_cache", key).segments()[0]
+    seg = TokenCache(root / "data/token_cache", key).segments[0]
     table = pq.read_table(seg)
     entries = table.column("entry").to_pylist()
     entries[0] = entries[0][:-4]  # one int32 short: not an entry
-    pq.write_table(table.set_column(2, "entry", pa.array(entries, pa.binary())), seg)
+    pq.write_table(table.set_column(1, "entry", pa.array(entries, pa.binary())), seg)
     assert run_stage(root).encoded == 1
     assert output_bytes(root) == output_bytes(reference)
 

@@ -286,6 +286,8 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     if cache is not None and fresh:  # written by the workers: read from the segments they added
         after = _segment_ids(cache)
         added = [seg for seg, ino in after.items() if before.get(seg) != ino]
+        if any(seg in before for seg in added):  # a segment rewritten under its own name:
+            entries.groups.clear()  # what the check held of it is stale
         entries.where.update(cache.locate(fresh, check=False, segments=added))
         if lost := fresh - entries.where.keys():
             raise StoreChanged(f"{cache.dir}: {len(lost)} entries written in this run are "
@@ -354,7 +356,7 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
 
 def _segment_ids(cache: TokenCache | None) -> dict[Path, int]:
     """Each segment's inode: a segment rewritten under the same name (atomically) gets another."""
-    return {seg: seg.stat().st_ino for seg in cache.segments()} if cache is not None else {}
+    return {seg: seg.stat().st_ino for seg in cache.refresh()} if cache is not None else {}
 
 
 def make_tokenizer_checked(cfg: TokenizeConfig) -> Any:

@@ -274,7 +274,7 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
         return {}
     workers = max(1, min(workers, len(jobs)))
     chunks = [tuple(jobs[a:b]) for a, b in itertools.pairwise(chunk_bounds(len(jobs), workers))]
-    initargs = (factory, str(cache.root) if cache else None, cache.key if cache else "")
+    initargs = (factory, str(cache.root) if cache else None, cache.dir.name if cache else "")
     clock = seconds if seconds is not None else {}
 
     def run_chunks(chs: list[tuple[Job, ...]]) -> list[Any]:

@@ -6,14 +6,15 @@ reused when files are added, the vocabulary is retrained or a run is interrupted
 vocabulary is applied to cached base ids when the output is assembled
 (:func:`pipeline.tokens.vocabulary.apply_model`), exactly as ``tokenizer.encode`` would.
 
-Layout: ``<root>/<config_key>/seg-<hash>.parquet``: append-only *segments*, Parquet tables of
-(``sha256``, ``transpose``, ``entry``), ``entry`` being one entry packed as little-endian int32
-(see :func:`~pipeline.tokens.entries.pack`; it starts with a magic/format number and its length
-is checked on load). Each worker writes one segment per chunk of files it encoded, atomically,
-so a killed run keeps every finished chunk (one file per segment, not one per piece: a file per
-entry cost an fsync of about 4 ms each and an inode per piece, which neither the file system nor
-DVC handle well at a million pieces). Segments are sorted by key and written in row groups of
-``SEGMENT_ROWS`` entries. A run checks every stored entry it wants once
+Layout: ``<root>/<config_key>/seg-<hash>.parquet``, the segments of a
+:class:`~pipeline.core.segments.SegmentStore`: Parquet tables of (``key``, ``entry``), ``key``
+being ``"<sha256>:<transpose>"`` (:func:`entry_key`) and ``entry`` one entry packed as
+little-endian int32 (see :func:`~pipeline.tokens.entries.pack`; it starts with a magic/format
+number and its length is checked on load). Each worker writes one segment per chunk of files it
+encoded, atomically, so a killed run keeps every finished chunk (one file per segment, not one
+per piece: a file per entry cost an fsync of about 4 ms each and an inode per piece, which
+neither the file system nor DVC handle well at a million pieces). Segments are sorted by key and
+written in row groups of ``SEGMENT_ROWS`` entries. A run checks every stored entry it wants once
 (:meth:`TokenCache.locate`), then reads them in key order as it trains and assembles
 (:class:`Entries`), never holding the whole store; it then merges small segments
 (:meth:`TokenCache.compact`: segments of similar size are merged once ``FANOUT`` of them exist,
@@ -32,15 +33,8 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import heapq
 import itertools
-import math
-import os
 import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +42,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.core.artifacts import atomic_path, code_digest, sha256_bytes, sha256_json
-from pipeline.core.segments import SEGMENT_OPTIONS, RowGroups, StoreChanged
+from pipeline.core.artifacts import code_digest, sha256_json
+from pipeline.core.segments import RowGroups, SegmentStore, StoreChanged
 from pipeline.tokens.entries import (
     FORMAT,
     BadEntry,
@@ -61,14 +55,14 @@ from pipeline.tokens.entries import (
     parse_block,
 )
 
-STORE = 2  # storage layout version (1: one file per entry), part of the config key
+STORE = 3  # storage layout version, part of the config key (1: one file per entry; 2: segments
+# of (sha256, transpose, entry) written by the store itself)
 FANOUT = 8  # segments of one size tier merged once this many exist
 SEGMENT_ROWS = 256
 """Entries per row group of a segment (about 3 MB of long pieces): segments are read, merged and
 fetched from a row group at a time (a segment written as one row group of 100,000 long pieces
 was 1.1 GB to hold and 4-6 s to read)."""
-SEGMENT_SCHEMA = pa.schema([("sha256", pa.string()), ("transpose", pa.int32()),
-                            ("entry", pa.binary())])
+SEGMENT_SCHEMA = pa.schema([("key", pa.string()), ("entry", pa.binary())])
 ENTRY_COLUMNS = ["entry"]  # what Entries reads of a segment's row group
 
 ENTRY_CODE = ("pipeline.tokens.entries", "pipeline.tokens.encoding",
@@ -95,73 +89,59 @@ def config_key(tokenizer_name: str, config: dict[str, Any]) -> str:
                         "code": code_digest(ENTRY_CODE)})[:20]
 
 
-class TokenCache:
-    """Content-addressed store of :class:`Encoding` under one base-config key (segments)."""
+def entry_key(sha: str, transpose: int) -> str:
+    """The store's key of the entry of file ``sha`` at ``transpose``: ``"<sha256>:<transpose>"``
+    (segments are sorted by it: a file's entries lie together)."""
+    return f"{sha}:{transpose}"
+
+
+def key_of(stored: str) -> Key:
+    """Inverse of :func:`entry_key`."""
+    sha, _, transpose = stored.rpartition(":")
+    return sha, int(transpose)
+
+
+class TokenCache(SegmentStore):
+    """Entries under one base-config key ``root/<key>/``: a
+    :class:`~pipeline.core.segments.SegmentStore` of (``key``, ``entry``) rows keyed by
+    :func:`entry_key`, sorted by key in each segment, never merged on add (workers add
+    segments side by side; the stage calls :meth:`compact` once they are done)."""
 
     def __init__(self, root: Path | str, key: str) -> None:
+        super().__init__(Path(root) / key, SEGMENT_SCHEMA, "key", max_segments=None,
+                         group_rows=SEGMENT_ROWS)
         self.root = Path(root)
-        self.key = key
-        self.dir = self.root / key
-
-    def segments(self) -> list[Path]:
-        """Segment files of this key, sorted (temp files of a killed write excluded)."""
-        if not self.dir.is_dir():
-            return []
-        return sorted(p for p in self.dir.glob("seg-*.parquet") if p.is_file())
-
-    def _keys(self, path: Path) -> list[Key] | None:
-        """The (sha256, transpose) of a segment's rows, or None when it cannot be read."""
-        columns = ["sha256", "transpose"]
-        try:
-            table = pq.read_table(path, columns=columns)
-        except (pa.ArrowException, OSError):
-            return None
-        if not table.schema.equals(pa.schema([SEGMENT_SCHEMA.field(c) for c in columns])):
-            return None
-        return list(zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True))
 
     def present(self) -> set[Key]:
-        """(sha256, transpose) of every entry present (no entry is decoded)."""
-        found: set[Key] = set()
-        for seg in self.segments():
-            found.update(self._keys(seg) or ())
-        return found
+        """(sha256, transpose) of every entry in the folder now (no entry is decoded)."""
+        self.refresh()
+        return set(map(key_of, self.keys))
 
     def locate(self, wanted: set[Key] | None = None, *, check: bool = True,
                segments: list[Path] | None = None,
                groups: RowGroups | None = None) -> dict[Key, tuple[Path, int]]:
         """Where each stored entry of ``wanted`` (all when None) lies: (segment, row), the first
         segment in name order holding it. With ``check`` each entry is read and checked
-        (:func:`entry_ok`; one that fails is left out, so it is recomputed), a row group at a
+        (:func:`entries_ok`; one that fails is left out, so it is recomputed), a row group at a
         time, and ``groups`` (the run's :attr:`Entries.groups`) holds what it read, as far as
         its limit allows, so that a small store is not read twice; without, only the keys are
         read (for ``segments`` this run's workers wrote)."""
         found: dict[Key, tuple[Path, int]] = {}
-        columns = ["sha256", "transpose", "entry"] if check else ["sha256", "transpose"]
-        want = pa.schema([SEGMENT_SCHEMA.field(c) for c in columns])
-        for seg in self.segments() if segments is None else sorted(segments):
-            try:
-                with pq.ParquetFile(seg) as pf:
-                    if not pf.schema_arrow.equals(SEGMENT_SCHEMA):
-                        continue
-                    row = 0
-                    for g in range(pf.num_row_groups):
-                        t = pf.read_row_group(g, columns=columns)
-                        if not t.schema.equals(want):
-                            break
-                        keys = zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True)
-                        good = [True] * t.num_rows
-                        if check:
-                            arrays = _entry_arrays(t.column(2))
-                            good = entries_ok(arrays).tolist()
-                            if groups is not None:
-                                groups.hold(seg, g, ENTRY_COLUMNS, arrays, t.column(2).nbytes)
-                        for i, (key, ok) in enumerate(zip(keys, good, strict=True)):
-                            if ok and (wanted is None or key in wanted) and key not in found:
-                                found[key] = (seg, row + i)
-                        row += t.num_rows
-            except (pa.ArrowException, OSError):
-                continue
+        names = None if wanted is None else {entry_key(*k): k for k in wanted}
+        columns = ["key", "entry"] if check else ["key"]
+        for seg in self.refresh() if segments is None else sorted(segments):
+            for g, row, t in self.row_groups(seg, columns):
+                stored = t.column(0).to_pylist()
+                good = [True] * t.num_rows
+                if check:
+                    arrays = _entry_arrays(t.column(1))
+                    good = entries_ok(arrays).tolist()
+                    if groups is not None:
+                        groups.hold(seg, g, ENTRY_COLUMNS, arrays, t.column(1).nbytes)
+                for i, (name, ok) in enumerate(zip(stored, good, strict=True)):
+                    key = key_of(name) if names is None else names.get(name)
+                    if ok and key is not None and key not in found:
+                        found[key] = (seg, row + i)
         return found
 
     def load(self, wanted: set[Key] | None = None) -> dict[Key, Encoding]:
@@ -180,122 +160,21 @@ class TokenCache:
         return self.load({(sha, transpose)}).get((sha, transpose))
 
     def put_many(self, items: list[tuple[str, int, np.ndarray | Encoding]]) -> Path | None:
-        """Write entries (packed arrays or Encodings) as one new segment, atomically."""
-        if not items:
-            return None
-        rows = [(sha, int(t), (e if isinstance(e, np.ndarray) else pack(e)).astype("<i4")
-                 .tobytes()) for sha, t, e in items]
-        return self._write(rows)
+        """Write entries (packed arrays or Encodings) as one new segment, sorted by key, and
+        return it (None without entries)."""
+        rows = sorted((entry_key(sha, int(t)), (e if isinstance(e, np.ndarray) else pack(e))
+                       .astype("<i4").tobytes()) for sha, t, e in items)
+        return self.add(pa.table([pa.array([k for k, _ in rows], pa.string()),
+                                  pa.array([b for _, b in rows], pa.binary())],
+                                 schema=SEGMENT_SCHEMA))
 
     def put(self, sha: str, transpose: int, enc: Encoding) -> None:
         self.put_many([(sha, transpose, enc)])
 
-    def _write(self, rows: list[tuple[str, int, bytes]]) -> Path:
-        with self._writing() as out:
-            for row in sorted(rows):
-                out.put(*row)
-        return out.path
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[_SegmentWriter]:
-        """A new segment from entries put in key order, written a row group at a time and named
-        by its content when the block ends (the same entries always give the same name and
-        bytes); ``.path`` is then set, or stays None when nothing was put."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        staging = self.dir / f".seg-{uuid.uuid4().hex}.parquet"  # not a segment until renamed
-        with atomic_path(staging) as tmp, \
-                pq.ParquetWriter(tmp, SEGMENT_SCHEMA, **SEGMENT_OPTIONS) as writer:
-            out = _SegmentWriter(writer)
-            yield out
-            out.flush()
-        if out.count:
-            out.path = self.dir / f"seg-{out.name.hexdigest()[:24]}.parquet"
-            os.replace(staging, out.path)
-        else:
-            staging.unlink()
-
-    def _rows(self, seg: Path, rank: int) -> Iterator[tuple[str, int, int, bytes]]:
-        """(sha256, transpose, ``rank``, entry) of each row of ``seg`` in stored order, a row
-        group at a time; an unreadable segment, or its unreadable rest, yields nothing more."""
-        try:
-            with pq.ParquetFile(seg) as pf:
-                if not pf.schema_arrow.equals(SEGMENT_SCHEMA):
-                    return
-                for g in range(pf.num_row_groups):
-                    t = pf.read_row_group(g)
-                    yield from ((sha, tr, rank, b) for sha, tr, b in
-                                zip(*(t.column(i).to_pylist() for i in range(3)), strict=True))
-        except (pa.ArrowException, OSError):
-            return
-
-    def _first_key(self, seg: Path) -> str:
-        """The sha256 of a segment's first row ("" when it has none or cannot be read)."""
-        try:
-            with pq.ParquetFile(seg) as pf:
-                if pf.num_row_groups and pf.schema_arrow.equals(SEGMENT_SCHEMA):
-                    keys = pf.read_row_group(0, columns=["sha256"]).column(0)
-                    return keys[0].as_py() if len(keys) else ""
-        except (pa.ArrowException, OSError):
-            pass
-        return ""
-
-    def _merged(self, group: list[Path]) -> Iterator[tuple[str, int, int, bytes]]:
-        """The rows of the sorted segments ``group`` in (sha256, transpose, rank in ``group``)
-        order. A segment is opened only once the merge reaches its first key, so segments that
-        cover separate key ranges (a full run's chunks) are read one or two at a time, not all
-        at once: merging a full run's 1,525 segments at once took about 2 GB more."""
-        waiting = sorted((self._first_key(seg), k) for k, seg in enumerate(group))
-        waiting.reverse()  # pop() takes the smallest first key
-        heap: list[tuple[tuple[str, int, int], int, bytes, Iterator]] = []
-        serial = itertools.count()  # orders equal rows of one segment; never compares iterators
-
-        def push(rows: Iterator) -> None:
-            if (row := next(rows, None)) is not None:
-                heapq.heappush(heap, (row[:3], next(serial), row[3], rows))
-
-        while heap or waiting:
-            if waiting and (not heap or waiting[-1][0] <= heap[0][0][0]):
-                k = waiting.pop()[1]
-                push(self._rows(group[k], k))
-                continue
-            key, _, entry, rows = heapq.heappop(heap)
-            yield (*key, entry)
-            push(rows)
-
     def compact(self, fanout: int = FANOUT) -> int:
-        """Merge segments of similar size (tier = floor(log_fanout(rows))) once ``fanout`` of a
-        tier exist; drop unreadable segments and duplicate keys (the segment first in name order
-        wins). Segments are sorted by key, so a merge streams them: it holds a row group of each.
-        Returns segments removed."""
-        segs: dict[Path, int] = {}
-        removed = 0
-        for seg in self.segments():
-            try:
-                segs[seg] = pq.read_metadata(seg).num_rows
-            except (pa.ArrowException, OSError):
-                seg.unlink()
-                removed += 1
-        while True:
-            tiers: dict[int, list[Path]] = {}
-            for seg, n in segs.items():
-                tiers.setdefault(int(math.log(max(n, 1), fanout)), []).append(seg)
-            full = sorted(t for t, members in tiers.items() if len(members) >= fanout)
-            if not full:
-                return removed
-            group = sorted(tiers[full[0]])
-            with self._writing() as out:
-                last = None
-                for sha, tr, _, b in self._merged(group):
-                    if (sha, tr) != last:
-                        out.put(sha, tr, b)
-                        last = (sha, tr)
-            for seg in group:
-                del segs[seg]
-                if seg != out.path:
-                    seg.unlink(missing_ok=True)
-                    removed += 1
-            if out.path is not None:
-                segs[out.path] = out.count
+        """Merge segments of similar size (:meth:`SegmentStore.compact
+        <pipeline.core.segments.SegmentStore.compact>`); returns the segments removed."""
+        return super().compact(fanout)
 
     def prune(self, keep: set[Key]) -> int:
         """Delete every entry not in ``keep`` (other config keys included); return how many."""
@@ -311,49 +190,10 @@ class TokenCache:
             else:
                 folder.unlink()
                 removed += 1
-        for seg in self.segments():  # rewrite only the segments holding something to drop
-            keys = self._keys(seg)
-            if keys is None:
-                seg.unlink()
-                continue
-            dropped = sum(key not in keep for key in keys)
-            if not dropped:
-                continue
-            removed += dropped
-            with self._writing() as out:  # streamed, in the segment's (sorted) order
-                for sha, tr, _, b in self._rows(seg, 0):
-                    if (sha, tr) in keep:
-                        out.put(sha, tr, b)
-            if out.path != seg:
-                seg.unlink()
+        removed += self.retain({entry_key(*k) for k in keep})
         if self.dir.is_dir() and not any(self.dir.iterdir()):
             self.dir.rmdir()
         return removed
-
-
-class _SegmentWriter:
-    """Rows of one segment being written (:meth:`TokenCache._writing`)."""
-
-    def __init__(self, writer: pq.ParquetWriter) -> None:
-        self.writer = writer
-        self.rows: list[tuple[str, int, bytes]] = []
-        self.name = hashlib.sha256()
-        self.count = 0
-        self.path: Path | None = None
-
-    def put(self, sha: str, transpose: int, entry: bytes) -> None:
-        self.name.update(f"{sha}\t{transpose}\t{sha256_bytes(entry)}\n".encode())
-        self.rows.append((sha, transpose, entry))
-        self.count += 1
-        if len(self.rows) == SEGMENT_ROWS:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.rows:
-            cols = list(zip(*self.rows, strict=True))
-            self.writer.write_table(pa.table(dict(zip(SEGMENT_SCHEMA.names, cols, strict=True)),
-                                             schema=SEGMENT_SCHEMA))
-            self.rows = []
 
 
 class Entries:

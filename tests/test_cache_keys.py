@@ -29,6 +29,7 @@ CANNOT_CHANGE_RESULTS = {
     "pipeline.core.config": "parses parameters (the settings are in the keys)",
     "pipeline.core.parallel": "schedules work; results come back in input order",
     "pipeline.core.segments": "the stores themselves",
+    "pipeline.core.row_groups": "reads the stores' row groups",
     "pipeline.core.progress": "progress bars",
     "pipeline.music.midi": "lists source files",
     "pipeline.similarity.dedupe_cache": "reads and writes the dedupe stores",

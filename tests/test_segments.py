@@ -115,6 +115,7 @@ def test_take_reads_rows_in_any_order_a_row_group_at_a_time(tmp_path, monkeypatc
                                                              row_group_reads):
     """Rows come back in the order asked, across segments, from row groups of 3 rows; asked
     in stored order each row group is read once; with room for one row group, still right."""
+    import pipeline.core.row_groups as row_groups
     import pipeline.core.segments as segments
 
     monkeypatch.setattr(segments, "SEGMENT_ROWS", 3)
@@ -130,7 +131,7 @@ def test_take_reads_rows_in_any_order_a_row_group_at_a_time(tmp_path, monkeypatc
     assert len(reads) == 8  # 4 row groups per segment, each once
     shuffled = ["k07", "k00", "k19", "k04", "k06", "k05"]
     assert store.take(shuffled, ["key", "value"])["key"].to_pylist() == shuffled
-    monkeypatch.setattr(segments, "HELD_BYTES", 1)
+    monkeypatch.setattr(row_groups, "HELD_BYTES", 1)
     fresh = SegmentStore(tmp_path, SCHEMA, "key")
     assert fresh.take(ordered[::-1], ["value"])["value"].to_pylist() == list(range(19, -1, -1))
     assert len(fresh._groups._held) == 1

@@ -658,9 +658,9 @@ def test_entries_read_each_row_group_once_in_key_order(tmp_path, monkeypatch,
     assert_same(entries.get(sorted(encs))[items[3][:2]], items[3][2])
     assert reads == []
     entries.close()
-    import pipeline.core.segments as segments_mod
+    import pipeline.core.row_groups as row_groups_mod
 
-    monkeypatch.setattr(segments_mod, "HELD_BYTES", 1)  # one row group at a time
+    monkeypatch.setattr(row_groups_mod, "HELD_BYTES", 1)  # one row group at a time
     entries = Entries()
     entries.where = where
     for key in sorted(encs, reverse=True):

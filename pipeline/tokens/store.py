@@ -43,7 +43,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.core.artifacts import code_digest, sha256_json
-from pipeline.core.segments import RowGroups, SegmentStore, StoreChanged
+from pipeline.core.row_groups import RowGroups
+from pipeline.core.segments import SegmentStore, StoreChanged
 from pipeline.tokens.entries import (
     FORMAT,
     BadEntry,
@@ -199,7 +200,7 @@ class TokenCache(SegmentStore):
 class Entries:
     """A run's base encodings, read when needed: entries of the store (by :meth:`TokenCache.locate`)
     and entries held in memory (a run without a store). :meth:`get` reads the store a row group
-    at a time (:class:`~pipeline.core.segments.RowGroups`, which holds a few): segments are
+    at a time (:class:`~pipeline.core.row_groups.RowGroups`, which holds a few): segments are
     sorted by key, so reading every entry in key order reads each row group about once,
     whatever the corpus size."""
 

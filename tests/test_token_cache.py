@@ -521,7 +521,8 @@ def test_chunks_cover_the_jobs_evenly_in_a_multiple_of_the_workers(n_jobs, worke
 def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
     """Twenty files: one chunk per worker (a cache segment each, not one per file or two);
     the entries are the same for one and two workers, with or without a store (then returned
-    packed, else left in the store), and equal each file encoded alone."""
+    packed, else left in the store), and equal each file encoded alone. The workers' seconds
+    come back summed per phase."""
     from pipeline.core.artifacts import sha256_file
     from pipeline.core.parallel import join_all
     from pipeline.tokens.encoding import encode_missing
@@ -537,13 +538,16 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
     for workers in (1, 2):
         store = TokenCache(tmp_path / f"cache{workers}", "k")
         closing = []
-        got = encode_missing(jobs, factory, store, workers=workers, timeout_s=60,
-                             show_progress=False, closing=closing)
+        got, seconds = encode_missing(jobs, factory, store, workers=workers, timeout_s=60,
+                                      show_progress=False, closing=closing)
         join_all(closing)
         assert got == {sha: {0: None} for sha, _, _ in jobs}
+        assert seconds["encode"] > seconds["check"] > 0 and seconds["cache_write"] > 0
         assert len(store.refresh()) == workers
         runs[workers] = {sha: enc for (sha, _), enc in store.load().items()}
-    got = encode_missing(jobs, factory, None, workers=2, timeout_s=60, show_progress=False)
+    got, seconds = encode_missing(jobs, factory, None, workers=2, timeout_s=60,
+                                  show_progress=False)
+    assert seconds["cache_write"] == 0 and seconds.keys() == {"encode", "check", "cache_write"}
     runs[0] = {sha: unpack(r[0]) for sha, r in got.items()}
     tok = make_tokenizer(*factory[1:])
     for sha, path, transposes in jobs:

@@ -271,11 +271,10 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     jobs += [(sha, path, (0,)) for sha, path in also.items() if (sha, 0) not in entries]
     t_plan = time.perf_counter()
     failures: dict[str, tuple[str, str]] = {}
-    worker_s: dict[str, float] = {}
     closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
-    results = encode_missing(jobs, (make_tokenizer, cfg.tokenizer, cfg.config), cache,
-                             workers=runtime.n_workers(), timeout_s=cfg.timeout_s,
-                             show_progress=runtime.progress, seconds=worker_s, closing=closing)
+    results, worker_s = encode_missing(jobs, (make_tokenizer, cfg.tokenizer, cfg.config), cache,
+                                       workers=runtime.n_workers(), timeout_s=cfg.timeout_s,
+                                       show_progress=runtime.progress, closing=closing)
     fresh: set[tuple[str, int]] = set()
     for sha, res in results.items():
         if isinstance(res, dict):
@@ -342,9 +341,9 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
                     "train": t_train - t_encode, "assemble": t_assemble - t_train,
                     "write": t_write - t_assemble, "cache_compact": t_compact - t_write,
                     "total": time.perf_counter() - t0},
-        # summed over worker processes: encoding (all of it), of which the round-trip check
-        # and writing cache segments
-        "worker_seconds": {k: worker_s.get(k, 0.0) for k in ("encode", "check", "cache_write")},
+        # summed over worker processes: encoding (the round-trip check included), of which
+        # the check, and writing cache segments (pipeline.tokens.encoding.PHASES)
+        "worker_seconds": worker_s,
         "workers": runtime.n_workers(), "files_encoded": encoded,
         "files_reused": len(wanted) - encoded, "cache_key": key,
         "cache_segments_merged": compacted, "cache_pruned": pruned})

@@ -114,11 +114,9 @@ def settle_packed(tokenizer: Any, checks: list[RoundTrip], packed: list[np.ndarr
     entries ``packed`` (indexed by each check's ``file``), in place."""
     if not checks:
         return
-    t0 = time.perf_counter()
     for c, (matched, decoded) in zip(checks, roundtrip_batch(tokenizer, checks), strict=True):
         row = HEADER + c.index * SEQ_FIELDS
         packed[c.file][row + 7 : row + 9] = (matched, decoded)
-    CLOCK["check"] += time.perf_counter() - t0
 
 
 def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:
@@ -182,11 +180,12 @@ class SourceError(Exception):
 
 # ---- filling the cache in worker processes ------------------------------------------------
 
-_WORKER: dict[str, Any] = {}
+_WORKER: dict[str, Any] = {}  # this worker process's tokenizer and store (:func:`_init_worker`)
 Job = tuple[str, str, tuple[int, ...]]  # (sha256, path, transpositions to encode)
-# Seconds spent in this process: encoding jobs (all of it) and, within that, the round-trip
-# check and writing the cache; reported in the timing sidecar, never in an artifact.
-CLOCK = {"encode": 0.0, "check": 0.0, "cache_write": 0.0}
+PHASES = ("encode", "check", "cache_write")
+"""What a chunk's seconds are counted in: encoding its files (the round-trip check included) and,
+of that, the check; then writing its segment. Reported in the timing sidecar, never in an
+artifact."""
 
 
 def _init_worker(factory: tuple, cache_root: str | None, key: str) -> None:
@@ -200,8 +199,7 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     """Encode each job, settle the chunk's round-trip checks together and write the chunk's
     entries as one cache segment; return per job {transposition: packed array} (None in place
     of the array when the cache holds it: the parent reads it from there) or (flag, detail),
-    and the seconds this chunk spent per phase."""
-    before = dict(CLOCK)
+    and the seconds this chunk spent in each of ``PHASES``."""
     t0 = time.perf_counter()
     tokenizer = _WORKER["tokenizer"]
     out: list[Any] = []
@@ -219,6 +217,7 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     out = [{t: pack(enc) for t, enc in r.items()} if isinstance(r, dict) else r for r in out]
     # the checks of base encodings (transposition 0; a job may hold only augmented copies)
     bases = [r.get(0) if isinstance(r, dict) else None for r in out]
+    t_check = time.perf_counter()
     try:
         settle_packed(tokenizer, checks, bases)
     except Exception:  # settle the chunk's checks one file at a time: only a bad one is flagged
@@ -228,19 +227,19 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
             except Exception as e:
                 out[k] = ("encode_error", f"{type(e).__name__}: {e}")
     t1 = time.perf_counter()
-    CLOCK["encode"] += t1 - t0
+    seconds = {"encode": t1 - t0, "check": t1 - t_check, "cache_write": 0.0}
     if _WORKER["cache"] is not None:
         _WORKER["cache"].put_many([(sha, t, arr) for (sha, _, _), r in zip(jobs, out, strict=True)
                                    if isinstance(r, dict) for t, arr in r.items()])
         out = [dict.fromkeys(r) if isinstance(r, dict) else r for r in out]
-        CLOCK["cache_write"] += time.perf_counter() - t1
-    return out, {k: CLOCK[k] - before[k] for k in CLOCK}
+        seconds["cache_write"] = time.perf_counter() - t1
+    return out, seconds
 
 
 def chunk_size(n_jobs: int, workers: int) -> int:
     """Files per chunk: about 8 chunks per worker, between ``MIN_CHUNK`` and ``MAX_CHUNK`` files.
 
-    Each chunk costs a cache segment (a Parquet write and an fsync), one batched round-trip
+    Each chunk costs a cache segment (a Parquet file), one batched round-trip
     check and a round trip to the pool, so a small run (adding 1% of a corpus) uses few
     chunks: chunks of a file or two wrote a segment each and forced a merge."""
     return min(MAX_CHUNK, max(MIN_CHUNK, math.ceil(n_jobs / (workers * 8))))
@@ -258,24 +257,24 @@ def chunk_bounds(n_jobs: int, workers: int) -> list[int]:
 
 def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *, workers: int,
                    timeout_s: float, show_progress: bool | str = "auto",
-                   seconds: dict[str, float] | None = None,
-                   closing: list[threading.Thread] | None = None) -> dict[str, Any]:
+                   closing: list[threading.Thread] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, float]]:
     """Encode ``jobs`` in isolated worker processes, in chunks; write entries to ``cache``.
 
     Returns sha256 -> {transpose: packed entry (:func:`pack`), or None when written to
-    ``cache``} or (flag, detail). A chunk lost to a crash or a timeout is retried one file at
-    a time, so one bad file only costs its own row. Worker
-    seconds per phase are added to ``seconds`` when given; ``closing`` is passed on to
+    ``cache``} or (flag, detail), and the workers' seconds in each of ``PHASES``, summed over
+    the chunks. A chunk lost to a crash or a timeout is retried one file at a time, so one bad
+    file only costs its own row. ``closing`` is passed on to
     :func:`~pipeline.core.parallel.isolated_map` (the caller joins the pools).
     """
     from pipeline.core.parallel import ItemFailure, isolated_map
 
+    seconds = dict.fromkeys(PHASES, 0.0)
     if not jobs:
-        return {}
+        return {}, seconds
     workers = max(1, min(workers, len(jobs)))
     chunks = [tuple(jobs[a:b]) for a, b in itertools.pairwise(chunk_bounds(len(jobs), workers))]
     initargs = (factory, str(cache.root) if cache else None, cache.dir.name if cache else "")
-    clock = seconds if seconds is not None else {}
 
     def run_chunks(chs: list[tuple[Job, ...]]) -> list[Any]:
         results = isolated_map(_encode_chunk, chs, workers=workers,
@@ -287,8 +286,8 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
             if isinstance(res, ItemFailure):
                 out.append(res)
                 continue
-            for k, v in res[1].items():
-                clock[k] = clock.get(k, 0.0) + v
+            for phase, s in res[1].items():
+                seconds[phase] += s
             out.append(res[0])
         return out
 
@@ -303,4 +302,4 @@ def encode_missing(jobs: list[Job], factory: tuple, cache: TokenCache | None, *,
         for chunk, res in zip(retry, run_chunks(retry), strict=True):
             raw[chunk[0][0]] = (("worker_" + res.kind, res.message)
                                 if isinstance(res, ItemFailure) else res[0])
-    return raw
+    return raw, seconds

@@ -1,8 +1,17 @@
 """The notes miditok's REMI ``decode`` gives for base ids, read straight from the ids.
 
 For the round-trip check (:func:`pipeline.tokens.roundtrip.roundtrip_batch`): the configurations
-it covers (:func:`_remi_spec`) are read for a whole chunk of sequences with a few array
-operations, instead of building a ``Score`` per sequence.
+it covers (:func:`_remi_spec`, the project's default among them) are read for a whole chunk of
+sequences with a few array operations, instead of building a ``Score`` per sequence with
+miditok's ``decode`` and reading its notes, the path every other configuration takes (and any
+sequence whose notes differ from the reference). Tests compare it with ``decode``.
+
+What it buys, measured on a loaded 2-core machine against the same code with
+:func:`remi_note_columns` returning None (every check decoded by miditok), on the 2,000 short
+two-track files of ``python benchmarks/bench_tokenize.py --files 2000 --workers 2 --repeat 3``:
+the check takes 5% of the workers' time instead of 37-39%, the workers' chunk function 1.42-1.46
+CPU s instead of 2.19-2.25 (1.5x), and a whole tokenize stage run (one worker, no cache) 1.50-1.66
+CPU s instead of 2.27-2.39 (1.4x; wall 2.0-4.4 s against 3.5-6.1 s under that load).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from symusic import Note, Score, Track
 
-from pipeline.tokens.encoding import SourceError, encode_file, transposition_allowed
+from pipeline.tokens.encoding import MidiFileError, encode_file, transposition_allowed
 from pipeline.tokens.entries import (
     FORMAT,
     HEADER,
@@ -256,9 +256,9 @@ def test_encode_file_verifies_content(tmp_path):
     encs = encode_file(tok, path, sha256_file(path), (0, 5))
     assert encs[0].seqs[0].roundtrip_f1 == 1.0 and encs[0].n_notes_input == 2
     assert encs[5].seqs[0].rt_matched == -1  # augmented copies are not round-trip checked
-    with pytest.raises(SourceError, match="sha_mismatch"):
+    with pytest.raises(MidiFileError, match="sha_mismatch"):
         encode_file(tok, path, "0" * 64, (0,))
-    with pytest.raises(SourceError, match="read_error"):
+    with pytest.raises(MidiFileError, match="read_error"):
         encode_file(tok, tmp_path / "missing.mid", "0" * 64, (0,))
 
 

@@ -66,7 +66,7 @@ from pipeline.core.segments import StoreChanged, rerun_if_store_changed
 from pipeline.core.splits import split_hash as compute_split_hash
 from pipeline.tokens.contract import AUGMENTED_SCHEMA, TOKENS_SCHEMA, TokenInfo
 from pipeline.tokens.encoding import encode_missing
-from pipeline.tokens.entries import Block, SeqEncoding, f1_from_counts
+from pipeline.tokens.entries import EntryBlock, SeqEncoding, f1_from_counts
 from pipeline.tokens.roundtrip import match_counts
 from pipeline.tokens.store import Entries, TokenCache, config_key
 from pipeline.tokens.tokenizer import (
@@ -494,7 +494,7 @@ FLAG_BITS = ("model_lossy", "no_notes", "notes_dropped", "roundtrip_lossy")
 
 
 def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
-                 shas: list[str], splits: list[str], block: Block,
+                 shas: list[str], splits: list[str], block: EntryBlock,
                  final: list[np.ndarray] | None, failures: dict[str, tuple[str, str]],
                  examples: list[dict[str, Any]], counts: Counter) -> tuple[pa.Table, pa.Table]:
     """The tokens and augmented rows of the pieces ``shas`` (sorted) in ``splits``, from their

@@ -133,7 +133,7 @@ def encode_file(tokenizer: Any, path: Path | str, sha: str, transposes: tuple[in
                 checks: list[RoundTrip] | None = None, file: int = 0) -> dict[int, Encoding]:
     """Read, verify and encode one file at each transposition (0 = the piece itself).
 
-    Raises ``SourceError`` for a missing, changed or unparsable file. Transposition 0 is
+    Raises ``MidiFileError`` for a missing, changed or unparsable file. Transposition 0 is
     round-trip checked; augmented copies are not (they are training data only). With
     ``checks``, the check is left there to be settled with others (:func:`settle`).
     """
@@ -143,13 +143,13 @@ def encode_file(tokenizer: Any, path: Path | str, sha: str, transposes: tuple[in
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:  # strerror only: the message must not carry a machine's path
-        raise SourceError("read_error", f"{type(e).__name__}: {e.strerror}") from None
+        raise MidiFileError("read_error", f"{type(e).__name__}: {e.strerror}") from None
     if sha256_bytes(data) != sha:
-        raise SourceError("sha_mismatch", "file content changed since ingest")
+        raise MidiFileError("sha_mismatch", "file content changed since ingest")
     try:
         score = Score.from_midi(data)
     except Exception as e:  # symusic raises RuntimeError; anything else is also the file's fault
-        raise SourceError("read_error", f"{type(e).__name__}: {e}") from None
+        raise MidiFileError("read_error", f"{type(e).__name__}: {e}") from None
     n_input = int(score.note_num())
     pre = tokenizer.preprocess_score(score)
     out = {}
@@ -169,8 +169,9 @@ def encode_file(tokenizer: Any, path: Path | str, sha: str, transposes: tuple[in
     return out
 
 
-class SourceError(Exception):
-    """A source file that cannot be encoded; ``flag`` names the reason for the token table."""
+class MidiFileError(Exception):
+    """The MIDI file behind a piece cannot be encoded (unreadable, changed since ingest, not
+    parsable); ``flag`` names the reason for the token table, ``detail`` says more."""
 
     def __init__(self, flag: str, detail: str) -> None:
         super().__init__(f"{flag}: {detail}")
@@ -207,7 +208,7 @@ def _encode_chunk(jobs: tuple[Job, ...]) -> tuple[list[Any], dict[str, float]]:
     for k, (sha, path, transposes) in enumerate(jobs):
         try:
             encs = encode_file(tokenizer, path, sha, transposes, checks, file=k)
-        except SourceError as e:
+        except MidiFileError as e:
             out.append((e.flag, e.detail))
             continue
         except Exception as e:  # a file miditok cannot encode is flagged, never fatal

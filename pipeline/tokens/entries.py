@@ -84,7 +84,7 @@ def entry_ok(arr: np.ndarray) -> bool:
 
 
 @dataclass(frozen=True)
-class Block:
+class EntryBlock:
     """Packed entries parsed together (:func:`parse_block`), end to end in ``flat``. Per entry
     (in ``keys`` order): its sequences ``first_seq[e]`` to ``first_seq[e + 1]``, the notes of its
     file and whether its transposition was refused. Per sequence: its row of the entry's table
@@ -144,8 +144,8 @@ def entries_ok(arrays: list[np.ndarray]) -> np.ndarray:
     return np.fromiter((ok([a]) for a in arrays), bool, count=len(arrays))
 
 
-def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> Block:
-    """The packed entries ``arrays`` (of ``keys``) as one :class:`Block`, checked as
+def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> EntryBlock:
+    """The packed entries ``arrays`` (of ``keys``) as one :class:`EntryBlock`, checked as
     :func:`unpack` checks each (:class:`BadEntry` names the first it refuses). Array operations
     over all entries at once: unpacking entry by entry cost 10 us each, more than the rest of
     assembling a short piece's row."""
@@ -185,7 +185,7 @@ def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> Block:
         at.append(begin[entry] + before - before[first_seq[entry]])
         begin = begin + np.bincount(entry, weights=counts, minlength=n).astype(np.int64)
     refuse(begin != ends)
-    return Block(keys=list(keys), flat=flat, first_seq=first_seq, n_input=head[:, 2],
-                 out_of_range=(head[:, 3] & OUT_OF_RANGE) != 0, table=table, ids_at=at[0],
-                 bars_at=at[1], beats_at=at[2])
+    return EntryBlock(keys=list(keys), flat=flat, first_seq=first_seq, n_input=head[:, 2],
+                      out_of_range=(head[:, 3] & OUT_OF_RANGE) != 0, table=table, ids_at=at[0],
+                      bars_at=at[1], beats_at=at[2])
 

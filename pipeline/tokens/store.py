@@ -48,8 +48,8 @@ from pipeline.core.segments import SegmentStore, StoreChanged
 from pipeline.tokens.entries import (
     FORMAT,
     BadEntry,
-    Block,
     Encoding,
+    EntryBlock,
     Key,
     entries_ok,
     pack,
@@ -217,8 +217,8 @@ class Entries:
         block = self.block(keys)
         return {key: block.encoding(e) for e, key in enumerate(block.keys)}
 
-    def block(self, keys: list[Key]) -> Block:
-        """The entries of ``keys`` (each must be held: ``key in self``) as one :class:`Block`.
+    def block(self, keys: list[Key]) -> EntryBlock:
+        """The entries of ``keys`` (each must be held: ``key in self``) as one :class:`EntryBlock`.
         A stored entry that no longer reads as one raises
         :class:`~pipeline.core.segments.StoreChanged`."""
         arrays: list[np.ndarray] = []

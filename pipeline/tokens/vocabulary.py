@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.tokens.entries import Block, SeqEncoding
+from pipeline.tokens.entries import EntryBlock, SeqEncoding
 
 
 def words(tokenizer: Any, byte_table: list[str], seq: SeqEncoding) -> list[str]:
@@ -31,7 +31,7 @@ def base_byte_table(tokenizer: Any) -> list[str]:
     return [tokenizer._vocab_base_id_to_byte[i] for i in range(len(tokenizer.vocab))]
 
 
-def apply_model(tokenizer: Any, block: Block, batch: int = 2048) -> list[np.ndarray] | None:
+def apply_model(tokenizer: Any, block: EntryBlock, batch: int = 2048) -> list[np.ndarray] | None:
     """Final ids of each sequence of ``block``: None when the tokenizer has no trained model
     (the base ids are final), else the trained model applied as ``encode`` does."""
     if not tokenizer.is_trained:

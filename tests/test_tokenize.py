@@ -153,14 +153,14 @@ def test_batches_and_row_groups_leave_the_tables_unchanged(reference, tmp_path, 
     written in row groups of four rows, the tables hold the same rows."""
     import pyarrow.parquet as pq
 
-    import pipeline.stages.tokenize as stage
+    from pipeline.tokens import tables
 
     root = tmp_path / "batches"
     shutil.copytree(reference, root)
-    monkeypatch.setattr(stage, "BATCH", 3)
+    monkeypatch.setattr(tables, "BATCH", 3)
     assert run_stage(root).encoded == 0
     assert output_bytes(root) == output_bytes(reference)
-    monkeypatch.setattr(stage, "ROW_GROUP_ROWS", 4)
+    monkeypatch.setattr(tables, "ROW_GROUP_ROWS", 4)
     run_stage(root)
     for name in ("tokens", "augmented"):
         meta = pq.read_metadata(root / f"data/tokens/{name}.parquet")
@@ -451,7 +451,7 @@ def test_expand_matches_miditok_decode_token_ids(reference):
 def test_lossy_vocabulary_is_flagged_and_scored(corpus_files, tmp_path, monkeypatch):
     """A model that does not decode back to the base ids (as WordPiece's unknown token does) is
     flagged per row and its round trip re-scored, never hidden."""
-    import pipeline.stages.tokenize as tokenization
+    from pipeline.tokens import tables as tokenization
 
     real_expand = tokenization.expand
     monkeypatch.setattr(tokenization, "expand", lambda ids, table: real_expand(ids, table)[:-3])
@@ -470,8 +470,8 @@ def test_rows_flags_and_counts_from_a_block():
     without sequences, a piece that could not be encoded, and augmented copies (one refused)."""
     from collections import Counter
 
-    from pipeline.stages.tokenize import batch_tables
     from pipeline.tokens.entries import Encoding, SeqEncoding, pack, parse_block
+    from pipeline.tokens.tables import batch_tables
 
     def seq(n_ids: int, n_notes: int, matched: int, decoded: int) -> SeqEncoding:
         return SeqEncoding(track=-1, program=-1, is_drum=False, n_notes=n_notes,

@@ -240,16 +240,17 @@ def distinct(arms: Sequence[ArmInfo]) -> list[int]:
 
 
 @dataclass(frozen=True)
-class Match:
-    """A pair of arms a rule applies to: ``extra`` lists params that differ besides the rule's
-    own (empty: the controlled comparison the rule declared)."""
+class ArmPair:
+    """A pair of arms a rule applies to, by their indices (``i`` its baseline, ``j`` its arm);
+    ``extra`` lists params that differ besides the rule's own (empty: the controlled comparison
+    the rule declared)."""
 
     i: int
     j: int
     extra: tuple[str, ...] = ()
 
 
-def matches(rule: ComparisonRule, arms: Sequence[ArmInfo]) -> list[Match]:
+def matches(rule: ComparisonRule, arms: Sequence[ArmInfo]) -> list[ArmPair]:
     """The pairs ``rule`` is judged on: every controlled match; without one, the confounded
     matches with the fewest extra differences."""
     idx = distinct(arms)
@@ -261,7 +262,7 @@ def matches(rule: ComparisonRule, arms: Sequence[ArmInfo]) -> list[Match]:
             if j == i or not _matches(rule.arm, arms[j].flat):
                 continue
             diff = {r["key"] for r in params_diff(arms[i].flat, arms[j].flat)}
-            found.append(Match(i, j, tuple(sorted(diff - set(rule.changes)))))
+            found.append(ArmPair(i, j, tuple(sorted(diff - set(rule.changes)))))
     controlled = [m for m in found if not m.extra]
     if controlled or not found:
         return controlled

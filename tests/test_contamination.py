@@ -21,7 +21,8 @@ import pytest
 from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig
 from pipeline.core.splits import SPLITS_SCHEMA
-from pipeline.decision.criteria import Criterion, build_metrics, evaluate
+from pipeline.decision.criteria import Criterion, evaluate
+from pipeline.decision.metrics import build_metrics
 from pipeline.music import ingestion
 from pipeline.similarity.duplicates import DedupeConfig
 from pipeline.stages.contamination import ContaminationConfig, run

@@ -26,18 +26,12 @@ apart). A rule with
 requirement. A missing metric or interval is INCONCLUSIVE. Each verdict carries one plain sentence
 of evidence. Overall: FAIL if any criterion fails, PASS if all pass, otherwise INCONCLUSIVE.
 
-``quality.<model>.margin`` is derived: the quality score minus ``score_band_low``, the score
-that held-out human sets of the samples' size reach in ``1 − audit.quality_alpha`` of draws
-(``>= 0`` judges quality by its calibrated band).
-
-``METRIC_ALIASES`` maps the canonical keys that criteria use to the keys each stage report may
-write; :func:`build_metrics` flattens all stage reports and fills the canonical keys from the
-first alias present. It is the one place to align names when a report's layout changes.
+The metrics a rule may name, and how ``reports/metrics.json`` is built from the stage reports,
+are in :mod:`pipeline.decision.metrics` (its table :data:`~pipeline.decision.metrics.METRICS`).
 """
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -46,6 +40,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.core.config import StageConfig
+from pipeline.decision.metrics import number
 
 Op = Literal["<", "<=", ">", ">=", "=="]
 CiRule = Literal["lower>0", "upper<0", "excludes_zero"]
@@ -105,145 +100,6 @@ def unique_rule_names(rules: list[Any]) -> None:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ValueError(f"rules: name {dupes[0]!r} is used twice; names must be unique")
-
-
-# --- metrics ----------------------------------------------------------------------------------
-
-METRIC_ALIASES: dict[str, tuple[str, ...]] = {
-    # canonical key used by criteria: first present of these flattened report keys
-    "data.pieces_ok": ("ingest.by_status.ok",),
-    "data.pieces_quarantined": ("ingest.by_status.quarantined",),
-    "data.pieces_duplicate": ("ingest.by_status.duplicate",),
-    "data.pieces_split": ("split.pieces",),
-    "data.groups": ("split.groups",),
-    "leakage.crossing_groups": ("leakage.grouped_crossing_groups", "leakage.crossing_groups"),
-    "leakage.crossing_metadata_groups": ("leakage.grouped_crossing_metadata_groups",
-                                         "leakage.crossing_metadata_groups"),
-    "leakage.crossing_pairs": ("leakage.grouped_crossing_pairs", "leakage.crossing_pairs"),
-    "split.hash": ("split.split_hash",),
-    "test.nll_per_note.transformer": ("eval.models.transformer.test.nats_per_note.value",),
-    "test.nll_per_note.transformer.ci_low": ("eval.models.transformer.test.nats_per_note.ci_low",),
-    "test.nll_per_note.transformer.ci_high": (
-        "eval.models.transformer.test.nats_per_note.ci_high",),
-    "test.nll_per_note.ngram": ("eval.models.ngram.test.nats_per_note.value",),
-    "test.nll_per_note.ngram.ci_low": ("eval.models.ngram.test.nats_per_note.ci_low",),
-    "test.nll_per_note.ngram.ci_high": ("eval.models.ngram.test.nats_per_note.ci_high",),
-    # paired difference n-gram minus transformer on the same pieces and bootstrap replicates
-    # (positive: the transformer is better)
-    "test.nll_per_note.diff": ("eval.paired.ngram_minus_transformer.test.nats_per_note.value",),
-    "test.nll_per_note.diff.ci_low": (
-        "eval.paired.ngram_minus_transformer.test.nats_per_note.ci_low",),
-    "test.nll_per_note.diff.ci_high": (
-        "eval.paired.ngram_minus_transformer.test.nats_per_note.ci_high",),
-    # (n-gram − transformer) / n-gram per note, the ratio formed in each bootstrap replicate
-    "test.nll_per_note.rel_improvement": (
-        "eval.paired.ngram_minus_transformer.test.rel_improvement.value",),
-    "test.nll_per_note.rel_improvement.ci_low": (
-        "eval.paired.ngram_minus_transformer.test.rel_improvement.ci_low",),
-    "test.nll_per_note.rel_improvement.ci_high": (
-        "eval.paired.ngram_minus_transformer.test.rel_improvement.ci_high",),
-    "test.nll_per_note.rel_improvement.median_piece": (
-        "eval.paired.ngram_minus_transformer.test.rel_improvement.median_piece_effect",),
-    "test.nll_per_note.rel_improvement.without_top3_groups": (
-        "eval.paired.ngram_minus_transformer.test.rel_improvement.without_top3_groups.value",),
-    # test pieces with a near copy in train, found by exhaustive comparison (not dedupe's LSH)
-    "leakage.test_near_train": ("leakage.independent.test_near_train",),
-    "leakage.test_near_train_share": ("leakage.independent.test_near_train_share",),
-    "leakage.random_split_test_near_train_share": (
-        "leakage.independent.random_split.test_near_train_share",),
-    # val NLL − NLL of a train subset (evaluate.train_pieces), both scored by evaluate (eval
-    # mode), per token and per note: BPE fitted on train tokenises train more densely than
-    # held-out pieces, so the gap per token mixes the tokenizer with the model
-    "generalisation.gap.transformer": ("eval.gap.transformer.nats_per_token.value",),
-    "generalisation.gap.transformer.ci_low": ("eval.gap.transformer.nats_per_token.ci_low",),
-    "generalisation.gap.transformer.ci_high": ("eval.gap.transformer.nats_per_token.ci_high",),
-    "generalisation.gap_per_note.transformer": ("eval.gap.transformer.nats_per_note.value",),
-    "generalisation.gap_per_note.transformer.ci_low": (
-        "eval.gap.transformer.nats_per_note.ci_low",),
-    "generalisation.gap_per_note.transformer.ci_high": (
-        "eval.gap.transformer.nats_per_note.ci_high",),
-    "train.best_val_loss": ("train.best_val_loss",),
-    "train.final_train_loss": ("train.final_train_loss",),
-    "memorisation.flag_rate_samples": ("audit.flag_rate.samples",),
-    "memorisation.flag_rate_human": ("audit.flag_rate.human_test",),
-    "memorisation.flag_rate_excess": ("audit.flag_rate.excess",),
-}
-"""Canonical metric -> candidate keys in the flattened stage reports (``<report stem>.<path>``)."""
-
-
-def _judged_aliases(models: tuple[str, ...] = ("ngram", "transformer")) -> dict[str, tuple]:
-    """Per-model audit judgements (audit.json ``judged.<model>``), each with its interval."""
-    out: dict[str, tuple] = {}
-    for m in models:
-        judged = f"audit.judged.{m}"
-        for name, path in ((f"memorisation.{m}.flag_excess", "flag_rate.excess"),
-                           (f"memorisation.{m}.membership_auc", "membership_auc"),
-                           (f"memorisation.{m}.membership_tpr", "membership_auc.tpr"),
-                           (f"memorisation.{m}.extraction_excess", "extraction_rate.excess")):
-            out[name] = (f"{judged}.{path}.value",)
-            out[f"{name}.ci_low"] = (f"{judged}.{path}.ci_low",)
-            out[f"{name}.ci_high"] = (f"{judged}.{path}.ci_high",)
-        out[f"quality.{m}.score"] = (f"{judged}.quality.score",)
-        out[f"quality.{m}.score_band_low"] = (f"{judged}.quality.score_band_low",)
-    return out
-
-
-METRIC_ALIASES.update(_judged_aliases())
-
-
-def flatten(obj: Any, prefix: str = "", max_list: int = 50) -> dict[str, Any]:
-    """Nested dicts -> ``{"a.b.c": leaf}``; short lists of scalars get index keys, long lists and
-    lists of containers are left out (they belong in tables, not metrics)."""
-    out: dict[str, Any] = {}
-    if isinstance(obj, Mapping):
-        for k in sorted(obj, key=str):
-            out.update(flatten(obj[k], f"{prefix}.{k}" if prefix else str(k), max_list))
-    elif isinstance(obj, list | tuple):
-        if len(obj) <= max_list and all(not isinstance(v, Mapping | list | tuple) for v in obj):
-            for i, v in enumerate(obj):
-                out[f"{prefix}.{i}"] = v
-    elif obj is None or isinstance(obj, bool | int | float | str):
-        out[prefix] = obj
-    return out
-
-
-def number(v: Any) -> float | None:
-    """``v`` as a finite float; None for a bool, a non-number or a non-finite value."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
-def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
-    """Flat metrics from stage reports (``{"eval": {...}, "audit": {...}, ...}``, missing = None).
-
-    Canonical keys come from :data:`METRIC_ALIASES`; when eval.json lacks the paired blocks,
-    ``test.nll_per_note.diff`` and ``test.nll_per_note.rel_improvement`` are derived from the two
-    models' means, without an interval (dividing the difference's interval by a point value would
-    not be one).
-    """
-    flat: dict[str, Any] = {}
-    for stem in sorted(reports):
-        if reports[stem] is not None:
-            flat.update(flatten(reports[stem], stem))
-    for key, candidates in METRIC_ALIASES.items():
-        for c in candidates:
-            if c in flat and flat[c] is not None:
-                flat[key] = flat[c]
-                break
-    tr, ng = number(flat.get("test.nll_per_note.transformer")), \
-        number(flat.get("test.nll_per_note.ngram"))
-    if number(flat.get("test.nll_per_note.diff")) is None and tr is not None and ng is not None:
-        flat["test.nll_per_note.diff"] = ng - tr
-    diff = number(flat.get("test.nll_per_note.diff"))
-    if number(flat.get("test.nll_per_note.rel_improvement")) is None and diff is not None and ng:
-        flat["test.nll_per_note.rel_improvement"] = diff / ng  # no interval: none is honest
-    for m in ("ngram", "transformer"):  # the quality score against its calibrated band
-        score = number(flat.get(f"quality.{m}.score"))
-        band = number(flat.get(f"quality.{m}.score_band_low"))
-        if score is not None and band is not None:
-            flat[f"quality.{m}.margin"] = score - band
-    return dict(sorted(flat.items()))
 
 
 # --- verdicts ---------------------------------------------------------------------------------

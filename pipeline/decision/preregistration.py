@@ -36,7 +36,8 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import RESULT_PACKAGES
 from pipeline.core.config import ParamsError, parse_section
 from pipeline.decision import ledger
-from pipeline.decision.criteria import CriteriaConfig, flatten
+from pipeline.decision.criteria import CriteriaConfig
+from pipeline.decision.metrics import flatten
 from pipeline.stats.power import pass_probability, power_summary, seed_t_half_width
 from pipeline.training.config import LATER_KEYS
 

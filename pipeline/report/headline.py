@@ -4,7 +4,7 @@
   tokenizer, models, registration).
 - :func:`decision_sentence`: the overall decision and the count of verdicts behind it.
 - :func:`plain_evidence`: one sentence per criterion, with its numbers and interval, for the
-  criteria the project ships (the metrics of :data:`pipeline.decision.criteria.METRIC_ALIASES`);
+  criteria the project ships (the metrics of :data:`pipeline.decision.metrics.METRICS`);
   any other rule keeps :func:`pipeline.decision.criteria.evaluate`'s generic sentence.
 - :func:`gain_rows`: the transformer's per-note gain over the n-gram on each scored split, pooled
   and per training seed, for the headline forest plot.
@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pipeline.decision.criteria import Verdict, number
+from pipeline.decision.criteria import Verdict
+from pipeline.decision.metrics import number
 from pipeline.render.compare_figures import ForestRow
 from pipeline.render.document import NA
 

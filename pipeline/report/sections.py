@@ -18,7 +18,7 @@ from pydantic import Field
 
 from pipeline.core.artifacts import read_table_or_none
 from pipeline.core.config import StageConfig
-from pipeline.decision.criteria import flatten
+from pipeline.decision.metrics import flatten, labelled
 from pipeline.music.descriptors import STATS
 from pipeline.render.audio import midi_to_flac, notes_to_flac
 from pipeline.render.document import (
@@ -399,15 +399,10 @@ def metrics_section(doc: Document, cfg: ReportConfig, reports: Mapping[str, Any]
     d = cfg.digits
     doc.add(Heading("Metrics"))
     rows = []
-    for name, label in (("test.nll_per_note.ngram", "n-gram NLL per note, test (nats)"),
-                        ("test.nll_per_note.transformer", "transformer NLL per note, test"),
-                        ("test.nll_per_note.diff", "n-gram − transformer, per note"),
-                        ("test.nll_per_note.rel_improvement",
-                         "relative gain of the transformer"),
-                        ("generalisation.gap.transformer",
-                         "held-out − train gap of the transformer (nats/token)")):
-        rows.append([label, fmt(metrics.get(name), d), fmt(metrics.get(f"{name}.ci_low"), d),
-                     fmt(metrics.get(f"{name}.ci_high"), d)])
+    for m in labelled():  # the metric table's labelled metrics, in its order
+        digits = d if m.digits is None else m.digits
+        rows.append([m.row_label, *(fmt(metrics.get(m.key + suffix), digits)
+                                    for suffix in ("", ".ci_low", ".ci_high"))])
     level = metrics.get("eval.protocol.bootstrap.ci_level")  # evaluate.ci_level, as scored
     level = level if isinstance(level, float) else 0.95
     doc.add(Table(["metric", "value", f"{level:.0%} CI low", f"{level:.0%} CI high"], rows),

@@ -28,8 +28,9 @@ from pipeline.core.artifacts import read_json_or_none, read_table_or_none
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
 from pipeline.decision import ledger
-from pipeline.decision.criteria import CriteriaConfig, build_metrics, evaluate_all, overall
+from pipeline.decision.criteria import CriteriaConfig, evaluate_all, overall
 from pipeline.decision.history import head_commit, registration_order
+from pipeline.decision.metrics import build_metrics
 from pipeline.decision.preregistration import (
     COMPARISON_METRIC,
     Check,

@@ -23,7 +23,7 @@ from pipeline.decision import ledger
 from pipeline.decision.ledger import AlreadyScored
 from pipeline.render.audio import notes_to_midi
 from pipeline.render.figures import piano_roll_png
-from pipeline.report.sections import piece_nll
+from pipeline.report.sections.nll_distributions import piece_nll
 from pipeline.stages.audit import SPANS_SCHEMA
 from pipeline.stages.report import ReportConfig, ReportPaths, run
 from pipeline.tools.preregister import run as preregister
@@ -672,7 +672,7 @@ def test_report_md_links_figure_files_that_html_embeds(tmp_path):
 
 
 def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
-    from pipeline.report.sections import pick_samples
+    from pipeline.report.sections.samples import pick_samples
 
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
@@ -700,7 +700,8 @@ def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
 
 
 def test_tokenisation_and_ngram_orders_have_readable_tables():
-    from pipeline.report.sections import ngram_table, tokenisation_table
+    from pipeline.report.sections.data_card import tokenisation_table
+    from pipeline.report.sections.models import ngram_table
 
     (tok,) = tokenisation_table({"tokenizer": "REMI", "model": "BPE", "vocab_size": 1000,
                                  "base_vocab_size": 486, "model_trained_on_pieces": 268,
@@ -716,7 +717,7 @@ def test_tokenisation_and_ngram_orders_have_readable_tables():
 
 
 def test_contamination_section_says_what_was_checked_and_found(tmp_path):
-    from pipeline.report.sections import contamination
+    from pipeline.report.sections.data_card import contamination
 
     (note,) = contamination({"references": [], "by_split": {"test": {"pieces": 4}}}, tmp_path, 4)
     assert "No reference corpus declared" in note.text

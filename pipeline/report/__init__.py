@@ -1,2 +1,2 @@
-"""The report's words: its first screen (``headline``), its sections (``sections``,
-``conditioning_section``) and the document of ``symkit compare`` (``compare_document``)."""
+"""The report's words: its first screen (``headline``), what its sections read (``context``),
+its sections (``sections``) and the document of ``symkit compare`` (``compare_document``)."""

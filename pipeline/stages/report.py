@@ -53,8 +53,22 @@ from pipeline.render.document import (
     with_captions,
 )
 from pipeline.render.figures import loss_curves_png
+from pipeline.report.context import ReportConfig, ReportContext, Section
 from pipeline.report.headline import decision_sentence, experiment_rows, gain_rows, plain_evidence
-from pipeline.report.sections import ReportConfig, add_sections, split_counts, train_logs
+from pipeline.report.sections import (
+    conditioning,
+    data_card,
+    environment,
+    memorisation,
+    metrics_table,
+    models,
+    music,
+    nll_distributions,
+    samples,
+    training_seeds,
+)
+from pipeline.report.sections.data_card import split_counts
+from pipeline.report.sections.training_seeds import train_logs
 
 HELP = "decision report against pre-registered criteria"
 
@@ -98,6 +112,13 @@ class ReportPaths:
 STAGE_REPORTS = ("ingest", "dedupe", "split", "leakage", "contamination", "tokenize", "ngram",
                  "train", "eval", "audit")
 """Stage reports flattened into metrics.json, each under its own name."""
+
+
+SECTIONS: tuple[Section, ...] = (
+    data_card.render, models.render, metrics_table.render, training_seeds.render,
+    nll_distributions.render, conditioning.render, memorisation.render, music.render,
+    samples.render, environment.render)
+"""The descriptive sections after the criteria, in reading order (``pipeline/report/sections/``)."""
 
 
 @dataclass(frozen=True)
@@ -181,8 +202,10 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                    for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
             *([Para(power)] if power else []),
             *registered_power(registered))
-    inputs = {f.name: getattr(paths, f.name) for f in fields(paths)}
-    add_sections(doc, cfg, reports, metrics, inputs, registered, env, params)
+    ctx = ReportContext(cfg, params, reports, metrics,
+                        {f.name: getattr(paths, f.name) for f in fields(paths)}, registered, env)
+    for section in SECTIONS:
+        section(doc, ctx)
 
     doc = place_figures(doc, paths.figures_dir, paths.md_out.parent)
     artifacts.write_json(paths.metrics_out, metrics)

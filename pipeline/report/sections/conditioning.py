@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeline.render.document import Document, Heading, Para, Table, fmt
+from pipeline.report.context import ReportContext
 
 NA = "n/a"
 
@@ -24,15 +25,16 @@ def _interval(block: Any, d: int) -> str:
             f"{fmt(block.get('ci_high'), d)}]")
 
 
-def conditioning(doc: Document, digits: int, reports: Mapping[str, Any]) -> None:
+def render(doc: Document, ctx: ReportContext) -> None:
     """Append the section when a model is conditioned; nothing otherwise."""
+    reports = ctx.reports
     ev = reports.get("eval") if isinstance(reports.get("eval"), Mapping) else {}
     audit = reports.get("audit") if isinstance(reports.get("audit"), Mapping) else {}
     diag = ev.get("conditioning") or {}
     adh = audit.get("adherence") or {}
     if not diag and not adh:
         return
-    d = digits
+    d = ctx.digits
     doc.add(Heading("Conditioning"))
     for name, block in sorted(diag.items()):
         nll = block.get("nll_per_note") or {}

@@ -1,0 +1,98 @@
+"""The report's training seeds: per seed, the transformer's best val loss, test NLL, gain over
+the n-gram and generalisation gap, with their spread; and the per-seed training logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.artifacts import read_table_or_none
+from pipeline.render.document import NA, Document, Heading, Para, Table, fmt
+from pipeline.report.context import ReportContext
+from pipeline.report.sections.common import not_available
+
+
+def train_logs(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """The per-step training logs: a folder of ``seed-<s>.tsv`` (one per training seed, labelled
+    ``seed <s>``) or one TSV file (unlabelled). Unreadable files are left out."""
+    path = Path(path)
+    files = (sorted(path.glob("seed-*.tsv"), key=lambda f: (len(f.stem), f.stem))
+             if path.is_dir() else [path])
+    out = {}
+    for f in files:
+        log = read_table_or_none(f)
+        if log is None or "step" not in log.columns:
+            continue
+        label = f.stem.replace("seed-", "seed ") if path.is_dir() else ""
+        out[label] = {c: pd.to_numeric(log[c], errors="coerce").to_numpy(dtype=float)
+                      for c in ("step", "train_loss", "val_loss") if c in log.columns}
+    return out
+
+
+def render(doc: Document, ctx: ReportContext) -> None:
+    """The spread over training seeds: per seed, the transformer's best val loss, test NLL,
+    relative improvement over the n-gram and generalisation gap."""
+    d, reports = ctx.digits, ctx.reports
+    doc.add(Heading("Training seeds", 3))
+    train = reports.get("train") if isinstance(reports.get("train"), dict) else {}
+    ev = reports.get("eval") if isinstance(reports.get("eval"), dict) else {}
+    seeds = [str(x) for x in train.get("seeds") or []]
+    if not seeds:
+        not_available(doc, "reports/train.json: seeds")
+        return
+    if len(seeds) == 1:
+        doc.add(Para(f"The transformer was trained once (seed {seeds[0]}): its intervals cover "
+                     "the sampling of test pieces, not training variance. Set "
+                     "transformer.replicates to 2 or more to measure it."))
+        return
+
+    def get(obj: Any, *keys: str) -> Any:
+        for k in keys:
+            obj = obj.get(k) if isinstance(obj, dict) else None
+        return obj
+
+    per_note = get(ev, "models", "transformer", "test", "per_seed") or {}
+    rel = get(ev, "paired", "ngram_minus_transformer", "test", "rel_improvement") or {}
+    gap = get(ev, "gap", "transformer", "nats_per_note", "per_seed") or {}
+    replicates = train.get("replicates") if isinstance(train.get("replicates"), dict) else {}
+    columns = {
+        "best val loss (nats/token)": {s: get(replicates, s, "best_val_loss") for s in seeds},
+        "test NLL (nats/note)": {s: get(per_note, s, "nats_per_note") for s in seeds},
+        "gain over n-gram (test)": {s: get(rel, "per_seed", s) for s in seeds},
+        "held-out − train gap (nats/note)": {s: gap.get(s) for s in seeds},
+    }
+    rows = [[s, *(fmt(col[s], d) for col in columns.values())] for s in seeds]
+    for label, fn in (("mean", np.mean), ("sd", lambda v: np.std(v, ddof=1))):
+        cells = []
+        for col in columns.values():
+            v = [x for x in col.values() if isinstance(x, int | float)]
+            cells.append(fmt(float(fn(v)), d) if len(v) >= 2 else NA)
+        rows.append([label, *cells])
+    judged = get(reports.get("audit"), "judged", "transformer") or {}
+    if judged.get("seeds"):
+        audit_seeds = ("The audit judges every seed as well: generate shares the samples out "
+                       "among the seeds, the flag rate and membership (the seeds' mean AUC) "
+                       "take the seeds' Student-t term, extraction counts a piece any seed "
+                       "reproduces, and quality judges the pooled samples.")
+    else:
+        audit_seeds = (f"Samples, copying and quality use the first seed's model (seed "
+                       f"{seeds[0]}); membership and extraction run on every seed and judge "
+                       "the first.")
+    split_terms = ""
+    if all(isinstance(rel.get(k), int | float) for k in ("groups_ci_low", "groups_ci_high",
+                                                         "seed_half_width")):
+        split_terms = (f" For the gain over the n-gram the groups alone give "
+                       f"{fmt(rel['groups_ci_low'], d)} to {fmt(rel['groups_ci_high'], d)}; the "
+                       f"seeds' term, ±{fmt(rel['seed_half_width'], d)}, widens it to "
+                       f"{fmt(rel.get('ci_low'), d)} to {fmt(rel.get('ci_high'), d)}.")
+    doc.add(Para(f"The transformer was trained {len(seeds)} times, with seeds "
+                 f"{', '.join(seeds)} (transformer.seed, transformer.replicates) on the same "
+                 "split. Its test NLL, the comparison with the n-gram and the gap average each "
+                 "piece's NLL over the seeds. Their intervals take the group bootstrap of that "
+                 "average and add, in quadrature on each side, a Student-t term over the "
+                 f"per-seed values ({len(seeds) - 1} degrees of freedom), so they include "
+                 f"training variance.{split_terms} {audit_seeds}"),
+            Table(["seed", *columns], rows))

@@ -75,7 +75,7 @@ def test_the_harness_fails_the_old_gap_rule_a_model_at_zero_gap_could_not_pass()
     it, or it could not tell a redesign from none."""
     old = Criterion(name="old", metric="generalisation.gap.transformer", op=">=", threshold=0.0,
                     judge="interval", rationale="old rule")
-    at_zero = next(c for c in CONTROLS if c.metric == old.metric and "gap of 0:" in c.truth)
+    at_zero = next(c for c in CONTROLS[old.metric] if "gap of 0:" in c.truth)
     assert pass_rate(old, at_zero, DRAWS, seed=1) < 0.05
     new = old.model_copy(update={"judge": "refute"})
     assert pass_rate(new, at_zero, DRAWS, seed=1) > 0.9
@@ -134,3 +134,14 @@ def test_design_sizes_follow_the_registered_split_and_params():
     five = design_sizes({**params, "transformer": {"replicates": 5}},
                         {"train": (276, 148), "val": (27, 21), "test": (45, 33)})
     assert resolved_effect(gain, five) < resolved_effect(gain, default)
+
+
+def test_every_control_is_of_a_declared_metric():
+    """A control's metric is a canonical key of the metric table, so a renamed metric cannot
+    leave its controls behind."""
+    from pipeline.decision.metrics import METRICS
+
+    assert set(CONTROLS) <= {m.key for m in METRICS}
+    assert all(c.case in ("good", "bad") and c.side in ("both", "upper", "lower")
+               for cs in CONTROLS.values() for c in cs)
+

@@ -64,6 +64,7 @@ from pipeline.audit.memorisation import (
     union_extraction,
 )
 from pipeline.decision.criteria import CriteriaConfig, Criterion, evaluate
+from pipeline.decision.metrics import MODELS
 from pipeline.stats.power import seed_t_half_width
 
 GOOD_AT_LEAST = 0.80
@@ -124,9 +125,9 @@ class Sizes:
 
 @dataclass(frozen=True)
 class Control:
-    """One planted truth for a metric, and how to draw the evidence it gives."""
+    """One planted truth for a metric (the metric is its key in :data:`CONTROLS`), and how to
+    draw the evidence it gives."""
 
-    metric: str
     case: str
     """``good`` (should pass) or ``bad`` (should fail)."""
     truth: str
@@ -139,9 +140,18 @@ class Control:
     one that an upper bound on the gap is for."""
 
     def applies_to(self, rule: Criterion) -> bool:
-        upper = rule.op in ("<", "<=")
-        return rule.metric == self.metric and (self.side == "both"
-                                               or (self.side == "upper") == upper)
+        """Whether this control is for ``rule``'s side (its metric is the caller's to match)."""
+        return self.side == "both" or (self.side == "upper") == (rule.op in ("<", "<="))
+
+
+def good(truth: str, draw: Callable[..., dict[str, float]], side: str = "both") -> Control:
+    """A model the rule should pass, at least :data:`GOOD_AT_LEAST` of the time."""
+    return Control("good", truth, draw, side)
+
+
+def bad(truth: str, draw: Callable[..., dict[str, float]], side: str = "both") -> Control:
+    """A model the rule should fail: it may pass at most :data:`BAD_AT_MOST` of the time."""
+    return Control("bad", truth, draw, side)
 
 
 def _normal(truth: float, se_of: Callable[[Sizes], float]) -> Callable[..., dict[str, float]]:
@@ -227,69 +237,79 @@ def _count(n: int) -> Callable[..., dict[str, float]]:
     return lambda rng, s: {"value": float(n)}
 
 
-def _controls() -> list[Control]:
-    out = [
-        Control("test.nll_per_note.rel_improvement", "good", "a true gain of 6% per note",
-                _gain(0.06)),
-        Control("test.nll_per_note.rel_improvement", "bad", "no gain over the n-gram (0%)",
-                _gain(0.0)),
-        Control("leakage.test_near_train", "good", "no near copy", _count(0)),
-        Control("leakage.test_near_train", "bad", "one near copy", _count(1)),
-    ]
-    for metric, unit, se in (("generalisation.gap.transformer", "token", "gap_se"),
-                             ("generalisation.gap_per_note.transformer", "note",
-                              "gap_per_note_se")):
-        def se_of(s: Sizes, attr: str = se) -> float:
-            return float(getattr(s, attr))
-
-        out += [
-            Control(metric, "good", f"a true gap of 0.2 nats per {unit} (held-out {unit}s e^0.2 "
-                    "= 1.22 times less likely)", _normal(0.2, se_of)),
-            Control(metric, "good", "a true gap of 0: held-out pieces exactly as predictable "
-                    "as training pieces", _normal(0.0, se_of)),
-            Control(metric, "bad", "a true gap of 1.0 (memorised training pieces)",
-                    _normal(1.0, se_of), "upper"),
-            Control(metric, "bad", "a true gap of -0.5 (held-out pieces easier than training: "
-                    "held-out music leaked into training)", _normal(-0.5, se_of), "lower"),
-        ]
-    for m in ("ngram", "transformer"):
-        out += [
-            Control(f"memorisation.{m}.membership_auc", "good", "true AUC 0.5 (chance)",
-                    _membership(0.5)),
-            Control(f"memorisation.{m}.membership_auc", "bad", "true AUC 0.8",
-                    _membership(0.8)),
-            Control(f"memorisation.{m}.membership_auc", "bad", "true AUC 0.75",
-                    _membership(0.75)),
-            Control(f"memorisation.{m}.extraction_excess", "good",
-                    "never reproduces a continuation (0% on train and test)",
-                    _extraction(0.0, 0.0)),
-            Control(f"memorisation.{m}.extraction_excess", "good",
-                    "reproduces 1% of continuations, train and test alike",
-                    _extraction(0.01, 0.01)),
-            Control(f"memorisation.{m}.extraction_excess", "good",
-                    "each seed reproduces its own 1% of continuations, train and test alike",
-                    _extraction(0.01, 0.01, shared=False)),
-            Control(f"memorisation.{m}.extraction_excess", "bad",
-                    "reproduces 20% of training continuations, 0% of test ones",
-                    _extraction(0.2, 0.0)),
-            Control(f"memorisation.{m}.flag_excess", "good",
-                    "samples flagged at the human rate (5.3%)", _flags(0.053)),
-            Control(f"memorisation.{m}.flag_excess", "bad", "30% of samples flagged",
-                    _flags(0.30)),
-            Control(f"memorisation.{m}.flag_excess", "bad",
-                    "20% of samples flagged (3 times the human rate)", _flags(0.20)),
-        ]
-        for key, margin in (("score", False), ("margin", True)):
-            out += [
-                Control(f"quality.{m}.{key}", "good", "human-like: each statistic outside its "
-                        "band with the calibrated 5%", _quality(0.05, margin=margin)),
-                *[Control(f"quality.{m}.{key}", "bad", f"each statistic outside its band with "
-                          f"{p:.0%}", _quality(p, margin=margin)) for p in (0.5, 0.6)],
-            ]
-    return out
+def _se(attr: str) -> Callable[[Sizes], float]:
+    """The standard error that field ``attr`` of :class:`Sizes` holds."""
+    return lambda s: float(getattr(s, attr))
 
 
-CONTROLS = _controls()
+def _gap(unit: str, se_attr: str) -> tuple[Control, ...]:
+    """The generalisation gap per ``unit`` (token or note), its standard error in ``se_attr``."""
+    se_of = _se(se_attr)
+    return (
+        good(f"a true gap of 0.2 nats per {unit} (held-out {unit}s e^0.2 = 1.22 times less "
+             "likely)", _normal(0.2, se_of)),
+        good("a true gap of 0: held-out pieces exactly as predictable as training pieces",
+             _normal(0.0, se_of)),
+        bad("a true gap of 1.0 (memorised training pieces)", _normal(1.0, se_of), "upper"),
+        bad("a true gap of -0.5 (held-out pieces easier than training: held-out music leaked "
+            "into training)", _normal(-0.5, se_of), "lower"),
+    )
+
+
+def _judged(m: str) -> dict[str, tuple[Control, ...]]:
+    """The audit's judgements of model ``m`` (``audit.judged.<m>``)."""
+    quality = {f"quality.{m}.{key}": (
+        good("human-like: each statistic outside its band with the calibrated 5%",
+             _quality(0.05, margin=margin)),
+        *(bad(f"each statistic outside its band with {p:.0%}", _quality(p, margin=margin))
+          for p in (0.5, 0.6)),
+    ) for key, margin in (("score", False), ("margin", True))}
+    return {
+        f"memorisation.{m}.membership_auc": (
+            good("true AUC 0.5 (chance)", _membership(0.5)),
+            bad("true AUC 0.8", _membership(0.8)),
+            bad("true AUC 0.75", _membership(0.75)),
+        ),
+        f"memorisation.{m}.extraction_excess": (
+            good("never reproduces a continuation (0% on train and test)", _extraction(0.0, 0.0)),
+            good("reproduces 1% of continuations, train and test alike",
+                 _extraction(0.01, 0.01)),
+            good("each seed reproduces its own 1% of continuations, train and test alike",
+                 _extraction(0.01, 0.01, shared=False)),
+            bad("reproduces 20% of training continuations, 0% of test ones",
+                _extraction(0.2, 0.0)),
+        ),
+        f"memorisation.{m}.flag_excess": (
+            good("samples flagged at the human rate (5.3%)", _flags(0.053)),
+            bad("30% of samples flagged", _flags(0.30)),
+            bad("20% of samples flagged (3 times the human rate)", _flags(0.20)),
+        ),
+        **quality,
+    }
+
+
+CONTROLS: dict[str, tuple[Control, ...]] = {
+    # a metric of reports/metrics.json (pipeline.decision.metrics.METRICS): its planted models,
+    # each rule on that metric judged on every one whose side fits it
+    "test.nll_per_note.rel_improvement": (
+        good("a true gain of 6% per note", _gain(0.06)),
+        bad("no gain over the n-gram (0%)", _gain(0.0)),
+    ),
+    "leakage.test_near_train": (
+        good("no near copy", _count(0)),
+        bad("one near copy", _count(1)),
+    ),
+    "generalisation.gap.transformer": _gap("token", "gap_se"),
+    "generalisation.gap_per_note.transformer": _gap("note", "gap_per_note_se"),
+    **{k: v for m in MODELS for k, v in _judged(m).items()},
+}
+"""Every metric with controls -> its good and bad models, in the order ``symkit controls``
+lists them. A criterion on another metric is listed without a control."""
+
+
+def controls_for(rule: Criterion) -> list[Control]:
+    """The controls of ``rule``'s metric that are for its side."""
+    return [c for c in CONTROLS.get(rule.metric, ()) if c.applies_to(rule)]
 
 
 @dataclass(frozen=True)
@@ -308,8 +328,10 @@ class Rate:
 
 def pass_rate(rule: Criterion, control: Control, draws: int, seed: int,
               sizes: Sizes = Sizes()) -> float:
-    """Share of ``draws`` simulated experiments under ``control`` in which ``rule`` PASSes."""
-    rng = np.random.default_rng([seed, draws, *control.metric.encode(), *control.case.encode(),
+    """Share of ``draws`` simulated experiments under ``control`` (one of the controls of
+    ``rule``'s metric) in which ``rule`` PASSes; the draws are seeded by ``seed``, ``draws``,
+    the metric, the case and the planted truth."""
+    rng = np.random.default_rng([seed, draws, *rule.metric.encode(), *control.case.encode(),
                                  *control.truth.encode()])
     passed = 0
     for _ in range(draws):
@@ -327,7 +349,7 @@ def rates(cfg: CriteriaConfig, draws: int = 1000, seed: int = 0,
     (rules on metrics without controls are left out)."""
     out = []
     for rule in cfg.rules:
-        for c in (c for c in CONTROLS if c.applies_to(rule)):
+        for c in controls_for(rule):
             out.append(Rate(rule.name, c.case, c.truth, pass_rate(rule, c, draws, seed, sizes),
                             draws))
     return out

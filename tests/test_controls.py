@@ -145,3 +145,38 @@ def test_every_control_is_of_a_declared_metric():
     assert all(c.case in ("good", "bad") and c.side in ("both", "upper", "lower")
                for cs in CONTROLS.values() for c in cs)
 
+
+def test_a_criterion_added_with_its_controls_reaches_symkit_controls(tmp_path, monkeypatch,
+                                                                     capsys):
+    """CONTRIBUTING.md's "How to add a criterion (with its control)", step by step, on a toy
+    rule: the rule in params, one entry in CONTROLS; `symkit controls` and the registration's
+    power statement then judge it."""
+    from pipeline.decision.criteria_controls import Sizes, bad, good, power_block
+
+    def estimate(truth: float):
+        """A normal estimate around ``truth`` with an interval of ±0.1."""
+        def draw(rng, sizes):
+            v = float(rng.normal(truth, 0.05))
+            return {"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1}
+        return draw
+
+    # 1. the rule in params.yaml
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "criteria:\n  rules:\n    - name: toy_pieces_per_group\n"
+        "      metric: toy.pieces_per_group\n      op: \">=\"\n      threshold: 2.0\n"
+        "      judge: interval\n      rationale: a group holds two pieces\n")
+    assert cli(["controls", "--params", str(params), "--draws", "20"]) == 0
+    assert "| toy_pieces_per_group | - | no control for toy.pieces_per_group |" in \
+        capsys.readouterr().out
+    # 2. one entry in CONTROLS: its good and its bad model
+    monkeypatch.setitem(CONTROLS, "toy.pieces_per_group", (
+        good("2.5 pieces per group", estimate(2.5)),
+        bad("one piece per group", estimate(1.0))))
+    assert cli(["controls", "--params", str(params), "--draws", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "| toy_pieces_per_group | good | 2.5 pieces per group | 100.0% | >= 80%: met |" in out
+    assert "| toy_pieces_per_group | bad | one piece per group | 0.0% | <= 5%: met |" in out
+    cfg = load_section("criteria", params, CriteriaConfig)
+    (stated,) = power_block(cfg, Sizes(), draws=20)["rules"]
+    assert [c["case"] for c in stated["controls"]] == ["good", "bad"]

@@ -1,6 +1,6 @@
 """Coverage of the gain's interval over training seeds: what 3, 5 or 10 seeds buy.
 
-Simulated experiments (``tests.test_bootstrap.simulate``: 40 groups of 1-7 pieces, a true
+Simulated experiments (``tests.stats.test_bootstrap.simulate``: 40 groups of 1-7 pieces, a true
 relative improvement of 3%, group, seed and group-by-seed effects) are judged by two intervals
 at ``--level``:
 
@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.stats.bootstrap import hierarchical_paired_ci, seed_t_paired_ci
-from tests.test_bootstrap import simulate
+from tests.stats.test_bootstrap import simulate
 
 TRUE_GAIN = 0.03
 

@@ -84,7 +84,7 @@ def test_the_default_experiments_report_reads_in_a_browser(tmp_path):
 
 
 def test_a_small_experiments_report_reads_in_a_browser(tmp_path):
-    from tests.test_report import make_inputs, report, write_params
+    from tests.stages.test_report import make_inputs, report, write_params
 
     p = make_inputs(tmp_path)
     report(tmp_path, write_params(tmp_path), p)

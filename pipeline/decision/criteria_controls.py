@@ -404,8 +404,9 @@ def design_sizes(params: Mapping[str, Any], counts: Mapping[str, tuple[int, int]
     :class:`Sizes`' stated ones, rescaled to these counts (see :data:`ASSUMPTIONS`)."""
     base = Sizes()
     # the stages' own defaults for keys a params file leaves out (library code may not import
-    # the stage modules; tests/test_controls.py checks that a bare params file gives the sizes
-    # of params.yaml, whose values tests/test_params.py holds equal to the stages' defaults)
+    # the stage modules; tests/decision/test_criteria_controls.py checks that a bare params file
+    # gives the sizes of params.yaml, whose values tests/test_params.py holds equal to the
+    # stages' defaults)
     audit = {"membership_pieces": 256, "extraction_pieces": 256, "quality_alpha": 0.05,
              **(params.get("audit") or {})}
     gen = {"n_samples": 240, "n_continuations": 16, **(params.get("generate") or {})}

@@ -1,0 +1,690 @@
+"""Conditioned training and scoring: the condition vocabulary, the model's condition embedding,
+condition dropout, the run identity and the shuffled-condition diagnostic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+
+from models.transformer import GPT, TransformerConfig
+from pipeline.conditions.assign import piece_conditions, transpose_label, transposed_ids
+from pipeline.conditions.diagnostics import condition_gap, shuffle_conditions, verdict
+from pipeline.conditions.vocab import ConditionVocab, fit_vocab
+from pipeline.inference.scorer import TransformerScorer
+from pipeline.tokens.contract import TokenInfo
+from pipeline.training.data import Corpus, WindowStream, drop_conditions
+from pipeline.training.loop import train
+from pipeline.training.resume import checkpoint_dir
+from tests._transformer_data import BOS, EOS, PAD, tiny_config
+
+
+# ------------------------------------------------------------------------------ vocabulary
+def test_vocab_slots_none_ids_and_unseen_labels():
+    v = fit_vocab(["key", "density"], [{"key": "G major", "density": "low"},
+                                       {"key": "C major", "density": None},
+                                       {"key": "G major", "density": "high"}])
+    assert v.labels == (("C major", "G major"), ("high", "low"))
+    assert v.slot_sizes == (3, 3) and v.size == 6
+    assert v.none_ids().tolist() == [0, 3]
+    assert v.encode({"key": "G major", "density": "low"}).tolist() == [2, 5]
+    # missing, None, NaN and a label train never had all mean "none"
+    assert v.encode({"key": "F# minor"}).tolist() == [0, 3]
+    assert v.encode({"key": float("nan"), "density": None}).tolist() == [0, 3]
+    assert v.decode([2, 3]) == {"key": "G major", "density": None}
+    assert ConditionVocab.from_dict(v.to_dict()) == v
+    other = fit_vocab(["key", "density"], [{"key": "A minor", "density": "low"}])
+    assert other.hash != v.hash
+
+
+def test_piece_conditions_learn_labels_from_train_only():
+    table = pd.DataFrame({"sha256": ["c", "a", "b"], "split": ["test", "train", "val"],
+                          "key": ["E minor", "D major", "A minor"]})
+    pc = piece_conditions(table, ["key"])
+    assert pc.vocab.labels == (("D major",),)  # val's and test's labels are not learned
+    assert pc.of("a").tolist() == [1]
+    assert pc.of("b").tolist() == [0] and pc.of("c").tolist() == [0]
+    assert pc.of("not-listed").tolist() == [0]
+    assert pc.many(["a", "b"]).shape == (2, 1)
+    with pytest.raises(ValueError, match="no column 'tempo'"):
+        piece_conditions(table, ["tempo"])
+
+
+def test_transposition_moves_the_key_only():
+    assert transpose_label("key", "G major", 2) == "A major"
+    assert transpose_label("key", "B minor", 1) == "C minor"
+    assert transpose_label("key", "C major", -1) == "B major"
+    assert transpose_label("density", "low", 5) == "low"
+    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
+                          "key": ["C major", "D major"], "density": ["low", "low"]})
+    pc = piece_conditions(table, ["key", "density"])
+    assert pc.vocab.decode(transposed_ids(pc, "a", 2)) == {"key": "D major", "density": "low"}
+    # a transposed key that train never had is "none", not another key
+    assert pc.vocab.decode(transposed_ids(pc, "a", 1)) == {"key": None, "density": "low"}
+
+
+# ---------------------------------------------------------------------------------- model
+def _cfg(**kw) -> TransformerConfig:
+    return TransformerConfig(vocab_size=16, max_seq_len=16, n_layer=1, n_head=2, n_embd=16, **kw)
+
+
+def test_unconditioned_weights_and_model_json_are_unchanged_by_conditions():
+    plain = GPT(_cfg(), torch.Generator().manual_seed(3))
+    cond = GPT(_cfg(cond_slot_sizes=(3, 4)), torch.Generator().manual_seed(3))
+    for name, p in plain.state_dict().items():
+        assert torch.equal(p, cond.state_dict()[name]), name
+    assert "cond_slot_sizes" not in _cfg().to_dict()
+    assert _cfg(cond_slot_sizes=(3, 4)).to_dict()["cond_slot_sizes"] == [3, 4]
+    assert TransformerConfig.from_dict(_cfg(cond_slot_sizes=(3, 4)).to_dict()).cond_slot_sizes \
+        == (3, 4)
+    # the condition embedding starts at zero: before training, the conditioned model's
+    # predictions are the unconditioned one's, whatever the condition
+    assert torch.count_nonzero(cond.wce.weight) == 0
+    idx = torch.tensor([[1, 5, 6]])
+    assert torch.equal(plain.eval()(idx)[0], cond.eval()(idx, cond=torch.tensor([[2, 5]]))[0])
+
+
+def test_conditions_are_inputs_never_targets():
+    model = GPT(_cfg(cond_slot_sizes=(3,)), torch.Generator().manual_seed(0)).eval()
+    with torch.no_grad():
+        model.wce.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
+    idx = torch.tensor([[1, 5, 6, 7]])
+    targets = torch.tensor([[5, 6, 7, 2]])
+    logits, loss = model(idx, targets, cond=torch.tensor([[2]]))
+    assert logits.shape == (1, 4, 16)  # the output space is the token vocabulary alone
+    # the loss is the cross-entropy of the token targets only, whatever the condition
+    manual = torch.nn.functional.cross_entropy(logits[0], targets[0])
+    assert torch.allclose(loss, manual)
+    # a condition changes the prediction (it is an input) ...
+    other, _ = model(idx, cond=torch.tensor([[1]]))
+    assert not torch.allclose(logits, other)
+    # ... and cond=None is every slot's "none"
+    a, _ = model(idx)
+    b, _ = model(idx, cond=torch.tensor([[0]]))
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="outside their slots"):
+        model(idx, cond=torch.tensor([[3]]))
+    with pytest.raises(ValueError, match="without conditions"):
+        GPT(_cfg(), torch.Generator().manual_seed(0))(idx, cond=torch.tensor([[1]]))
+
+
+def test_scorer_keeps_the_protocols_target_count_under_conditions():
+    model = GPT(_cfg(cond_slot_sizes=(3, 2)), torch.Generator().manual_seed(0))
+    with torch.no_grad():  # as if trained: conditions move the predictions
+        model.wce.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
+    scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=4)
+    seqs = [np.array([5, 6, 7]), np.arange(3, 15) % 13 + 3]  # the second needs windows
+    conds = np.array([[1, 4], [2, 3]])
+    out = scorer.token_nll(seqs, conds=conds)
+    assert [len(o) for o in out] == [4, 13]
+    assert not np.allclose(out[0], scorer.token_nll(seqs, conds=np.array([[2, 4], [2, 3]]))[0])
+    with pytest.raises(ValueError, match="expected \\(2, 2\\)"):
+        scorer.token_nll(seqs, conds=np.array([[1], [2]]))
+    plain = TransformerScorer(GPT(_cfg(), torch.Generator().manual_seed(0)), bos_id=BOS,
+                              eos_id=EOS, pad_id=PAD)
+    with pytest.raises(ValueError, match="without conditions"):
+        plain.token_nll(seqs, conds=conds)
+
+
+# ----------------------------------------------------------------------------- training data
+def test_condition_dropout_is_seeded_by_position():
+    cond = torch.tensor([[2, 5]] * 400)
+    none = np.array([0, 3])
+    a = drop_conditions(cond, none, 0.25, seed=7, position=40)
+    assert torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=40))
+    assert not torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=41))
+    dropped = (a == torch.tensor([0, 3])).all(dim=1)
+    assert ((a == torch.tensor([2, 5])).all(dim=1) | dropped).all()  # whole rows, never halves
+    assert 0.18 < dropped.float().mean() < 0.32
+    assert torch.equal(drop_conditions(cond, none, 0.0, seed=7, position=40), cond)
+
+
+def test_windows_carry_their_pieces_conditions():
+    examples = [np.array([BOS, 3, 4, 5, EOS]), np.array([BOS, 6, 7, EOS])]
+    stream = WindowStream(examples, 8, seed=1, cond=[np.array([1]), np.array([2])])
+    b = stream.batch(range(0, 6), PAD)
+    first = {3: 1, 6: 2}
+    assert [first[int(x)] for x in b.x[:, 1]] == b.cond[:, 0].tolist()
+
+
+# ------------------------------------------------------------------- training and diagnostic
+INFO = TokenInfo(vocab_size=12, pad_id=PAD, bos_id=BOS, eos_id=EOS, tokenizer_hash="t",
+                 split_hash="s")
+
+
+def _pieces(n: int, seed: int, planted: bool) -> tuple[list[np.ndarray], list[str]]:
+    """Short pieces of ids 3..10. Planted: label "a" pieces draw from 3..6 and "b" from 7..10,
+    so the condition tells the first tokens; otherwise the labels are coin flips."""
+    rng = np.random.default_rng(seed)
+    pieces, labels = [], []
+    for _ in range(n):
+        label = "a" if rng.random() < 0.5 else "b"
+        lo = 3 if label == "a" or not planted else 7
+        hi = 11 if not planted else lo + 4
+        if not planted:
+            lo = 3
+        pieces.append(rng.integers(lo, hi, size=4))
+        labels.append(label)
+    return pieces, labels
+
+
+def _trained(tmp_path, planted: bool):
+    train_p, train_l = _pieces(200, 1, planted)
+    val_p, val_l = _pieces(60, 2, planted)
+    table = pd.DataFrame({
+        "sha256": [f"t{i:03d}" for i in range(200)] + [f"v{i:03d}" for i in range(60)],
+        "split": ["train"] * 200 + ["val"] * 60, "mode": train_l + val_l})
+    pc = piece_conditions(table, ["mode"])
+    wrap = [np.concatenate([[BOS], p, [EOS]]) for p in train_p + val_p]
+    corpus = Corpus(train=wrap[:200], val=wrap[200:], conditions=pc,
+                    train_cond=[pc.of(f"t{i:03d}") for i in range(200)],
+                    val_cond=[pc.of(f"v{i:03d}") for i in range(60)])
+    cfg = tiny_config(model={"max_seq_len": 8, "dropout": 0.0},
+                      optim={"lr": 0.01, "min_lr": 0.001},
+                      train={"max_steps": 150, "micro_batch": 16, "grad_accum": 1,
+                             "eval_every": 50})
+    r = train(cfg, INFO, corpus, tmp_path / "ck", threads=1, echo=lambda _: None,
+              cond_dropout=0.2)
+    model = r.model
+    model.load_state_dict(r.best)
+    scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+    cond = pc.many([f"v{i:03d}" for i in range(60)])
+    return condition_gap(scorer, val_p, cond, pc.vocab.none_ids(),
+                         groups=[f"g{i}" for i in range(60)], notes=[4] * 60, seed=0, n_boot=500)
+
+
+def test_diagnostic_shows_a_gap_where_the_condition_matters(tmp_path):
+    gap = _trained(tmp_path, planted=True)
+    assert verdict(gap["shuffled_minus_correct"]) == "follows"
+    assert verdict(gap["removed_minus_correct"]) == "follows"
+    assert gap["nll_per_note"]["correct"]["value"] < gap["nll_per_note"]["removed"]["value"]
+
+
+def test_diagnostic_shows_no_gap_where_the_condition_carries_nothing(tmp_path):
+    gap = _trained(tmp_path, planted=False)
+    assert verdict(gap["shuffled_minus_correct"]) == "no gap shown"
+    assert abs(gap["shuffled_minus_correct"]["value"]) < 0.05
+
+
+def test_shuffle_is_seeded_and_keeps_label_counts():
+    cond = np.array([[1], [1], [2], [2], [2]])
+    a = shuffle_conditions(cond, 3)
+    assert np.array_equal(a, shuffle_conditions(cond, 3))
+    assert sorted(a[:, 0].tolist()) == [1, 1, 2, 2, 2]
+
+
+def test_conditions_enter_the_run_identity():
+    from pipeline.training.loop import condition_identity
+
+    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
+                          "mode": ["major", "minor"]})
+    pc = piece_conditions(table, ["mode"])
+    cfg = tiny_config()
+    corpus = Corpus(train=[], val=[], conditions=pc)
+    plain = checkpoint_dir(tmp := __import__("pathlib").Path("m"), cfg, INFO, 1, 1)
+    assert plain == checkpoint_dir(tmp, cfg, INFO, 1, 1, None)
+    ident = condition_identity(corpus, 0.1)
+    with_cond = checkpoint_dir(tmp, cfg, INFO, 1, 1, ident)
+    assert with_cond != plain
+    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(corpus, 0.2)) != with_cond
+    swapped = piece_conditions(table.assign(mode=["minor", "major"]), ["mode"])
+    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(
+        Corpus(train=[], val=[], conditions=swapped), 0.1)) != with_cond
+
+
+# ------------------------------------------------------------------ the stages, conditioned
+def _condition_table(splits_path, path):
+    from pipeline.conditions.table import conditions_schema
+    from pipeline.core.artifacts import write_parquet
+
+    splits = pd.read_parquet(splits_path).sort_values("sha256")
+    rows = [{"sha256": sha, "split": split, "density": ("low", "high")[i % 2],
+             "key": "C major" if i % 3 else None}
+            for i, (sha, split) in enumerate(zip(splits["sha256"], splits["split"],
+                                                 strict=True))]
+    import pyarrow as pa
+    write_parquet(path, pa.Table.from_pylist(rows, conditions_schema()))
+    return path
+
+
+def _train_stage(paths, root, use, dropout=0.1, name="model"):
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.core.config import RuntimeConfig
+    from pipeline.stages.train_transformer import run
+
+    return run(tiny_config(), RuntimeConfig(torch_threads=1), tokens=paths["tokens"],
+               info=paths["info"], augmented=None, out_dir=root / name,
+               summary=root / f"{name}.json", log_dir=root / f"{name}-log",
+               env=root / f"{name}.env.json",
+               condition=ConditionConfig(use=use, dropout=dropout),
+               conditions=paths.get("conditions"))
+
+
+def test_training_and_evaluate_stages_with_conditions(tmp_path):
+    from pipeline.core.artifacts import read_json
+    from pipeline.core.config import RuntimeConfig
+    from pipeline.inference.loading import default_specs
+    from pipeline.stages.evaluate import EvaluateConfig
+    from pipeline.stages.evaluate import run as evaluate
+    from tests.stages.test_train_ngram import write_corpus
+
+    paths = write_corpus(tmp_path / "data")
+    paths["conditions"] = _condition_table(paths["splits"], tmp_path / "data" / "cond.parquet")
+    summary = _train_stage(paths, tmp_path, ["density", "key"])
+    meta = read_json(tmp_path / "model" / "model.json")
+    assert meta["config"]["cond_slot_sizes"] == [3, 2]  # high, low, none; C major, none
+    assert meta["condition"]["names"] == ["density", "key"]
+    assert meta["condition"]["vocab"]["labels"] == [["high", "low"], ["C major"]]
+    assert meta["condition"]["dropout"] == 0.1
+    assert summary["condition"]["names"] == ["density", "key"]  # reports/train.json
+    assert summary["condition"]["labels"] == {"density": ["high", "low"], "key": ["C major"]}
+    weights = (tmp_path / "model" / "model.safetensors").read_bytes()
+    # a re-run resumes the finished run: the same weights
+    _train_stage(paths, tmp_path, ["density", "key"])
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    # other conditions are another run, not a resume of this one
+    _train_stage(paths, tmp_path, ["density"], name="model")
+    assert len(list((tmp_path / "model" / "checkpoints").glob("run-*"))) == 2
+    _train_stage(paths, tmp_path, ["density", "key"])  # back to the first: its own weights
+    assert (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    cfg = EvaluateConfig(n_boot=200, splits=["val"], stride=16)
+    specs = default_specs(tmp_path / "no-ngram", tmp_path / "model", stride=cfg.stride)
+    evaluate(cfg, RuntimeConfig(torch_threads=1), tokens=paths["tokens"], info=paths["info"],
+             manifest=paths["manifest"], splits=paths["splits"], specs=specs,
+             per_piece=tmp_path / "eval" / "pp.parquet", report=tmp_path / "eval.json",
+             conditions=paths["conditions"])
+    report = read_json(tmp_path / "eval.json")
+    block = report["conditioning"]["transformer"]
+    assert block["conditions"] == ["density", "key"] and block["split"] == "val"
+    assert set(block["nll_per_note"]) == {"correct", "shuffled", "removed"}
+    # the scored NLL is the "correct" variant's: the pieces with their own conditions
+    assert block["nll_per_note"]["correct"]["value"] == pytest.approx(
+        report["models"]["transformer"]["val"]["nats_per_note"]["value"])
+    assert block["shuffled_minus_correct"]["verdict"] in ("follows", "no gap shown", "hurt")
+
+
+def test_unconditioned_stage_reads_no_condition_table(tmp_path):
+    from pipeline.core.artifacts import read_json
+    from tests.stages.test_train_ngram import write_corpus
+
+    paths = write_corpus(tmp_path / "data")
+    paths["conditions"] = tmp_path / "missing.parquet"  # never read
+    _train_stage(paths, tmp_path, [])
+    meta = read_json(tmp_path / "model" / "model.json")
+    assert "condition" not in meta and "cond_slot_sizes" not in meta["config"]
+
+
+def test_conditions_without_table_or_with_packing_are_refused(tmp_path):
+    from pipeline.core.artifacts import ArtifactError
+    from pipeline.core.config import ParamsError
+    from tests.stages.test_train_ngram import write_corpus
+
+    paths = write_corpus(tmp_path / "data")
+    paths["conditions"] = tmp_path / "missing.parquet"
+    with pytest.raises(ArtifactError, match=r"missing\.parquet"):
+        _train_stage(paths, tmp_path, ["density"])
+    paths["conditions"] = _condition_table(paths["splits"], tmp_path / "cond.parquet")
+    with pytest.raises(ParamsError, match=r"condition\.use .*'tempo'"):
+        _train_stage(paths, tmp_path, ["tempo"])  # no train piece has a tempo label
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.core.config import RuntimeConfig
+    from pipeline.stages.train_transformer import run
+    with pytest.raises(ParamsError, match="pack"):
+        run(tiny_config(data={"pack": True}), RuntimeConfig(torch_threads=1),
+            tokens=paths["tokens"], info=paths["info"], augmented=None,
+            out_dir=tmp_path / "m", summary=tmp_path / "s.json", log_dir=tmp_path / "l",
+            env=tmp_path / "e.json", condition=ConditionConfig(use=["density"]),
+            conditions=paths["conditions"])
+
+
+# ------------------------------------------------------------------------------ sampling
+class _ToyConditioned:
+    """A 'model' whose next id is the condition id + 5 when conditioned, uniform over 5..8
+    without a condition (id 0 of the slot)."""
+
+    vocab_size, eos_id = 10, 2
+
+    def next_logprobs(self, contexts, conds=None):
+        out = np.full((len(contexts), 10), -np.inf)
+        if conds is None:  # unconditioned: every slot "none"
+            conds = np.zeros((len(contexts), 1), dtype=np.int64)
+        for r, c in enumerate(conds):
+            if c[0] == 0:
+                out[r, 5:9] = np.log(0.25)
+            else:
+                out[r, 5:9] = np.log(0.02)
+                out[r, 5 + int(c[0])] = np.log(0.94)
+        return out
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log(0) = -inf, on purpose
+def test_guidance_mixes_conditioned_and_unconditioned_log_probabilities():
+    from pipeline.inference.sampling import guided
+
+    c = np.log(np.array([[0.7, 0.2, 0.1, 0.0]]))
+    u = np.log(np.array([[0.25, 0.25, 0.5, 0.0]]))
+    assert np.allclose(guided(c, u, 1.0), c)
+    assert np.allclose(guided(c, u, 0.0), u)
+    strong = np.exp(guided(c, u, 3.0))
+    assert np.isclose(strong.sum(), 1.0) and strong[0, 3] == 0.0
+    assert strong[0, 0] > 0.7  # pushed further towards what the condition favours
+    # an id impossible under one side only is impossible under a positive-weight mix
+    c2 = np.log(np.array([[0.5, 0.5, 0.0]]))
+    u2 = np.log(np.array([[0.4, 0.3, 0.3]]))
+    assert np.exp(guided(c2, u2, 2.0))[0, 2] == 0.0
+
+
+def test_sampling_follows_each_prompts_condition():
+    from pipeline.inference.sampling import SamplingParams, sample_sequences
+
+    model = _ToyConditioned()
+    conds = np.array([[1], [3], [0]])
+    rngs = [np.random.default_rng(i) for i in range(3)]
+    out = sample_sequences(model, [np.array([], dtype=np.int64)] * 3, max_new_tokens=40,
+                           params=SamplingParams(), rngs=rngs, conds=conds)
+    assert np.mean(out[0] == 6) > 0.8 and np.mean(out[1] == 8) > 0.8
+    assert np.mean(out[2] == 6) < 0.5  # "none": no preference
+    strong = sample_sequences(model, [np.array([], dtype=np.int64)], max_new_tokens=40,
+                              params=SamplingParams(), rngs=[np.random.default_rng(0)],
+                              conds=conds[:1], guidance=3.0, none_ids=np.array([0]))
+    assert np.mean(strong[0] == 6) >= np.mean(out[0] == 6)
+    with pytest.raises(ValueError, match="none_ids"):
+        sample_sequences(model, [np.array([])], max_new_tokens=1, params=SamplingParams(),
+                         rngs=[np.random.default_rng(0)], conds=conds[:1], guidance=2.0)
+
+
+# ------------------------------------------------------------------------------ adherence
+def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str, np.ndarray]:
+    """Two octaves of a scale with its tonic triad stressed, ``per_beat`` notes per beat."""
+    steps = [0, 2, 4, 5, 7, 9, 11] if mode == "major" else [0, 2, 3, 5, 7, 8, 10]
+    pitch = [60 + tonic + s for s in steps] + [72 + tonic + s for s in steps]
+    pitch += [60 + tonic, 64 + tonic - (mode == "minor"), 67 + tonic] * 4
+    n = len(pitch)
+    return {"onset": np.arange(n) / per_beat, "duration": np.full(n, 1.0 / per_beat),
+            "pitch": np.asarray(pitch)}
+
+
+def test_measured_labels_of_planted_windows():
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
+
+    cfg = ConditionConfig()
+    assert measured_labels(_scale_notes(7), cfg)["key"] == "G major"
+    assert measured_labels(_scale_notes(9, "minor"), cfg)["mode"] == "minor"
+    assert measured_labels(_scale_notes(0, per_beat=1), cfg)["density"] == "low"
+    assert measured_labels(_scale_notes(0, per_beat=8), cfg)["density"] == "high"
+    empty = {"onset": np.zeros(0), "duration": np.zeros(0), "pitch": np.zeros(0, dtype=int)}
+    assert measured_labels(empty, cfg)["key"] is None
+
+
+def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
+    from pipeline.audit.adherence import adherence
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
+
+    cfg = ConditionConfig()
+    tonics = [0, 2, 4, 5, 7, 9] * 10
+    names = ["C", "D", "E", "F", "G", "A"]
+    requested = [{"key": f"{names[[0, 2, 4, 5, 7, 9].index(t)]} major"} for t in tonics]
+    follows = [measured_labels(_scale_notes(t), cfg) for t in tonics]
+    ignores = [measured_labels(_scale_notes(0), cfg) for _ in tonics]  # always C major
+    human = follows[:12]
+    common = {"requested": requested, "unconditioned": ignores, "human_own": requested[:12],
+              "human": human, "human_units": [f"p{i // 2}" for i in range(12)],
+              "measurable": {"key": True, "meter": False}, "n_boot": 500}
+    good = adherence(["key", "meter"], conditioned=follows, **common)
+    bad = adherence(["key", "meter"], conditioned=ignores, **common)
+    assert good["meter"] == {"measurable": False}
+    assert good["key"]["rate"]["value"] == 1.0 and good["key"]["ceiling"]["value"] == 1.0
+    assert good["key"]["floor"]["value"] == pytest.approx(1 / 6)
+    assert good["key"]["shuffled"]["ci_high"] < 0.5  # unrelated requests rarely match
+    assert bad["key"]["rate"]["value"] == pytest.approx(1 / 6)
+    assert bad["key"]["rate"]["ci_high"] < good["key"]["rate"]["ci_low"]
+    # the registrable differences: a model that follows clears the floor, one that ignores
+    # its request does not
+    assert good["key"]["minus_floor"]["ci_low"] > 0 and good["key"]["minus_shuffled"]["ci_low"] > 0
+    assert bad["key"]["minus_floor"]["ci_low"] <= 0 <= bad["key"]["minus_floor"]["ci_high"]
+    # a request for nothing does not count
+    none_req = adherence(["key"], **{**common, "requested": [{"key": None}] * 60},
+                         conditioned=follows)
+    assert none_req["key"]["rate"]["n"] == 0 and none_req["key"]["rate"]["value"] is None
+
+
+# ------------------------------------------------------------- generate and audit, conditioned
+class _ToyWithVocab(_ToyConditioned):
+    """The toy model as a conditioned transformer scorer presents itself: a ``condition`` entry
+    like model.json's. Slot ``key``: id 0 none, 1 "C major", 2 "D major", 3 "E major"."""
+
+    def __init__(self) -> None:
+        self.condition = {"names": ["key"], "vocab": {
+            "names": ["key"], "labels": [["C major", "D major", "E major"]]}}
+
+
+class _ScaleTokenizer:
+    """Decodes ids 5..8 as notes: the most frequent id picks the scale (5 C major, 6 C, 7 D,
+    8 E), so a sample that follows request "D major" decodes as D major."""
+
+    one_token_stream = True
+    config = None
+
+    def decode(self, ids):
+        import symusic
+
+        tonic = {5: 0, 6: 0, 7: 2, 8: 4}[max(set(ids), key=list(ids).count)]
+        notes = _scale_notes(tonic)
+        score = symusic.Score(480)
+        track = symusic.Track()
+        for o, d, p in zip(notes["onset"], notes["duration"], notes["pitch"], strict=True):
+            track.notes.append(symusic.Note(int(o * 480), int(d * 480), int(p), 80))
+        score.tracks.append(track)
+        return score
+
+
+def test_generate_draws_conditioned_samples_under_held_out_requests():
+    from pipeline.inference.generation import (
+        CONDITIONED,
+        GenerateConfig,
+        generate_for_model,
+        select_requests,
+    )
+
+    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(6)],
+                          "split": ["val", "test", "val", "test", "train", "train"],
+                          "key": ["C major", "D major", "E major", "B minor", "D major", None]})
+    requests = select_requests(table, 12, seed=3)
+    assert len(requests) == 12 and {sha for sha, _ in requests} <= {"h0", "h1", "h2", "h3"}
+    assert requests == select_requests(table, 12, seed=3)
+    cfg = GenerateConfig(n_samples=4, n_continuations=0, max_new_tokens=20, n_conditioned=12)
+    rows = generate_for_model(_ToyWithVocab(), "transformer", cfg, [], forbid=[],
+                              requests=requests)
+    cond = [r for r in rows if r["kind"] == CONDITIONED]
+    assert len(cond) == 12 and len([r for r in rows if r["kind"] == "unconditional"]) == 4
+    import json
+
+    for r, (sha, req) in zip(cond, requests, strict=True):
+        asked = json.loads(r["condition"])
+        assert r["request_sha256"] == sha
+        # a label the model never learned (B minor) is asked as "none"
+        assert asked == {"key": req["key"] if req["key"] != "B minor" else None}
+        if asked["key"] is not None:
+            want = 5 + ["C major", "D major", "E major"].index(asked["key"]) + 1
+            assert np.mean(np.asarray(r["ids"]) == want) > 0.7
+    # an unconditioned model draws no conditioned samples, whatever the requests
+    plain = generate_for_model(_ToyConditioned.__new__(_ToyConditioned), "m", cfg, [],
+                               forbid=[], requests=requests)
+    assert not [r for r in plain if r["kind"] == CONDITIONED]
+
+
+def test_audit_adherence_on_generated_and_human_windows():
+    from pipeline.audit.adherence import audit_adherence
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.inference.generation import GenerateConfig, generate_for_model, select_requests
+
+    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(9)], "split": ["val", "test"] * 4
+                          + ["val"], "key": ["C major", "D major", "E major"] * 3})
+    requests = select_requests(table, 30, seed=1)
+    cfg = GenerateConfig(n_samples=30, n_continuations=0, max_new_tokens=16, n_conditioned=30)
+    samples = pd.DataFrame(generate_for_model(_ToyWithVocab(), "transformer", cfg, [],
+                                              forbid=[], requests=requests))
+    samples["condition"] = samples.get("condition")
+    # human pieces: ids that decode to their own key
+    ids_of = {"C major": 6, "D major": 7, "E major": 8}
+    heldout = pd.DataFrame({"sha256": table["sha256"], "track": 0,
+                            "ids": [[ids_of[k]] * 32 for k in table["key"]]})
+    out = audit_adherence(samples, _ScaleTokenizer(), heldout, table, width=16, stride=16,
+                          max_windows=2, cfg=ConditionConfig(), seed=0, n_boot=300, level=0.95)
+    block = out["transformer"]
+    assert block["conditions"] == ["key"] and block["n_conditioned"] == 30
+    key = block["key"]
+    assert key["ceiling"]["value"] == 1.0 and key["ceiling"]["units"] == 9
+    assert key["rate"]["value"] > 0.8
+    assert key["rate"]["ci_low"] > key["floor"]["ci_high"]  # unconditioned samples do not follow
+    assert key["rate"]["value"] > key["shuffled"]["value"]
+
+
+# ------------------------------------------------------------------------ doctor's checks
+def _notes_and_table(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
+    from pipeline.core.artifacts import write_parquet
+
+    pieces = {f"{i:02d}": _scale_notes(t, m, per_beat=b)
+              for i, (t, m, b) in enumerate([(0, "major", 1), (7, "major", 8), (9, "minor", 2),
+                                             (2, "major", 4)])}
+    rows = [{"sha256": sha, "onset": n["onset"].tolist(), "duration": n["duration"].tolist(),
+             "pitch": n["pitch"].tolist(), "is_drum": [False] * len(n["pitch"])}
+            for sha, n in pieces.items()]
+    write_parquet(tmp_path / "notes.parquet", pa.Table.from_pylist(rows))
+    cfg = ConditionConfig()
+    table = pd.DataFrame([{"sha256": sha, "split": "train",
+                           **{k: measured_labels(n, cfg)[k]
+                              for k in ("key", "mode", "density", "polyphony")}}
+                          for sha, n in pieces.items()])
+    return table, cfg
+
+
+def test_doctor_alignment_catches_conditions_attached_to_other_pieces(tmp_path):
+    from pipeline.conditions.checks import check_alignment
+
+    table, cfg = _notes_and_table(tmp_path)
+    ok, detail = check_alignment(table, tmp_path / "notes.parquet", cfg)
+    assert ok, detail
+    shifted = table.assign(sha256=np.roll(table["sha256"].to_numpy(), 1))  # off by one row
+    ok, detail = check_alignment(shifted, tmp_path / "notes.parquet", cfg)
+    assert not ok and "labels differ" in detail
+
+
+def test_doctor_combination_catches_conditions_that_name_groups_together():
+    from pipeline.conditions.checks import check_combination
+
+    # key alone and density alone are each shared by several groups; together they name one
+    keys = ["C major", "C major", "G major", "G major"] * 3
+    dens = ["low", "high", "low", "high"] * 3
+    table = pd.DataFrame({"sha256": [f"p{i}" for i in range(12)], "split": "train",
+                          "key": keys, "density": dens})
+    splits = pd.DataFrame({"sha256": table["sha256"],
+                           "group_id": [f"g{i % 4}" for i in range(12)]})
+    ok, _ = check_combination(table, splits, ["key"])
+    assert ok
+    ok, detail = check_combination(table, splits, ["key", "density"])
+    assert not ok and "identifies groups" in detail
+
+
+def _planted_metadata(tmp_path):
+    """60 random pieces (a third in four voices, 2 per group) with three metadata columns:
+    ``ending`` computed from the last note, ``collection`` equal to the texture (a declared
+    condition says it), ``composer`` drawn at random."""
+    import pyarrow as pa
+
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import measured_labels
+    from pipeline.core.artifacts import write_parquet
+
+    rng = np.random.default_rng(7)
+    cfg, rows, labels = ConditionConfig(), [], []
+    for i in range(60):
+        voices = 1 if i % 3 else 4
+        n = int(rng.integers(20, 40))
+        pitch = np.concatenate([rng.integers(55, 80, size=n) for _ in range(voices)])
+        onset = np.tile(np.arange(n, dtype=float), voices)
+        notes = {"onset": onset, "duration": np.ones(len(pitch)), "pitch": pitch,
+                 "is_drum": np.zeros(len(pitch), dtype=bool)}
+        rows.append({"sha256": f"p{i:02d}", **{k: v.tolist() for k, v in notes.items()}})
+        last = pitch[onset == onset.max()].min()
+        labels.append({"sha256": f"p{i:02d}", "split": "train",
+                       **{k: measured_labels(notes, cfg)[k] for k in
+                          ("key", "mode", "density", "polyphony")},
+                       "ending": "high" if last >= 68 else "low",
+                       "collection": "mono" if voices == 1 else "choral",
+                       "composer": str(rng.choice(["a", "b", "c"]))})
+    write_parquet(tmp_path / "notes.parquet", pa.Table.from_pylist(rows))
+    table = pd.DataFrame(labels)
+    splits = pd.DataFrame({"sha256": table["sha256"],
+                           "group_id": [f"g{i // 2}" for i in range(60)]})
+    return table, splits, tmp_path / "notes.parquet"
+
+
+def test_doctor_target_check_catches_a_metadata_label_computed_from_the_notes(tmp_path):
+    from pipeline.conditions.checks import check_target_information
+
+    table, splits, notes = _planted_metadata(tmp_path)
+    ok, detail = check_target_information(table, notes, splits, ["key", "density"])
+    assert ok and "no metadata condition" in detail
+    for name in ("collection", "composer"):
+        ok, detail = check_target_information(table, notes, splits, ["key", name])
+        assert ok, detail
+    ok, detail = check_target_information(table, notes, splits, ["ending", "composer"])
+    assert not ok and "['ending'] behave as functions of the notes" in detail, detail
+
+
+def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.conditions.table import conditions_schema
+    from pipeline.core.artifacts import write_parquet
+    from pipeline.tools.doctor import condition_checks
+
+    table, splits, notes = _planted_metadata(tmp_path)
+    schema = conditions_schema(["collection", "composer", "ending"])
+    write_parquet(tmp_path / "conditions.parquet",
+                  pa.Table.from_pylist(table.astype(object).where(table.notna(), None)
+                                        .to_dict("records"), schema=schema))
+    write_parquet(tmp_path / "splits.parquet", pa.Table.from_pandas(splits, preserve_index=False))
+    paths = {"conditions": tmp_path / "conditions.parquet", "notes": notes,
+             "splits": tmp_path / "splits.parquet", "tokens": tmp_path / "none.parquet",
+             "info": tmp_path / "none.json", "transformer_dir": tmp_path / "none"}
+    unconditioned = condition_checks(ConditionConfig(), **paths)
+    assert [r.name for r in unconditioned] == ["cond_align"]
+    results = {r.name: r for r in condition_checks(ConditionConfig(use=["key", "ending"]),
+                                                   **paths)}
+    assert set(results) == {"cond_align", "cond_combo", "cond_target"}
+    assert results["cond_target"].failed and "ending" in results["cond_target"].detail
+
+
+def test_meter_adherence_is_measured_when_the_tokenizer_writes_time_signatures():
+    from symusic import Note, Score, TimeSignature, Track
+
+    from pipeline.audit.adherence import measurable_conditions, window_labels
+    from pipeline.conditions.config import ConditionConfig
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    score = Score(480)
+    score.time_signatures.append(TimeSignature(0, 3, 4))
+    track = Track(program=0)
+    for i, pitch in enumerate([60, 64, 67, 72, 67, 64] * 4):  # C major, a beat each
+        track.notes.append(Note(i * 480, 480, pitch, 80))
+    score.tracks.append(track)
+    cfg = ConditionConfig()
+    plain = make_tokenizer("REMI", {"use_programs": True, "use_time_signatures": False})
+    writes = make_tokenizer("REMI", {"use_programs": True})  # as params.yaml: time signatures on
+    names = ["key", "meter", "tempo", "composer"]
+    assert measurable_conditions(names, plain) == {"key": True, "meter": False, "tempo": False,
+                                                   "composer": False}
+    assert measurable_conditions(names, writes) == {"key": True, "meter": True, "tempo": False,
+                                                    "composer": False}
+    ids = np.asarray(writes.encode(score).ids)
+    labels = window_labels(writes, ids, cfg)
+    assert labels["meter"] == "3/4" and labels["key"] == "C major"

@@ -1,0 +1,515 @@
+"""Leakage audit: exact nearest neighbours, crossing counts that can see a leak, the independent
+near-copy measure (planted edited copies dedupe does not link, short ones caught by the melody
+alignment or by the alignment of the whole note tokens, unrelated pieces of one style never
+matched, dedupe's alignment threshold honoured, equal to brute force), and real Bach chorales
+whose soprano tunes agree ending in one split whatever their titles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from pipeline.core import artifacts
+from pipeline.core.config import RuntimeConfig, parse_section
+from pipeline.music.manifest import NOTES_SCHEMA
+from pipeline.similarity import alignment as similarity
+from pipeline.similarity import fingerprints as fp
+from pipeline.similarity.leakage import (
+    MEASURES,
+    Melodies,
+    NearCopyRule,
+    ShingleMatrix,
+    TokenStrings,
+    audit,
+    crossing_counts,
+    near_copies,
+    neighbours,
+    random_split,
+)
+from pipeline.stages.dedupe import DedupeConfig
+from pipeline.stages.dedupe import run as run_dedupe
+from pipeline.stages.split import SplitConfig, assign
+from pipeline.stages.split import run as run_split
+from tests.stages.test_dedupe import base_piece, planted_corpus, variant, write_corpus
+
+RULE = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4)
+
+PLAIN = SplitConfig(exclude_test=None)  # nothing excluded from test
+PLAIN_NO_MINIMUM = SplitConfig(exclude_test=None, min_groups=0)
+
+
+def _matrix(pieces: dict) -> ShingleMatrix:
+    table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **v} for k, v in pieces.items()]),
+                                 schema=NOTES_SCHEMA, preserve_index=False)
+    return ShingleMatrix.build(fp.notes_from_table(table), 4, 4)
+
+
+def test_nearest_equals_brute_force():
+    pieces, _ = planted_corpus(seed=1, families=3, singles=6)
+    sm = _matrix(pieces)
+    off, vals = sm.matrix.indptr, sm.matrix.indices
+    sets = [np.sort(vals[off[i] : off[i + 1]]) for i in range(len(sm.sha256))]
+    query, pool = np.arange(0, len(sets), 2), np.arange(1, len(sets), 2)
+    for exclude_self, pool_ in ((False, pool), (True, np.arange(len(sets)))):
+        found = neighbours(sm, None, None, query, pool_, RULE, align=False,
+                           groups=np.arange(len(sets)) if exclude_self else None)
+        j = found.values[:, MEASURES.index("nearest_jaccard")]
+        c = found.values[:, MEASURES.index("nearest_containment")]
+        for n, q in enumerate(query):
+            sims = [fp.jaccard_containment(sets[q], sets[p]) for p in pool_ if p != q]
+            assert j[n] == pytest.approx(max(s[0] for s in sims))
+            assert c[n] == pytest.approx(max(s[1] for s in sims))
+    assert j.max() > 0.5  # the planted variants are found
+
+
+def test_crossing_counts_see_a_leak():
+    pieces = pd.DataFrame({"sha256": list("abcd"), "split": ["train", "test", "test", "val"],
+                           "group_id": ["g1", "g1", "g2", "g3"], "group": ["x", "x", "", "y"]})
+    pairs = pd.DataFrame({"a": ["a", "c", "d"], "b": ["b", "d", "z"]})
+    got = crossing_counts(pieces, pairs)
+    assert got == {"crossing_groups": 1, "crossing_metadata_groups": 1, "crossing_pairs": 2,
+                   "pairs_with_a_dropped_piece": 1}
+
+
+def test_random_split_is_seeded_proportional_and_stable_under_additions():
+    shas = [f"{i:064x}" for i in range(20000)]
+    a = random_split(shas, (0.8, 0.1, 0.1), seed=3)
+    assert (a == random_split(shas, (0.8, 0.1, 0.1), seed=3)).all()
+    assert (a != random_split(shas, (0.8, 0.1, 0.1), seed=4)).mean() > 0.2
+    assert abs((a == "test").mean() - 0.1) < 0.01 and abs((a == "train").mean() - 0.8) < 0.01
+    more = random_split(["f" * 64, *shas[::2]], (0.8, 0.1, 0.1), seed=3)
+    assert (more[1:] == a[::2]).all()  # a piece keeps its side when others come or go
+
+
+def test_audit_contrasts_grouped_and_random_split(tmp_path):
+    pieces, _ = planted_corpus(seed=5, families=30, singles=60)
+    manifest, notes, _ = write_corpus(tmp_path, pieces)
+    runtime = RuntimeConfig(workers=1, progress=False)
+    run_dedupe(DedupeConfig(), runtime, manifest=manifest, notes=notes,
+               out_dir=tmp_path / "dedupe", report=tmp_path / "dedupe.json")
+    paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
+                 leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
+    run_split(PLAIN, runtime, manifest=manifest, notes=notes,
+              dedupe_dir=tmp_path / "dedupe", **paths)
+    leak = artifacts.read_json(paths["leakage_report"])
+    assert leak["grouped_test_audited"] > 0 and leak["random_test_audited"] > 0
+    for key in ("crossing_groups", "crossing_pairs", "crossing_metadata_groups",
+                "test_with_pair_in_train", "test_with_cluster_mate_in_train"):
+        assert leak[f"grouped_{key}"] == 0, key
+    # the same pieces split at random leak planted copies into test
+    assert leak["random_crossing_pairs"] > 0
+    assert leak["random_test_with_cluster_mate_in_train"] > 0
+    assert leak["random_nearest_train_jaccard_max"] > leak["grouped_nearest_train_jaccard_max"]
+    assert paths["figure"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the audit alone is deterministic, figure included
+    table = artifacts.read_parquet(paths["splits"])
+    clusters = artifacts.read_parquet(tmp_path / "dedupe" / "clusters.parquet")
+    kept = table.assign(group="", cluster_id=clusters.set_index("sha256")["cluster_id"]
+                        .reindex(table["sha256"]).to_numpy())
+    all_notes = fp.read_notes(notes)
+    rows = np.flatnonzero(np.isin(all_notes.sha256, kept["sha256"]))
+    sm = ShingleMatrix.build(all_notes, 4, 4)
+    sm = ShingleMatrix(sm.sha256[rows], sm.matrix[rows], sm.sizes[rows])
+    mel = Melodies.build(all_notes).select(rows)
+    tok = TokenStrings.build(all_notes, 4).select(rows)
+    pairs = artifacts.read_parquet(tmp_path / "dedupe" / "pairs.parquet")
+    kw = dict(seed=1, ratios=(0.8, 0.1, 0.1), max_test=5, rule=RULE)
+    r1, curves1 = audit(kept, pairs, sm, mel, tok, **kw)
+    r2, curves2 = audit(kept, pairs, sm, mel, tok, **kw, workers=2)
+    assert r1 == r2 and r1["grouped_test_audited"] <= 5
+    assert curves1.keys() == curves2.keys() and all(
+        np.array_equal(curves1[k], curves2[k]) for k in curves1)
+    assert len(curves1["grouped: test → nearest train"]) == r1["grouped_test_audited"]
+    ind = r1["independent"]
+    assert ind["test_measured"] == min(5, ind["test_pieces"]) and ind["val_measured"] <= 5
+    # the independent measure, with the random-split contrast beside it in the report
+    ind = leak["independent"]
+    assert ind["test_measured"] == ind["test_pieces"] == leak["grouped_test_audited"]
+    assert ind["test_near_train"] == 0  # dedupe bound every planted variant into one group
+    assert ind["random_split"]["test_near_train"] > 0
+    assert ind["random_split"]["test_near_train_share"] > ind["test_near_train_share"]
+
+
+# ------------------------------------------------------------ independent near-copy measure
+STEPS = np.array([-4, -3, -2, -1, 1, 2, 3, 4])
+STEP_P = np.array([1, 2, 5, 8, 8, 5, 2, 1]) / 32
+CADENCE = (67, 65, 64, 62, 60)  # every tune ends on the same formula (sol fa mi re do)
+
+
+def _notes(pitch, dur) -> dict:
+    size = len(pitch)
+    dur = np.asarray(dur, dtype=np.float64)
+    return {"onset": np.concatenate([[0.0], np.cumsum(dur)[:-1]]), "duration": dur,
+            "pitch": np.asarray(pitch, dtype=np.int16), "velocity": np.full(size, 80, np.int16),
+            "track": np.zeros(size, np.int16), "program": np.zeros(size, np.int16),
+            "is_drum": np.zeros(size, bool)}
+
+
+def tune(rng: np.random.Generator, n: int) -> dict:
+    """A tune of ``n`` notes in one style: a walk from one interval distribution (reflected at
+    the range's edges), ending on the shared cadence."""
+    pitch = [67]
+    for step in rng.choice(STEPS, size=n - len(CADENCE) - 1, p=STEP_P):
+        pitch.append(pitch[-1] + (step if 55 <= pitch[-1] + step <= 84 else -step))
+    return _notes(pitch + list(CADENCE), rng.choice([0.5, 1.0, 1.0, 2.0], size=n))
+
+
+def edited(rng: np.random.Generator, notes: dict, k: int) -> dict:
+    """``notes`` with ``k`` non-adjacent notes changed by 1-2 semitones or (every other one)
+    dropped; the first note and the cadence are left alone."""
+    pitch = notes["pitch"].astype(int).tolist()
+    dur = notes["duration"].tolist()
+    where = np.sort(rng.choice(np.arange(1, len(pitch) - len(CADENCE) - 1, 2), size=k,
+                               replace=False))
+    dropped = []
+    for n, i in enumerate(where):
+        if n % 2:
+            dropped.append(i)
+            continue
+        for delta in rng.permutation([-2, -1, 1, 2]):  # a real change: no new repeated pitch
+            if pitch[i] + delta not in (pitch[i - 1], pitch[i + 1]):
+                pitch[i] += int(delta)
+                break
+    keep = [i for i in range(len(pitch)) if i not in dropped]
+    return _notes([pitch[i] for i in keep], [dur[i] for i in keep])
+
+
+def _labels_in(split: str, n: int, prefix: str) -> list[str]:
+    """``n`` metadata labels whose (single-label) group the default split puts in ``split``."""
+    labels = np.array([f"{prefix}{i}" for i in range(400)], dtype=object)
+    splits, _ = assign(np.char.add("group:", labels.astype(str)).astype(object), PLAIN)
+    return list(labels[splits == split][:n])
+
+
+def test_edited_copy_that_dedupe_does_not_link_is_found(tmp_path):
+    """An edited copy (5% of notes changed or dropped) of a train tune placed in test, with
+    dedupe's near and melody tiers off: the crossing counts stay 0, the independent measure
+    names the pair; 40 unrelated tunes of the same style (one interval distribution, one
+    cadence) are never near copies of each other."""
+    rng = np.random.default_rng(7)
+    pieces = {f"u{i:02d}": tune(rng, int(rng.integers(40, 151))) for i in range(40)}
+    pieces["original"] = tune(rng, 100)
+    pieces["copy"] = edited(rng, pieces["original"], k=5)
+    groups = {"original": _labels_in("train", 1, "o")[0], "copy": _labels_in("test", 1, "c")[0]}
+    manifest, notes, shas = write_corpus(tmp_path, pieces, groups=groups)
+    cfg = parse_section("dedupe", {"policy": {"near": "off", "melody": "off"}}, DedupeConfig)
+    runtime = RuntimeConfig(workers=1, progress=False)
+    run_dedupe(cfg, runtime, manifest=manifest, notes=notes, out_dir=tmp_path / "dedupe",
+               report=tmp_path / "dedupe.json")
+    paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
+                 leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
+    run_split(PLAIN, runtime, manifest=manifest, notes=notes,
+              dedupe_dir=tmp_path / "dedupe", **paths)
+    split_of = artifacts.read_parquet(paths["splits"]).set_index("sha256")["split"]
+    assert split_of[shas["original"]] == "train" and split_of[shas["copy"]] == "test"
+    assert len(artifacts.read_parquet(tmp_path / "dedupe" / "pairs.parquet")) == 0
+    leak = artifacts.read_json(paths["leakage_report"])
+    assert leak["grouped_crossing_pairs"] == leak["grouped_crossing_groups"] == 0
+    ind = leak["independent"]
+    assert ind["test_measured"] == ind["test_pieces"] == int((split_of == "test").sum())
+    assert ind["test_near_train"] == 1  # the copy, and none of the unrelated tunes
+    assert ind["test_near_train_share"] == pytest.approx(1 / ind["test_pieces"], abs=1e-6)
+    [example] = ind["examples"]
+    assert (example["test_sha256"], example["train_sha256"]) == (shas["copy"], shas["original"])
+    assert example["fired"] and example["melody_similarity"] >= ind["alignment_threshold"]
+    assert ind["val_near_train"] == 0 and ind["within_train"]["near_other_group"] == 0
+    assert ind["within_train"]["melody_max"] < ind["alignment_threshold"]
+    assert ind["within_train"]["alignment_max"] < ind["alignment_threshold"]
+
+
+def _arrays(pieces: dict, symbols: int = 256
+            ) -> tuple[ShingleMatrix, Melodies, TokenStrings, list[str]]:
+    names = sorted(pieces)  # the sha256 column is the name here: rows stay in name order
+    table = pa.Table.from_pandas(pd.DataFrame([{"sha256": k, **pieces[k]} for k in names]),
+                                 schema=NOTES_SCHEMA, preserve_index=False)
+    notes = fp.notes_from_table(table)
+    return (ShingleMatrix.build(notes, 4, 4), Melodies.build(notes),
+            TokenStrings.build(notes, 4, symbols=symbols), names)
+
+
+def test_short_edited_copy_is_caught_by_the_melody_alignment():
+    rng = np.random.default_rng(11)
+    pieces = {f"short{i:02d}": tune(rng, int(rng.integers(12, 20))) for i in range(40)}
+    pieces |= {f"long{i:02d}": tune(rng, int(rng.integers(40, 150))) for i in range(10)}
+    pieces["original"] = tune(rng, 18)
+    pieces["copy"] = edited(rng, pieces["original"], k=1)
+    sm, mel, tok, names = _arrays(pieces)
+    row = {name: i for i, name in enumerate(names)}
+    assert sm.sizes[row["copy"]] < RULE.min_shingles  # too short for the shingle measure
+    assert sm.sizes[row["original"]] < RULE.min_shingles
+    query = np.array([row["copy"]] + [row[f"short{i:02d}"] for i in range(20)])
+    pool = np.array(sorted(set(row.values()) - set(query.tolist())))
+    found = near_copies(sm, mel, tok, query, pool, RULE)
+    assert found.near.tolist() == [True] + [False] * 20  # unrelated short tunes: no match
+    assert found.melody_partner[0] == row["original"] and found.shingle_partner[0] == -1
+    assert found.melody[0] >= RULE.alignment > found.melody[1:].max()
+
+
+def chorale(rng: np.random.Generator, n_chords: int) -> dict:
+    """A four-voice piece of ``n_chords`` chords whose soprano holds each pitch for two chords, so
+    its melody (repeated pitches merged) has fewer than ``min_melody_notes`` notes: a piece the
+    melody rule cannot measure. Voices lie 3-9 semitones apart, leaving room for an inner note."""
+    steps = rng.choice([-2, -1, 1, 2], size=(n_chords + 1) // 2)
+    soprano = 72 + np.repeat(np.cumsum(steps), 2)[:n_chords]
+    alto = soprano - rng.integers(3, 6, size=n_chords)
+    tenor = alto - rng.integers(3, 6, size=n_chords)
+    bass = tenor - rng.integers(6, 10, size=n_chords)
+    dur = rng.choice([0.5, 1.0, 1.0, 2.0], size=n_chords)
+    onset = np.concatenate([[0.0], np.cumsum(dur)[:-1]])
+    pitch = np.stack([bass, tenor, alto, soprano], axis=1)  # a chord reads bottom-up
+    return _chords(onset, dur, pitch.ravel(), np.tile([3, 2, 1, 0], n_chords))
+
+
+def _chords(onset, dur, pitch, track) -> dict:
+    size = len(pitch)
+    per = size // len(onset)
+    return {"onset": np.repeat(onset, per), "duration": np.repeat(dur, per),
+            "pitch": np.asarray(pitch, dtype=np.int16), "velocity": np.full(size, 80, np.int16),
+            "track": np.asarray(track, dtype=np.int16), "program": np.zeros(size, np.int16),
+            "is_drum": np.zeros(size, bool)}
+
+
+def with_inner_notes(notes: dict, chords: list[int]) -> dict:
+    """``notes`` (four voices a chord) with one note added between bass and tenor in each of
+    ``chords``: each costs an alignment 3 insertions/deletions (the note, and the tenor's new
+    interval) but breaks every shingle through those two tokens."""
+    out = {k: [] for k in notes}
+    for c in range(notes["pitch"].size // 4):
+        rows = slice(4 * c, 4 * c + 4)
+        for k, v in notes.items():
+            out[k].extend(v[rows][:1])
+        if c in chords:
+            bass, tenor = int(notes["pitch"][4 * c]), int(notes["pitch"][4 * c + 1])
+            for k, v in notes.items():
+                out[k].append((bass + tenor) // 2 if k == "pitch" else v[4 * c])
+        for k, v in notes.items():
+            out[k].extend(v[rows][1:])
+    return {k: np.asarray(v, dtype=notes[k].dtype) for k, v in out.items()}
+
+
+def _chorale_corpus() -> dict:
+    rng = np.random.default_rng(13)
+    pieces = {f"other{i:02d}": chorale(rng, int(rng.integers(12, 30))) for i in range(30)}
+    pieces["original"] = chorale(rng, 15)
+    pieces["copy"] = with_inner_notes(pieces["original"], [1, 4, 7, 10, 13])
+    return pieces
+
+
+def test_edited_short_chorale_is_caught_by_the_whole_token_alignment():
+    """A 15-chord, four-voice piece with 5 inner notes added: its shingle Jaccard and
+    containment fall under dedupe's thresholds and its melody is too short to align, but its
+    whole note tokens align at >= 0.867. Unrelated pieces of the same kind match nothing, and
+    the result does not depend on ``workers``."""
+    sm, mel, tok, names = _arrays(_chorale_corpus())
+    row = {name: i for i, name in enumerate(names)}
+    others = [row[f"other{i:02d}"] for i in range(30)]
+    query = np.array([row["copy"], *others[:15]])
+    pool = np.array(sorted([row["original"], *others[15:]]))
+    assert min(tok.onsets[row["copy"]], tok.onsets[row["original"]]) >= RULE.min_align_onsets
+    found = near_copies(sm, mel, tok, query, pool, RULE)
+    assert found.jaccard[0] < RULE.jaccard and found.containment[0] < RULE.containment
+    assert found.shingle_partner[0] == found.melody_partner[0] == -1
+    assert mel.lengths[:, row["copy"]].max() < RULE.min_melody_notes - 1
+    assert found.alignment_partner[0] == row["original"]
+    assert found.alignment[0] >= RULE.alignment > found.alignment[1:].max()
+    assert found.near.tolist() == [True] + [False] * 15  # unrelated pieces: no match
+    again = near_copies(sm, mel, tok, query, pool, RULE, workers=2)
+    for field in found.__dataclass_fields__:
+        assert np.array_equal(getattr(found, field), getattr(again, field)), field
+
+
+def test_dedupes_near_alignment_is_the_audits_threshold(tmp_path):
+    """The audit reads ``near_alignment`` from dedupe's fingerprint.json: with the default the
+    edited chorale dedupe does not link (near tier off) is a near copy by alignment alone; with
+    dedupe's ``near_alignment`` raised to 0.95 it is not. ``workers`` changes nothing."""
+    pieces = _chorale_corpus()
+    groups = {"original": _labels_in("train", 1, "o")[0], "copy": _labels_in("test", 1, "c")[0]}
+    manifest, notes, shas = write_corpus(tmp_path, pieces, groups=groups)
+
+    def audit_with(dedupe: dict, workers: int = 1) -> tuple[dict, bytes]:
+        cfg = parse_section("dedupe", {"policy": {"near": "off", "melody": "off"}, **dedupe},
+                            DedupeConfig)
+        runtime = RuntimeConfig(workers=workers, progress=False)
+        run_dedupe(cfg, runtime, manifest=manifest, notes=notes, out_dir=tmp_path / "dedupe",
+                   report=tmp_path / "dedupe.json")
+        paths = dict(splits=tmp_path / "splits.parquet", report=tmp_path / "split.json",
+                     leakage_report=tmp_path / "leakage.json", figure=tmp_path / "leakage.png")
+        run_split(PLAIN_NO_MINIMUM, runtime, manifest=manifest, notes=notes,
+                  dedupe_dir=tmp_path / "dedupe", **paths)
+        split_of = artifacts.read_parquet(paths["splits"]).set_index("sha256")["split"]
+        assert split_of[shas["original"]] == "train" and split_of[shas["copy"]] == "test"
+        return (artifacts.read_json(paths["leakage_report"])["independent"],
+                paths["leakage_report"].read_bytes())
+
+    ind, raw = audit_with({})
+    assert ind["alignment_threshold"] == pytest.approx(13 / 15, abs=1e-6)
+    assert ind["test_near_train"] == ind["test_near_train_by_alignment"] == 1
+    assert ind["test_near_train_by_shingles"] == ind["test_near_train_by_melody"] == 0
+    [example] = ind["examples"]
+    assert (example["test_sha256"], example["train_sha256"]) == (shas["copy"], shas["original"])
+    assert example["fired"] == ["alignment"]
+    assert ind["alignment_threshold"] <= example["alignment_similarity"] < 0.95
+    assert audit_with({}, workers=2)[1] == raw
+    ind, _ = audit_with({"near_alignment": 0.95})
+    assert ind["alignment_threshold"] == 0.95
+    assert ind["test_near_train"] == ind["test_near_train_by_alignment"] == 0
+
+
+def test_rule_from_settings_reads_dedupes_thresholds():
+    settings = {"near_jaccard": 0.5, "near_containment": 0.8, "min_shingles": 16,
+                "shingle_k": 4, "ioi_resolution": 4}
+    old = NearCopyRule.from_settings(settings)  # a file from before the alignment keys
+    assert old == RULE and old.alignment == pytest.approx(13 / 15)
+    new = NearCopyRule.from_settings(settings | {"near_alignment": 0.9, "min_align_onsets": 12,
+                                                 "min_melody_notes": 8})
+    assert (new.alignment, new.min_align_onsets, new.min_melody_notes) == (0.9, 12, 8)
+    with pytest.raises(ValueError, match="near_containment"):
+        NearCopyRule.from_settings({k: v for k, v in settings.items()
+                                    if k != "near_containment"})
+
+
+def test_melody_threshold_is_dedupes_edit_tolerance():
+    """Jaccard 0.5 on 4-shingles tolerates 1/15 changed notes; an interval sequence with that
+    share changed sits exactly at the alignment threshold, one more change falls below it."""
+    assert RULE.near_alignment is None  # derived, as dedupe derives a null near_alignment
+    assert RULE.alignment == similarity.alignment_threshold(0.5, 4) == pytest.approx(13 / 15)
+    original = tune(np.random.default_rng(3), 31)  # 30 intervals, steps of 1-4 semitones
+
+    def octave_up(at: tuple[int, ...]) -> dict:  # its two intervals become ones no tune has
+        pitch = original["pitch"].copy()
+        pitch[list(at)] += 12
+        return _notes(pitch, original["duration"])
+
+    pieces = {"original": original, "two": octave_up((5, 15)), "three": octave_up((5, 15, 25))}
+    sm, mel, tok, names = _arrays(pieces)
+    row = {name: i for i, name in enumerate(names)}
+    found = near_copies(sm, mel, tok, np.array([row["two"], row["three"]]),
+                        np.array([row["original"]]), RULE)
+    assert found.melody.tolist() == pytest.approx([1 - 8 / 60, 1 - 12 / 60])
+    assert found.melody_partner.tolist() == [row["original"], -1]
+
+
+@pytest.mark.parametrize("symbols", [256, 2], ids=["coarse-256", "coarse-2"])
+def test_near_copies_equal_brute_force(symbols):
+    """Every measure equals a brute-force pass over all pairs. With 2 symbols the one-byte token
+    strings bound the similarity loosely, so the exact alignment decides nearly every pair:
+    the result does not depend on the bound."""
+    from rapidfuzz.distance import Indel
+
+    rng = np.random.default_rng(5)
+    pieces = {f"t{i:02d}": tune(rng, int(rng.integers(12, 300))) for i in range(30)}
+    for i in range(0, 30, 3):  # planted copies, some of them long (shingles only)
+        pieces[f"t{i:02d}_copy"] = edited(rng, pieces[f"t{i:02d}"], k=max(1, len(
+            pieces[f"t{i:02d}"]["pitch"]) // 20))
+    pieces["chordal"] = base_piece(rng, n_events=50)
+    pieces["chordal_copy"] = variant(rng, pieces["chordal"], "edited")
+    sm, mel, tok, names = _arrays(pieces, symbols=symbols)
+    rule = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4,
+                        max_melody_notes=200, max_align_tokens=200)
+    t = rule.alignment - 1e-9
+    query = np.arange(0, len(names), 2)
+    pool = np.arange(1, len(names), 2)
+    groups = np.arange(len(names)) // 4  # some (query, pool) pairs share a group
+    for g in (None, groups):
+        found = near_copies(sm, mel, tok, query, pool, rule, groups=g)
+        for n, q in enumerate(query):
+            others = [p for p in pool if g is None or g[p] != g[q]]
+            jc = {p: fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p)) for p in others}
+            big = [p for p in others if min(sm.sizes[q], sm.sizes[p]) >= rule.min_shingles]
+            assert found.jaccard[n] == pytest.approx(max([jc[p][0] for p in big], default=0))
+            assert found.containment[n] == pytest.approx(max([jc[p][1] for p in big], default=0))
+            shingle_hit = [p for p in big if jc[p][0] >= rule.jaccard
+                           or jc[p][1] >= rule.containment]
+            lq = tok.lengths[q]
+            aligned = {p: Indel.normalized_similarity(tok.exact[q], tok.exact[p]) for p in others
+                       if min(tok.onsets[q], tok.onsets[p]) >= rule.min_align_onsets
+                       and lq < rule.max_align_tokens
+                       and 2 * min(lq, tok.lengths[p]) / (lq + tok.lengths[p]) >= t}
+            assert found.alignment[n] == max(aligned.values(), default=0.0), names[q]  # exact
+            alignment_hit = [p for p, s in aligned.items() if s >= t]
+            melody_hit = [p for p in others for v in range(2)
+                          if rule.min_melody_notes - 1 <= mel.lengths[v, q]
+                          < rule.max_melody_notes - 1
+                          and mel.lengths[v, p] >= rule.min_melody_notes - 1
+                          and Indel.normalized_similarity(mel.views[v][q], mel.views[v][p]) >= t]
+            assert (found.shingle_partner[n] >= 0) == bool(shingle_hit), names[q]
+            assert (found.alignment_partner[n] >= 0) == bool(alignment_hit), names[q]
+            assert (found.melody_partner[n] >= 0) == bool(melody_hit), names[q]
+            assert found.near[n] == bool(shingle_hit or alignment_hit or melody_hit)
+            if shingle_hit:
+                assert found.shingle_partner[n] in shingle_hit
+            if alignment_hit:
+                assert found.alignment_partner[n] in alignment_hit
+            if melody_hit:
+                assert found.melody_partner[n] in melody_hit
+        if g is None:  # the planted copies were found (by every measure)
+            assert (found.shingle_partner >= 0).sum() >= 3
+            assert (found.alignment_partner >= 0).sum() >= 3
+            assert (found.melody_partner >= 0).sum() >= 3
+
+
+# ------------------------------------------------------------------------------ real chorales
+# Pairs whose soprano tune agrees up to transposition: under different titles (BWV 258 / 114.7),
+# with the alto crossing above the soprano (47.5 / 421), under one title (9.7 / 155.5); plus two
+# unrelated chorales.
+BACH_BWV = ("258", "114.7", "47.5", "421", "9.7", "155.5", "269", "347")
+
+
+@pytest.fixture(scope="module")
+def bach_tables(tmp_path_factory):
+    from pipeline.music.parsing import note_hash, parse_midi
+    from pipeline.stages.corpus import chorale_list, chorale_midi
+
+    entries = [e for e in chorale_list() if e["bwv"] in BACH_BWV]
+    entries = list({e["bwv"]: e for e in entries}.values())
+    pieces, groups = {}, {}
+    for e in entries:
+        data, err = chorale_midi(e)
+        if data is None:
+            pytest.skip(f"music21 cannot build BWV {e['bwv']}: {err}")
+        name = f"bwv{e['bwv']}"
+        pieces[name] = parse_midi(data).notes
+        groups[name] = e["title"]
+    root = tmp_path_factory.mktemp("bach")
+    manifest, notes, shas = write_corpus(root, pieces, groups=groups)
+    assert all(note_hash(p) for p in pieces.values())
+    return root, manifest, notes, shas, pieces, groups
+
+
+def _soprano_key(notes: dict) -> tuple:
+    top = notes["track"] == notes["track"].min()
+    p = notes["pitch"][top].astype(int)
+    p = p[np.r_[True, p[1:] != p[:-1]]]
+    return tuple(np.diff(p))
+
+
+def test_bach_same_soprano_same_split_whatever_the_title(bach_tables):
+    root, manifest, notes, shas, pieces, groups = bach_tables
+    runtime = RuntimeConfig(workers=1, progress=False)
+    run_dedupe(DedupeConfig(), runtime, manifest=manifest, notes=notes, out_dir=root / "dedupe",
+               report=root / "dedupe.json")
+    paths = dict(splits=root / "splits.parquet", report=root / "split.json",
+                 leakage_report=root / "leakage.json", figure=root / "leakage.png")
+    # five groups leave val empty: this test checks grouping only, so the minimum is off
+    run_split(PLAIN_NO_MINIMUM, runtime, manifest=manifest, notes=notes,
+              dedupe_dir=root / "dedupe", **paths)
+    table = artifacts.read_parquet(paths["splits"]).set_index("sha256")
+    by_tune: dict[tuple, list[str]] = {}
+    for name, n in pieces.items():
+        by_tune.setdefault(_soprano_key(n), []).append(name)
+    shared = [names for names in by_tune.values() if len(names) > 1]
+    assert len(shared) == 3  # the three planted tune pairs, found from the notes themselves
+    assert any(len({groups[n] for n in names}) > 1 for names in shared)  # titles differ
+    for names in shared:
+        assert table.loc[[shas[n] for n in names], "group_id"].nunique() == 1, names
+        assert table.loc[[shas[n] for n in names], "split"].nunique() == 1, names
+    assert table.loc[[shas["bwv269"], shas["bwv347"]], "group_id"].nunique() == 2
+    leak = artifacts.read_json(paths["leakage_report"])
+    assert leak["grouped_crossing_groups"] == leak["grouped_crossing_pairs"] == 0
+    # chorales on different tunes (sharing cadences) are not near copies of each other
+    within = leak["independent"]["within_train"]
+    assert within["measured"] >= 3 and within["near_other_group"] == 0
+    assert within["melody_max"] < leak["independent"]["alignment_threshold"]
+    assert within["alignment_max"] < leak["independent"]["alignment_threshold"]

@@ -1,0 +1,841 @@
+"""Pre-registration, deviations, and the report as a pure function of its input files."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import yaml
+
+from pipeline.cli import main as cli
+from pipeline.core import artifacts
+from pipeline.core.config import load_section, read_params
+from pipeline.core.splits import split_hash
+from pipeline.decision import ledger
+from pipeline.decision.ledger import AlreadyScored
+from pipeline.render.audio import notes_to_midi
+from pipeline.render.figures import piano_roll_png
+from pipeline.report.sections.nll_distributions import piece_nll
+from pipeline.stages.audit import SPANS_SCHEMA
+from pipeline.stages.report import ReportConfig, ReportPaths, run
+from pipeline.tools.preregister import run as preregister
+
+RULES = [
+    {"name": "transformer_beats_ngram", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
+     "threshold": 0.02, "ci": "lower>0", "ci_metric": "test.nll_per_note.diff",
+     "rationale": "better by 2%"},
+    {"name": "no_crossing_groups", "metric": "leakage.crossing_groups", "op": "==",
+     "threshold": 0, "rationale": "no leak"},
+    {"name": "memorisation_at_human_level", "metric": "memorisation.flag_rate_excess",
+     "op": "<=", "threshold": 0.05, "rationale": "no copying"},
+]
+EVALUATE = {"n_boot": 200, "ci_level": 0.95, "seed": 7}
+
+
+def write_params(root: Path, rules=RULES, evaluate=EVALUATE) -> Path:
+    path = root / "params.yaml"
+    path.write_text(yaml.safe_dump({"evaluate": evaluate, "criteria": {"rules": rules},
+                                    "report": {"title": "test report"}}, sort_keys=False))
+    return path
+
+
+TEST_PIECES = [f"{i:04d}" for i in range(10)]
+SPLITS = pd.DataFrame({"sha256": ["a", "b", "c", *TEST_PIECES],
+                       "group_id": ["g1", "g1", "g2", *[f"t{i // 2}" for i in range(10)]],
+                       "split": ["train", "train", "val", *["test"] * 10]})
+SPLIT = split_hash(SPLITS["sha256"], SPLITS["split"])
+GIT_SHOWS_ORDER = {"git": True, "registration_commit": "c0ffee" * 6 + "0000",
+                   "results_commit": None, "registration_uncommitted": False,
+                   "results_uncommitted": True, "registration_precedes_results": True,
+                   "ledger_rewritten": None}
+"""git's facts (the report stage's sidecar) for a registration committed before the results."""
+
+
+def paths_in(root: Path) -> ReportPaths:
+    return ReportPaths(**{f.name: root / f.default for f in fields(ReportPaths)})
+
+
+def make_inputs(root: Path) -> ReportPaths:
+    """A complete, small set of stage outputs in their default layout under ``root``."""
+    p = paths_in(root)
+    rng = np.random.default_rng(0)
+    artifacts.write_json(p.ingest, {"by_status": {"ok": 30, "quarantined": 2, "duplicate": 1}})
+    artifacts.write_json(p.split, {"pieces": 30, "groups": 12, "split_hash": SPLIT})
+    artifacts.write_json(p.leakage, {"grouped_crossing_groups": 0, "grouped_crossing_pairs": 0})
+    artifacts.write_json(p.train, {"best_val_loss": 1.4, "final_train_loss": 1.2,
+                                   "tokens": 123456, "steps": 50, "params": {"total": 1000}})
+    artifacts.write_json(p.eval, {
+        "protocol": {"units": "nats", "bootstrap": {"n_boot": 200}},
+        "models": {m: {"test": {"nats_per_note": {"value": v, "ci_low": v - 0.1,
+                                                  "ci_high": v + 0.1}}}
+                   for m, v in (("ngram", 2.0), ("transformer", 1.9))},
+        "paired": {"ngram_minus_transformer": {"test": {"nats_per_note": {
+            "value": 0.1, "ci_low": 0.04, "ci_high": 0.16}}}}})
+    artifacts.write_json(p.audit, {
+        "thresholds": {"lcs_tokens": 20.0}, "flag_rate": {"samples": 0.1, "human_test": 0.1,
+                                                          "excess": 0.0},
+        "human": {"test": {"n": 5, "flag_rate": 0.1}}, "samples": {"ngram": {"all": {"n": 4}}},
+        "music": {"test": {"pitch_range": 12.0}, "ngram": {"pitch_range": 10.0}},
+        "extraction": {"ngram": {"train_exact": 0.5, "test_exact": 0.0}},
+        "membership": {"ngram": {"auc": 0.6, "n_train": 8, "n_test": 8}}})
+    per_piece = pd.DataFrame({"sha256": [f"{i:04d}" for i in range(10)] * 2,
+                              "split": "test", "model": ["ngram"] * 10 + ["transformer"] * 10,
+                              "nll_nats": rng.uniform(50, 100, 20), "n_tokens": 100,
+                              "n_notes": 40, "duration_s": 30.0})
+    artifacts.write_parquet(p.per_piece, per_piece)
+    per_sample = pd.DataFrame({"source": ["human"] * 3 + ["sample"] * 2,
+                               "model": ["human"] * 3 + ["ngram"] * 2,
+                               "kind": ["test"] * 3 + ["unconditional"] * 2,
+                               "lcs_tokens": [5.0, 7.0, 9.0, 30.0, 12.0],
+                               "decode_ok": [True] * 4 + [False],
+                               "index": [0, 1, 2, 0, 1], "nn_sha256": ["a"] * 5,
+                               "nn_jaccard": [0.1] * 5, "lcs_bars": [0.0, 1.0, 1.0, 4.0, 2.0],
+                               "lcs_train_sha256": ["a"] * 5})
+    artifacts.write_parquet(p.per_sample, per_sample)
+    side = {"model": "ngram", "kind": "unconditional", "index": 0, "length": 30}
+    artifacts.write_parquet(p.spans, pa.Table.from_pylist([
+        {**side, "side": "sample", "sha256": None, "start": 2, "onset": [0.0, 1.0, 2.0, 3.0],
+         "duration": [1.0] * 4, "pitch": [60, 62, 64, 65], "in_span": [False, True, True, False]},
+        {**side, "side": "train", "sha256": "a", "start": 40,
+         "onset": [0.0, 4.0, 5.0, 6.0, 7.0, 30.0], "duration": [1.0] * 6,
+         "pitch": [50, 52, 62, 64, 66, 70], "in_span": [False, False, True, True, False, False]},
+    ], schema=SPANS_SCHEMA))
+    p.train_log.parent.mkdir(parents=True, exist_ok=True)
+    p.train_log.write_text("step\ttrain_loss\tval_loss\n0\t3.0\t3.1\n10\t2.0\t\n20\t1.5\t1.6\n")
+    artifacts.write_bytes(p.samples_dir / "ngram_unconditional_0.png", piano_roll_png(
+        {"onset": np.arange(4.0), "duration": np.ones(4), "pitch": np.array([60, 62, 64, 65])}))
+    buf = io.BytesIO()
+    notes_to_midi({"onset": np.arange(4.0), "duration": np.ones(4),
+                   "pitch": np.array([60, 62, 64, 65])}).write(buf)
+    artifacts.write_bytes(p.samples_dir / "ngram_unconditional_0.mid", buf.getvalue())
+    artifacts.write_parquet(p.manifest, pd.DataFrame({
+        "sha256": ["a", "b", "c"], "status": ["ok", "quarantined", "duplicate"],
+        "reason": ["", "no_notes", "exact"], "licence": ["CC0", "CC0", "PD"]}))
+    artifacts.write_parquet(p.splits, SPLITS)
+    artifacts.write_parquet(p.pairs, pd.DataFrame({"a": ["a"], "b": ["c"], "tier": ["note"],
+                                                   "similarity": [1.0]}))
+    artifacts.write_parquet(p.notes, pd.DataFrame({
+        "sha256": ["a", "c"], "onset": [[0.0, 1.0], [0.0, 1.0]], "duration": [[1.0, 1.0]] * 2,
+        "pitch": [[60, 62], [60, 62]]}))
+    artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64,
+                                 "environment": {"packages": artifacts.package_versions()},
+                                 "git": GIT_SHOWS_ORDER})
+    return p
+
+
+def report(root: Path, params: Path, p: ReportPaths, *, look: bool = True):
+    """Report as `dvc repro` would: evaluate has recorded its look at the test scores under the
+    registration in force (``look``), then the report runs."""
+    with contextlib.chdir(root):
+        table = artifacts.read_table_or_none(p.per_piece)
+        if look and table is not None:
+            ledger.record_look(table, artifacts.read_json_or_none(p.preregistration), p.ledger)
+        return run(load_section("report", params, ReportConfig), read_params(params), p)
+
+
+def register(root: Path, params: Path, p: ReportPaths, *, before_scores: bool = False, **kw):
+    """``symkit preregister`` in ``root``; ``before_scores``: as before `dvc repro evaluate`
+    (no eval.json, no per-piece table)."""
+    missing = root / "missing"
+    with contextlib.chdir(root):
+        return preregister(params, split_report=p.split, splits=p.splits,
+                           eval_report=missing / "eval.json" if before_scores else p.eval,
+                           per_piece=missing / "per_piece.parquet" if before_scores
+                           else p.per_piece, ledger_path=p.ledger, out=p.preregistration, **kw)
+
+
+def without_test_scores(p: ReportPaths) -> None:
+    """As before `dvc repro evaluate`: no eval.json yet (restored by make_inputs)."""
+    p.eval.unlink()
+
+
+def outputs(p: ReportPaths) -> dict[str, bytes]:
+    return {q.name: q.read_bytes() for q in (p.metrics_out, p.md_out, p.html_out)}
+
+
+def test_registered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path):
+    a = tmp_path / "a"
+    p = make_inputs(a)
+    params = write_params(a)
+    rec = register(a, params, p, before_scores=True)
+    assert rec["identity"]["split_hash"] == SPLIT and not rec["forced"]
+    assert rec["identity"]["pieces"] == {"test": TEST_PIECES, "val": ["c"]}
+    assert rec["identity"]["params"]["evaluate"] == EVALUATE
+    assert rec["identity"]["packages"]["numpy"] == np.__version__
+    s = report(a, params, p)
+    assert s.decision == "PASS" and s.n_deviations == 0
+    first = outputs(p)
+    report(a, params, p)
+    assert outputs(p) == first
+    shutil.copytree(a, tmp_path / "b")  # same files elsewhere: same bytes (no absolute paths)
+    report(tmp_path / "b", tmp_path / "b" / "params.yaml", paths_in(tmp_path / "b"))
+    assert outputs(paths_in(tmp_path / "b")) == first
+
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["decision.overall"] == "PASS"
+    assert metrics["decision.registration"] == "FOLLOWED"
+    assert metrics["decision.criteria.no_crossing_groups"] == "PASS"
+    assert metrics["test.nll_per_note.rel_improvement"] == pytest.approx(0.05)
+    html = p.html_out.read_text()
+    assert "data:image/png;base64," in html
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+    md = p.md_out.read_text()
+    assert "all match the registration" in md and "| transformer_beats_ngram |" in md
+    assert "The registration was committed in c0ffeec0ffee; the results are not committed" in md
+    assert "](samples/ngram_unconditional_0.png)" in md
+    assert "CC0" in md
+    # the commit being reported on and timings stay in the sidecars, never in the report
+    assert "deadbeef" not in md and "compute time" not in md
+
+
+def test_the_rendering_machine_s_kernel_and_cores_stay_out_of_the_report(tmp_path):
+    """Re-rendering on another kernel or core count keeps the report's bytes; the machine's
+    architecture, Python and package versions are shown."""
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    runs = []
+    for kernel, cores in (("Linux-6.1-x86_64-with-glibc2.36", 2), ("Linux-6.18-x86_64", 64)):
+        env = artifacts.read_json(p.env)
+        env["environment"].update(python="3.11.7", platform=kernel, machine="x86_64",
+                                  cpu_count=cores)
+        artifacts.write_json(p.env, env)
+        report(tmp_path, params, p, look=not runs)
+        runs.append(outputs(p))
+    assert runs[0] == runs[1]
+    md = p.md_out.read_text()
+    assert "| machine | x86_64 |" in md and "| python | 3.11.7 |" in md and "Linux" not in md
+
+
+def test_missing_registration_is_not_registered(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    s = report(tmp_path, params, p)
+    assert s.decision == "NOT REGISTERED"
+    assert artifacts.read_json(p.metrics_out)["decision.registration"] == "NOT REGISTERED"
+    md = p.md_out.read_text()
+    assert "Decision: NOT REGISTERED." in md and "Not registered" in md
+    # the verdicts are still shown, judged from params.yaml
+    assert "| transformer_beats_ngram |" in md
+
+
+def _deviations(tmp_path: Path, change) -> tuple[str, list[str], str]:
+    """Register, apply ``change(params_dict, paths)``, report; -> (decision, deviations, md)."""
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    register(tmp_path, params, p, before_scores=True)
+    data = yaml.safe_load(params.read_text())
+    change(data, p)
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    devs = [line for line in md.splitlines() if line and line in
+            md.split("## Deviations from the registration")[-1].split("\n## ")[0]]
+    return s.decision, devs, md
+
+
+def test_a_criterion_loosened_after_registration_is_deviated_and_not_used(tmp_path):
+    def loosen(data, p):
+        data["criteria"]["rules"][2]["threshold"] = 0.5
+        artifacts.write_json(p.audit, {**artifacts.read_json(p.audit),
+                                       "flag_rate": {"excess": 0.3}})
+
+    decision, devs, md = _deviations(tmp_path, loosen)
+    assert decision == "DEVIATED"
+    assert any("criterion 'memorisation_at_human_level'.threshold: registered 0.05, now 0.5"
+               in d for d in devs)
+    # the registered rule judges: an excess of 0.3 fails "<= 0.05" (it would pass "<= 0.5")
+    row = next(line for line in md.splitlines() if line.startswith("| memorisation_at_human"))
+    assert "<= 0.05" in row and "FAIL" in row
+    # prominent: named by the decision sentence, listed right after the verdicts, before the
+    # figures and the criteria (the verdicts stay on the first screen)
+    assert md.index("Decision: DEVIATED.") < md.index("## Decision") \
+        < md.index("## Deviations from the registration") < md.index("## The criteria")
+
+
+@pytest.mark.parametrize(("section", "key", "value", "named"), [
+    ("tokenize", "tokenizer", "TSD", "tokenize.tokenizer: registered 'REMI', now 'TSD'"),
+    ("transformer", "seed", 7, "transformer.seed: registered 1234, now 7"),
+    ("audit", "flag_quantile", 0.5, "audit.flag_quantile: registered 0.99, now 0.5"),
+    ("evaluate", "n_boot", 50, "evaluate.n_boot: registered 200, now 50"),
+])
+def test_a_changed_param_that_shapes_results_is_deviated(tmp_path, section, key, value, named):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    base = {"tokenize": {"tokenizer": "REMI"}, "transformer": {"seed": 1234},
+            "audit": {"flag_quantile": 0.99}}
+    data.update({k: v for k, v in base.items() if k not in data})
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, before_scores=True)
+    data[section] = {**data[section], key: value}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert s.decision == "DEVIATED" and s.n_deviations == 1
+    assert named in p.md_out.read_text()
+
+
+@pytest.mark.parametrize(("pack", "deviated"), [(False, False), (True, True)])
+def test_a_key_added_after_registration_deviates_only_when_it_changes_behaviour(
+        tmp_path, pack, deviated):
+    # transformer.data.pack did not exist when older registrations were written; pack: false is
+    # what those runs did, so writing it out is the same experiment
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["transformer"] = {**(data.get("transformer") or {}), "data": {"use_augmented": False}}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, before_scores=True)
+    data["transformer"]["data"]["pack"] = pack
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert (s.decision == "DEVIATED") is deviated
+    assert ("transformer.data.pack: registered '<absent>', now True"
+            in p.md_out.read_text()) is deviated
+
+
+@pytest.mark.parametrize(("value", "deviated"), [(None, False), ("other/tokenizer.json", True)])
+def test_tokenize_from_written_out_as_null_is_the_registered_experiment(tmp_path, value,
+                                                                        deviated):
+    # tokenize.from came after the committed registration; null trains the tokenizer here, as
+    # every run before it did
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["tokenize"] = {k: v for k, v in (data.get("tokenize") or {}).items() if k != "from"}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, before_scores=True)
+    data["tokenize"]["from"] = value
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert (s.decision == "DEVIATED") is deviated
+    assert ("tokenize.from: registered '<absent>'" in p.md_out.read_text()) is deviated
+
+
+def test_other_split_packages_and_edited_hash_are_deviated(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    register(tmp_path, params, p, before_scores=True)
+    artifacts.write_json(p.split, {**artifacts.read_json(p.split), "split_hash": "zzz"})
+    env = artifacts.read_json(p.env)
+    env["environment"]["packages"]["torch"] = "0.0.1"
+    artifacts.write_json(p.env, env)
+    assert report(tmp_path, params, p).n_deviations == 2
+    md = p.md_out.read_text()
+    assert f"split_hash: registered '{SPLIT}', now 'zzz' (the split changed)" in md
+    assert "package.torch: registered" in md and "now '0.0.1'" in md
+    eval_json = artifacts.read_json(p.eval)
+    artifacts.write_json(p.eval, {**eval_json, "protocol": {"split_hash": "other"}})
+    assert report(tmp_path, params, p).n_deviations == 3
+    assert "reports/eval.json scored split 'other'" in p.md_out.read_text()
+
+    q = make_inputs(tmp_path / "edited")
+    params = write_params(tmp_path / "edited")
+    rec = register(tmp_path / "edited", params, q, before_scores=True)
+    rec["identity"]["params"]["criteria"]["rules"][0]["threshold"] = 0.0  # edited by hand
+    artifacts.write_json(q.preregistration, rec)
+    s = report(tmp_path / "edited", params, q)
+    assert s.decision == "DEVIATED"
+    md = q.md_out.read_text()
+    assert "identity_hash does not match the registered identity" in md
+
+
+def test_an_old_schema_registration_is_deviated(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    artifacts.write_json(p.preregistration, {"schema": 1, "criteria": RULES})
+    s = report(tmp_path, params, p)
+    assert s.decision == "DEVIATED"
+    assert "has schema 1, not 3" in p.md_out.read_text()
+
+
+def test_preregistering_after_test_scores_is_refused_unless_forced(tmp_path):
+    p = make_inputs(tmp_path)  # the per-piece table and eval.json hold test scores
+    params = write_params(tmp_path)
+    with pytest.raises(AlreadyScored, match="--force"):
+        register(tmp_path, params, p)
+    assert not p.preregistration.exists()
+    # scores of other pieces do not block a registration of these
+    table = pd.read_parquet(p.per_piece)
+    artifacts.write_parquet(p.per_piece, table.assign(sha256="other-" + table["sha256"]))
+    artifacts.write_json(p.eval, {**artifacts.read_json(p.eval),
+                                  "protocol": {"split_hash": "old-split"}})
+    p.ledger.unlink()
+    assert not register(tmp_path, params, p)["forced"]
+    p = make_inputs(tmp_path / "forced")
+    params = write_params(tmp_path / "forced")
+    rec = register(tmp_path / "forced", params, p, force=True)
+    assert rec["forced"] and [r["source"] for r in rec["looks_before"]] == ["workspace"]
+    assert register(tmp_path / "forced", params, p, force=True) == rec  # stable
+    s = report(tmp_path / "forced", params, p)
+    assert s.decision == "FOLLOWED AFTER 1 LOOK" and s.n_deviations == 0
+    md = p.md_out.read_text()
+    assert "## Earlier looks at the test pieces" in md and "This test set is spent" in md
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["decision.rules"] == "PASS" and metrics["decision.earlier_looks"] == 1
+
+
+def test_registration_before_scores_can_be_replaced_freely(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    without_test_scores(p)
+    first = register(tmp_path, params, p, before_scores=True)
+    params = write_params(tmp_path, rules=RULES[:2])
+    second = register(tmp_path, params, p, before_scores=True)
+    assert first["identity_hash"] != second["identity_hash"]
+    assert len(second["identity"]["params"]["criteria"]["rules"]) == 2
+
+
+def test_cli_preregister_and_report(tmp_path, monkeypatch, capsys):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    monkeypatch.chdir(tmp_path)  # CLI defaults are relative to the repository root
+    assert cli(["preregister", "--params", str(params)]) == 1  # test scores exist
+    assert "test scores of these 10 test pieces already exist" in capsys.readouterr().err
+    without_test_scores(p)
+    p.per_piece.unlink()
+    p.ledger.unlink()  # preregister recorded the look it found: start again before it
+    assert cli(["preregister", "--params", str(params)]) == 0
+    make_inputs(tmp_path)
+    ledger.record_look(pd.read_parquet(p.per_piece), artifacts.read_json(p.preregistration),
+                       p.ledger)
+    assert cli(["report", "--params", str(params)]) == 0
+    env = artifacts.read_json(p.env)
+    assert "environment" in env and "params_sha256" in env
+    assert env["git"] == {"git": False, "ledger_rewritten": None}
+    # followed, but without git nothing shows the registration came first
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["decision.overall"] == "FOLLOWED, ORDER NOT SHOWN"
+    assert metrics["decision.rules"] == "PASS"
+
+
+def test_corrupt_inputs_degrade_to_not_available(tmp_path):
+    params = write_params(tmp_path)
+    p = paths_in(tmp_path)
+    p.eval.parent.mkdir(parents=True, exist_ok=True)
+    p.eval.write_text("{not json")
+    p.per_piece.parent.mkdir(parents=True, exist_ok=True)
+    p.per_piece.write_bytes(b"PAR1garbage")
+    assert report(tmp_path, params, p).decision == "NOT REGISTERED"
+    assert "not available" in p.md_out.read_text()
+
+
+def test_repository_params_sections_parse():
+    from pipeline.stages.audit import AuditConfig
+    from pipeline.stages.generate import GenerateConfig
+
+    repo = Path(__file__).resolve().parents[2] / "params.yaml"
+    gen = load_section("generate", repo, GenerateConfig)
+    audit = load_section("audit", repo, AuditConfig)
+    load_section("report", repo, ReportConfig)
+    assert audit.human_window == gen.max_new_tokens  # humans audited on a sample's span
+
+
+def test_power_of_the_comparison_rule_is_stated(tmp_path):
+    p = make_inputs(tmp_path)
+    rules = [{"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
+              "threshold": 0.02, "judge": "interval", "rationale": "r"}]
+    params = write_params(tmp_path, rules=rules)
+    eval_json = artifacts.read_json(p.eval)
+    eval_json["power"] = {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36,
+                                                      "power": 0.8}}
+    artifacts.write_json(p.eval, eval_json)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    # lower bound >= 2% at 95%: needs 2% + (1.96 + 0.84) * 0.0136 = 5.8%; a true 2% passes 2.5%
+    assert "the true gain must be about 5.81%" in md
+    assert "a true gain of exactly 2.00% passes with probability 2.5%" in md
+
+
+def test_long_metric_names_may_wrap_in_html_only():
+    from pipeline.render.document import Document, Table, render_html, render_markdown
+
+    doc = Document("t")
+    doc.add(Table(["metric", "value"], [["memorisation.transformer.flag_excess", "0.5"]]))
+    html, md = render_html(doc), render_markdown(doc)
+    assert "memorisation.<wbr>transformer.<wbr>flag_<wbr>excess" in html
+    assert ">0.5<" in html  # numbers are never split
+    assert "<wbr>" not in md and "memorisation.transformer.flag_excess" in md
+
+
+def test_power_note_states_the_mde_above_the_threshold(tmp_path):
+    from pipeline.decision.criteria import CriteriaConfig
+    from pipeline.decision.preregistration import power_note
+
+    rule = {"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
+            "threshold": 0.02, "judge": "interval", "rationale": "r"}
+    criteria = CriteriaConfig.model_validate({"rules": [rule]})
+    small = {"power": {"ngram_minus_transformer": {"se": 0.005, "n_groups": 36, "power": 0.8}}}
+    large = {"power": {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36, "power": 0.8}}}
+    # the MDE is a margin above the threshold, not a number to compare the threshold with
+    assert "Warning" not in power_note(criteria, large, 0.95)
+    assert "the true gain must be about 5.81% (the minimum detectable effect, 3.81%, above " \
+           "the threshold)" in power_note(criteria, large, 0.95)
+    assert "about 3.40% (the minimum detectable effect, 1.40%" in power_note(criteria, small,
+                                                                             0.95)
+    assert power_note(criteria, {}, 0.95) is None  # val not scored yet
+    assert "training seeds" not in power_note(criteria, small, 0.95)
+    seeds = {"power": {"ngram_minus_transformer": {
+        "se": 0.0117, "se_groups": 0.0056, "seed_sd": 0.0178, "n_seeds": 3, "n_groups": 36,
+        "power": 0.8}}}
+    note = power_note(criteria, seeds, 0.95)
+    assert "the spread of the gain over 3 training seeds on val (sd 1.78%)" in note
+    assert "standard error of about 0.012" in note  # the seed term is kept, not rescaled
+
+
+def test_training_seeds_are_shown_with_their_spread(tmp_path):
+    """Three training seeds: one row each with its figures, a mean and an sd row, one loss curve
+    per seed (a folder of seed-<s>.tsv), and per-piece NLL averaged over seeds for the plot."""
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    train = artifacts.read_json(p.train)
+    seeds = [11, 12, 13]
+    artifacts.write_json(p.train, {**train, "seeds": seeds, "replicates": {
+        str(s): {"best_val_loss": 1.4 + k / 10} for k, s in enumerate(seeds)}})
+    ev = artifacts.read_json(p.eval)
+    ev["models"]["transformer"]["test"]["per_seed"] = {
+        str(s): {"nats_per_note": 1.8 + k / 10} for k, s in enumerate(seeds)}
+    ev["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
+        "value": 0.05, "ci_low": 0.01, "ci_high": 0.09,
+        "per_seed": {"11": 0.1, "12": 0.05, "13": 0.0}, "per_seed_of": "b"}
+    artifacts.write_json(p.eval, ev)
+    p.train_log.unlink()
+    for s in seeds:
+        artifacts.write_text(p.train_log / f"seed-{s}.tsv",
+                             f"step\ttrain_loss\tval_loss\n1\t3.{s}\t\n2\t2.{s}\t2.5\n")
+    per_piece = artifacts.read_parquet(p.per_piece)
+    tr = per_piece[per_piece["model"] == "transformer"]
+    replicated = pd.concat([per_piece[per_piece["model"] == "ngram"].assign(seed=pd.NA),
+                            *(tr.assign(seed=s) for s in seeds)], ignore_index=True)
+    artifacts.write_parquet(p.per_piece, replicated.astype({"seed": "Int64"}))
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    section = md[md.index("Training seeds"):md.index("NLL distributions")]
+    assert "seeds 11, 12, 13" in section and "first seed's model (seed 11)" in section
+    audit = artifacts.read_json(p.audit)  # an audit over every seed says so instead
+    audit.setdefault("judged", {}).setdefault("transformer", {})["seeds"] = seeds
+    artifacts.write_json(p.audit, audit)
+    report(tmp_path, params, p)
+    section = p.md_out.read_text()
+    section = section[section.index("Training seeds"):section.index("NLL distributions")]
+    assert "The audit judges every seed as well" in section
+    assert "first seed's model" not in section
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines()
+            if line.startswith("|")}
+    assert {"11", "12", "13", "mean", "sd"} <= set(rows)
+    assert "0.1" in rows["11"] and "1.5" in rows["12"]  # gain of seed 11, best val of seed 12
+    assert "0.05" in rows["mean"] and "0.05" in rows["sd"]  # gains 0.1, 0.05, 0: mean, sd .05
+    assert "per training seed" in md
+    nll = piece_nll(artifacts.read_parquet(p.per_piece), "test", "n_notes")
+    assert len(nll["transformer"]) == 10  # each piece once, not once per seed
+    np.testing.assert_allclose(nll["transformer"], tr.sort_values("sha256")["nll_nats"] / 40)
+
+
+def test_one_training_seed_says_what_the_interval_leaves_out(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    artifacts.write_json(p.train, {**artifacts.read_json(p.train), "seeds": [5]})
+    report(tmp_path, params, p)
+    assert "trained once (seed 5)" in p.md_out.read_text()
+
+
+# ---- the first screen -------------------------------------------------------------------------
+def test_first_screen_names_the_experiment_the_decision_and_why(tmp_path):
+    p = make_inputs(tmp_path)
+    ev = artifacts.read_json(p.eval)
+    ev["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
+        "value": 0.05, "ci_low": 0.02, "ci_high": 0.08}
+    artifacts.write_json(p.eval, ev)
+    params = write_params(tmp_path)
+    register(tmp_path, params, p, force=True)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    first = md[:md.index("## The criteria")]
+    # identity, then the decision sentence, then the table of verdicts with words
+    assert first.index("| split | train 2 / val 1 / test 10 pieces in 1 / 1 / 5 groups") < \
+        first.index("Decision: FOLLOWED AFTER 1 LOOK.") < \
+        first.index("| criterion | verdict | evidence |")
+    assert "The registered rules give PASS." in first
+    row = next(line for line in first.splitlines() if line.startswith("| transformer_beats"))
+    assert "The transformer's NLL per note is 5.0% lower than the n-gram's" in row
+    assert "test.nll_per_note.rel_improvement is" not in row  # words, not a dotted key
+    # the headline figure has its alt text and caption in HTML
+    html = p.html_out.read_text()
+    assert re.search(r'<img alt="The transformer&#x27;s NLL per note, relative to', html)
+
+
+def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
+    p = make_inputs(tmp_path)
+    report(tmp_path, write_params(tmp_path), p)
+    md = p.md_out.read_text()
+    body = re.sub(r"<details>.*?</details>", "", md, flags=re.S)
+    dotted = [line for line in body.splitlines()
+              if re.match(r"\| [a-z_]+\.[a-z0-9_.]+ \|", line)]
+    assert dotted == [] and "(no rows)" not in md and "params sha256" not in md
+    assert "<details><summary>Every value in reports/split.json" in md
+    assert "Dedupe tier note (the same notes saved differently): the most similar pair" in md
+    html = p.html_out.read_text()
+    assert html.count("<details>") == md.count("<details>") >= 3
+
+
+def test_plain_evidence_for_each_kind_of_criterion():
+    from pipeline.decision.criteria import Verdict
+    from pipeline.report.headline import decision_sentence, plain_evidence
+
+    m = {"ngram.best_order": 5, "eval.seeds.transformer.0": 1, "eval.seeds.transformer.1": 2,
+         "eval.paired.ngram_minus_transformer.test.n_pieces": 52,
+         "eval.models.transformer.test.n_groups": 36,
+         "eval.paired.ngram_minus_transformer.test.rel_improvement.per_seed.1": 0.1,
+         "eval.paired.ngram_minus_transformer.test.rel_improvement.per_seed.2": 0.08,
+         "leakage.independent.test_pieces": 52,
+         "audit.judged.transformer.membership_auc.n_train": 64,
+         "audit.judged.transformer.membership_auc.n_test": 52,
+         "audit.judged.transformer.quality.n_stats": 7,
+         "audit.judged.transformer.quality.stats.polyphony.inside": False}
+
+    def v(metric, value, status, op=">=", threshold=0.02, lo=None, hi=None):
+        return Verdict("r", status, metric, value, op, threshold, metric, lo, hi, "generic.")
+
+    gain = plain_evidence(v("test.nll_per_note.rel_improvement", 0.09, "INCONCLUSIVE",
+                            lo=0.01, hi=0.12), m, {}, 0.95)
+    assert gain == ("The transformer's NLL per note is 9.0% lower than the 5-gram's (95% CI "
+                    "1.0% to 12.0%) on 52 test pieces in 36 groups, 2 training seeds (each "
+                    "seed: 10.0%, 8.0%); the rule asks for a gain of at least 2%: the interval "
+                    "straddles the threshold, so the data cannot tell.")
+    assert "6 of 52 test pieces" in plain_evidence(
+        v("leakage.test_near_train", 6, "FAIL", "==", 0), m, {}, 0.95)
+    assert "The rule allows none: it fails the rule." in plain_evidence(
+        v("leakage.test_near_train", 6, "FAIL", "==", 0), m, {}, 0.95)
+    auc = plain_evidence(v("memorisation.transformer.membership_auc", 0.94, "FAIL", "<=", 0.6,
+                           0.89, 0.98), m, {}, 0.95)
+    assert "64 training pieces from 52 unseen test pieces with AUC 0.94" in auc
+    assert "at most 0.6: no value in the interval meets the rule" in auc
+    held = {**m, "audit.judged.transformer.membership_auc.n_heldout": 72,
+            "audit.judged.transformer.membership_auc.tpr.value": 0.71,
+            "audit.judged.transformer.membership_auc.tpr.fpr": 0.1}
+    auc = plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
+                           0.81, 0.9), held, {}, 0.95)
+    assert "from 72 unseen val and test pieces with AUC 0.86" in auc
+    assert "calling at most 10% of the unseen pieces members, it picks out 71%" in auc
+    seeds = {**held, **{f"audit.judged.transformer.per_seed.{s}.membership_auc.value": a
+                        for s, a in ((1234, 0.86), (1235, 0.84), (1236, 0.88))}}
+    assert "its 3 training seeds give AUC 0.86, 0.84 and 0.88 (the first is judged)" in \
+        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
+                         0.81, 0.9), seeds, {}, 0.95)
+    pooled = {**seeds, "audit.judged.transformer.membership_auc.seed_half_width": 0.05}
+    assert "0.84 and 0.88 (their mean is judged, the seeds' term ±0.05 in its interval)" in \
+        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
+                         0.75, 0.97), pooled, {}, 0.95)
+    tpr = plain_evidence(v("memorisation.transformer.membership_tpr", 0.71, "FAIL", "<=", 0.3,
+                           0.55, 0.79), held, {}, 0.95)
+    assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")
+    gap = plain_evidence(v("generalisation.gap_per_note.transformer", 0.66, "INCONCLUSIVE",
+                           "<=", 0.5, 0.35, 1.0),
+                         {**m, "eval.gap.transformer.n_pieces_heldout": 72,
+                          "eval.gap.transformer.n_pieces_train": 256}, {}, 0.95)
+    assert gap.startswith("Held-out music costs 0.66 nats per note more than training music (72 "
+                          "held-out (val and test) against 256 training pieces; 95% CI 0.35 to "
+                          "1.00)")
+    quality = plain_evidence(v("quality.transformer.score", 4 / 7, "FAIL", ">=", 0.7), m, {},
+                             0.95)
+    assert quality.startswith("4 of 7 music statistics") and "(outside: polyphony)" in quality
+    assert "needs at least 5" in quality
+    assert plain_evidence(v("some.other.metric", 1.0, "PASS"), m, {}, 0.95) == "generic."
+    assert plain_evidence(v("test.nll_per_note.rel_improvement", None, "INCONCLUSIVE"), m, {},
+                          0.95) == "generic."
+    verdicts = [v("a", 1, "PASS"), v("b", 1, "FAIL"), v("c", 1, "INCONCLUSIVE")]
+    assert decision_sentence("FAIL", verdicts).endswith(
+        "Of 3 criteria, 1 pass, 1 fail and 1 is inconclusive.")
+
+
+def test_report_md_links_figure_files_that_html_embeds(tmp_path):
+    import base64
+
+    p = make_inputs(tmp_path)
+    stale = p.figures_dir / "99-old.png"
+    artifacts.write_bytes(stale, b"old")
+    report(tmp_path, write_params(tmp_path), p)
+    md, html = p.md_out.read_text(), p.html_out.read_text()
+    links = re.findall(r"!\[[^\]]+\]\((figures/report/[^)]+\.png)\)", md)
+    assert links and not stale.exists()
+    assert sorted(links) == sorted(f"figures/report/{f.name}" for f in p.figures_dir.glob("*.png"))
+    embedded = {base64.b64decode(d) for d in re.findall(r"base64,([^\"]+)\"", html)}
+    assert all((p.md_out.parent / rel).read_bytes() in embedded for rel in links)
+    assert "(embedded in report.html)" not in md
+
+
+def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
+    from pipeline.report.sections.samples import pick_samples
+
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    raw = yaml.safe_load(params.read_text())
+    params.write_text(yaml.safe_dump({**raw, "audit": {"flag_quantile": 0.95}}, sort_keys=False))
+    report(tmp_path, params, p)
+    md, html = p.md_out.read_text(), p.html_out.read_text()
+    assert "### ngram, unconditional sample 0" in md
+    link = re.search(r"\[Listen: the ngram, unconditional sample 0, at most its first 10 s\]"
+                     r"\((figures/report/[^)]+\.flac)\)", md)
+    assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
+    assert "the longest run of ids this sample shares with any training piece is 30 ids (4 " \
+        "bars), with training piece a;" in md
+    assert "The audit flags a run longer than 20 ids (the 0.95 quantile of the runs of " \
+        "held-out val windows); this one is flagged." in md
+    assert "The nearest training piece by shingle Jaccard is a (0.1), the same piece." in md
+    assert "[Listen: training piece a from beat 3 (2 beats before the shared run), at most " \
+        "10 s]" in md
+    assert html.count('<audio controls preload="metadata"') == 2
+    names = [Path(f"{m}_{k}_{i}.png") for m in ("ngram", "transformer")
+             for k in ("continuation", "unconditional") for i in (0, 1, 2, 10)]
+    assert [q.stem for q in pick_samples(sorted(names), 6)] == [
+        "ngram_continuation_0", "ngram_unconditional_0", "transformer_continuation_0",
+        "transformer_unconditional_0", "ngram_continuation_1", "ngram_unconditional_1"]
+
+
+def test_tokenisation_and_ngram_orders_have_readable_tables():
+    from pipeline.report.sections.data_card import tokenisation_table
+    from pipeline.report.sections.models import ngram_table
+
+    (tok,) = tokenisation_table({"tokenizer": "REMI", "model": "BPE", "vocab_size": 1000,
+                                 "base_vocab_size": 486, "model_trained_on_pieces": 268,
+                                 "tokens_by_split": {"train": 10, "test": 3},
+                                 "pieces_by_split": {"train": 2, "test": 1}}, 4)
+    rows = dict(map(tuple, tok.rows))
+    assert rows["trained vocabulary"] == "BPE, 1000 tokens (base 486), learned on 268 train pieces"
+    assert rows["tokens per split"] == "train 10 (2 pieces), test 3 (1 piece)"
+    (ng,) = ngram_table({"best_order": 3, "orders": {"10": {"val_nats_per_token": 4.0},
+                                                     "3": {"val_nats_per_token": 3.5}}}, 4)
+    assert [r[0] for r in ng.rows] == ["3", "10"] and ng.rows[0][3] == "chosen"
+    assert tokenisation_table(None, 4) == [] and ngram_table({}, 4) == []
+
+
+def test_contamination_section_says_what_was_checked_and_found(tmp_path):
+    from pipeline.report.sections.data_card import contamination
+
+    (note,) = contamination({"references": [], "by_split": {"test": {"pieces": 4}}}, tmp_path, 4)
+    assert "No reference corpus declared" in note.text
+    assert "not available" in contamination(None, tmp_path, 4)[0].text
+    summary = {"references": [{"reference": "../lakh", "files": 9, "by_status": {
+        "ok": 7, "quarantined": 1, "duplicate": 1}, "by_reason": {"corrupt": 1},
+        "pieces_matched": 1}], "tiers": ["note", "transposed", "melody", "near"],
+        "by_split": {"test": {"pieces": 4, "in_reference": 2, "by_tier": {
+            "note": 1, "transposed": 0, "melody": 0, "near": 1}}}}
+    artifacts.write_parquet(tmp_path / "matches.parquet", pd.DataFrame({
+        "split": ["test", "test", "test"], "sha256": ["q1", "q1", "q2"],
+        "path": ["a.mid", "a.mid", "b.mid"], "reference": ["../lakh"] * 3,
+        "ref_sha256": ["r1", "r2", "r3"], "ref_path": ["x.mid", "y.mid", "z.mid"],
+        "tier": ["note", "near", "near"], "rule": [None, "jaccard", "excerpt"],
+        "similarity": [1.0, 0.7, 0.2], "alignment": [np.nan, np.nan, 0.91]}))
+    what, refs, per_split, matches, more = contamination(summary, tmp_path, 4)
+    assert "compared with every piece" in what.text
+    assert refs.rows[0][:4] == ["../lakh", "9", "7", "1 (corrupt 1)"]
+    assert per_split.rows == [["test", "4", "2", "1", "0", "0", "1"]]
+    # one row per held-out piece, its strongest match first
+    assert [r[1:4] for r in matches.rows] == [["a.mid", "note", "1"],
+                                              ["b.mid", "near (excerpt)", "0.91"]]
+    assert "matches.parquet" in more.text
+
+
+def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_path):
+    """`symkit preregister` simulates each rule's controls at the registered sizes (nothing
+    trained, nothing scored) and the report shows the same rates; without it, it says so."""
+    p = make_inputs(tmp_path)
+    interval = {**RULES[0], "judge": "interval"}
+    interval.pop("ci"), interval.pop("ci_metric")
+    params = write_params(tmp_path, rules=[interval, *RULES[1:]])
+    rec = register(tmp_path, params, p, before_scores=True, power_draws=40)
+    power = rec["power"]
+    assert power["draws"] == 40 and "stated" in power["assumptions"]
+    # the registered split's sizes, not the default experiment's
+    counts = SPLITS.groupby("split")["sha256"].nunique()
+    assert power["sizes"]["human_pieces"] == counts["test"]
+    assert power["sizes"]["extraction_test"] == min(counts["test"], 256)
+    gain = next(r for r in power["rules"] if r["metric"] == "test.nll_per_note.rel_improvement")
+    assert gain["controls"] and gain["resolved_at_80_percent"] > 0.02 + 2.8 * 0.0082  # 1 group
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    assert "### Power at registration" in md
+    first = gain["controls"][0]
+    assert f"| {gain['name']} | {first['case']} | {first['truth']} | " \
+           f"{first['pass_rate']:.1%} |" in md
+    # the same registration without the statement: the report says it is missing
+    rec.pop("power")
+    artifacts.write_json(p.preregistration, rec)
+    report(tmp_path, params, p)
+    assert "Power at registration: not stated" in p.md_out.read_text()
+
+
+@pytest.mark.parametrize(("section", "deviation"), [
+    (None, None),
+    ({"use": [], "dropout": 0.3}, None),  # no condition in use: still the unconditioned model
+    ({"use": ["key"]}, "condition.use: registered unconditioned, now ['key']"),
+])
+def test_conditions_after_an_unconditioned_registration(tmp_path, section, deviation):
+    # the condition section came after the committed registration, which registered an
+    # unconditioned model; only conditions in use change that experiment
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = {k: v for k, v in yaml.safe_load(params.read_text()).items() if k != "condition"}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    register(tmp_path, params, p, before_scores=True)
+    if section is not None:
+        data["condition"] = section
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert (s.decision == "DEVIATED") is (deviation is not None)
+    if deviation:
+        assert deviation in p.md_out.read_text()
+
+
+def test_a_conditioned_registration_freezes_its_conditions(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["condition"] = {"use": ["key", "density"], "dropout": 0.1}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    rec = register(tmp_path, params, p, before_scores=True)
+    assert rec["identity"]["params"]["condition"]["use"] == ["key", "density"]
+    assert report(tmp_path, params, p).n_deviations == 0
+    data["condition"]["dropout"] = 0.5
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    s = report(tmp_path, params, p)
+    assert s.decision == "DEVIATED"
+    assert "condition.dropout: registered 0.1, now 0.5" in p.md_out.read_text()
+
+
+def test_conditioning_section_only_for_a_conditioned_model(tmp_path):
+    p = make_inputs(tmp_path)
+    params = write_params(tmp_path)
+    report(tmp_path, params, p)
+    assert "## Conditioning" not in p.md_out.read_text()
+    iv = {"value": 2.0, "ci_low": 1.9, "ci_high": 2.1}
+    ev = artifacts.read_json(p.eval)
+    ev["conditioning"] = {"transformer": {
+        "conditions": ["key", "density"], "groups": 5, "split": "val",
+        "nll_per_note": {"correct": iv, "shuffled": {**iv, "value": 2.3},
+                         "removed": {**iv, "value": 2.2}},
+        "shuffled_minus_correct": {"value": 0.3, "ci_low": 0.2, "ci_high": 0.4,
+                                   "verdict": "follows"},
+        "removed_minus_correct": {"value": 0.2, "ci_low": -0.1, "ci_high": 0.4,
+                                  "verdict": "no gap shown"}}}
+    artifacts.write_json(p.eval, ev)
+    audit = artifacts.read_json(p.audit)
+    audit["adherence"] = {"transformer": {
+        "conditions": ["density", "key"], "n_conditioned": 240, "window": 128,
+        "density": {"measurable": True, "rate": {"value": 0.61, "ci_low": 0.55, "ci_high": 0.67},
+                    "floor": iv, "shuffled": iv, "ceiling": iv},
+        "key": {"measurable": False}}}
+    artifacts.write_json(p.audit, audit)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    assert "## Conditioning" in md
+    assert "| shuffled − correct | 0.3 [0.2, 0.4] | follows |" in md
+    assert "| density | 0.61 [0.55, 0.67] |" in md
+    assert "| key | not measurable from a sample |" in md

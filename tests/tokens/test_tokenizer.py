@@ -1,0 +1,52 @@
+"""pipeline.tokens.tokenizer: miditok is imported without torch, and torch stays importable."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_building_a_tokenizer_leaves_torch_unloaded_and_importable():
+    out = run_python(
+        "import sys\n"
+        "from pipeline.tokens.tokenizer import make_tokenizer\n"
+        "tok = make_tokenizer('REMI', {'use_programs': True})\n"
+        "from miditok import TokSequence\n"
+        "print('torch' in sys.modules, 'miditok.pytorch_data' in sys.modules)\n"
+        "from miditok.pytorch_data import DatasetMIDI\n"  # the optional part still imports
+        "import miditok.pytorch_data as pd\n"
+        "print('torch' in sys.modules, pd.DatasetMIDI is DatasetMIDI, len(tok.vocab) > 100)\n")
+    assert out.splitlines() == ["False False", "True True True"]
+
+
+def test_plain_import_is_kept_when_torch_is_loaded():
+    out = run_python(
+        "import torch, sys\n"
+        "from pipeline.tokens.tokenizer import import_miditok\n"
+        "m = import_miditok()\n"
+        "print(hasattr(m, 'pytorch_data'), m is sys.modules['miditok'])\n")
+    assert out == "True True"
+
+
+def test_a_miditok_that_needs_pytorch_data_is_imported_plainly(tmp_path):
+    """A release whose __init__ does not catch the ImportError still imports (with torch)."""
+    pkg = tmp_path / "miditok"
+    (pkg / "pytorch_data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from miditok import pytorch_data\nVALUE = 1\n")
+    (pkg / "pytorch_data" / "__init__.py").write_text("LOADED = True\n")
+    out = run_python(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n"
+        "from pipeline.tokens.tokenizer import import_miditok\n"
+        "m = import_miditok()\n"
+        "print(m.VALUE, m.pytorch_data.LOADED, m.__file__.startswith(sys.path[0]))\n")
+    assert out == "1 True True"

@@ -1,0 +1,722 @@
+"""``symkit compare`` (pipeline.tools.compare), its statistics (pipeline.stats.paired), words
+and figures (pipeline.report.compare_document).
+
+Arms are built in ``tmp_path`` from synthetic per-piece scores: never from the repository's own
+``reports/``, which a pipeline run may be rewriting.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from scipy.stats import binom
+
+from pipeline.cli import main
+from pipeline.report.compare_document import forest_rows, scatter_panels, seed_effects
+from pipeline.stats.bootstrap import hierarchical_paired_ci
+from pipeline.stats.paired import (
+    arm_scores,
+    comparable_metrics,
+    compare_pair,
+    conclusion,
+    design_label,
+    flatten_params,
+    holm,
+    pair,
+    params_diff,
+)
+from pipeline.tools.runs import RunSource, read_curves, resolve_source
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SPLIT_HASH = "5" * 64
+TOKENIZER_HASH = "7" * 64
+PARAMS = {"runtime": {"workers": "auto"}, "report": {"title": "x"},
+          "tokenize": {"tokenizer": "REMI", "vocab_size": 1000, "transpose": []},
+          "transformer": {"seed": 1234, "replicates": 3,
+                          "train": {"max_steps": 400, "micro_batch": 16}},
+          "evaluate": {"n_boot": 2000, "seed": 0, "stride": 64}}
+PER_NOTE = [("nats_per_note", "n_notes")]
+
+
+# ---- synthetic arms ---------------------------------------------------------------------------
+def pieces(rng: np.random.Generator, n_groups: int = 20, per_group: int = 2) -> pd.DataFrame:
+    """Pieces with groups, units and a base NLL per note that varies between groups."""
+    n = n_groups * per_group
+    notes = rng.integers(40, 160, n)
+    group = np.repeat(np.arange(n_groups), per_group)
+    per_note = 4.0 + rng.normal(0, 0.3, n_groups)[group] + rng.normal(0, 0.1, n)
+    return pd.DataFrame({"sha256": [f"{i:064x}" for i in range(n)],
+                         "group_id": [f"g{g:03d}" for g in group],
+                         "n_notes": notes, "n_tokens": (notes * 1.1).astype(np.int64),
+                         "duration_s": notes * 0.5, "base": per_note * notes})
+
+
+def scored(p: pd.DataFrame, factor: np.ndarray, seeds: list[int], rng: np.random.Generator,
+           seed_sd: float = 0.0, model: str = "transformer", split: str = "val") -> pd.DataFrame:
+    """Per-piece rows of one arm: NLL = base · factor · (1 + its seed's deviation)."""
+    rows = []
+    for s in seeds or [None]:
+        dev = rng.normal(0, seed_sd) if seed_sd else 0.0
+        rows.append(p.assign(nll_nats=p["base"] * factor * (1 + dev), seed=s, model=model,
+                             split=split))
+    return pd.concat(rows, ignore_index=True).drop(columns="base")
+
+
+def simulate(rng: np.random.Generator, effect: float, *, n_groups: int = 30,
+             per_group: int = 3, seeds: tuple[int, ...] = (), seed_sd: float = 0.0,
+             group_sd: float = 0.02, piece_sd: float = 0.005) -> tuple[pd.DataFrame, ...]:
+    """Baseline A and arm B whose NLL is ``1 − effect`` times A's, with a relative deviation
+    shared by a group's pieces (``group_sd``) and one per piece (``piece_sd``)."""
+    p = pieces(rng, n_groups, per_group)
+    g = p["group_id"].str[1:].astype(int).to_numpy()
+    factor = 1 - effect + rng.normal(0, group_sd, n_groups)[g] + rng.normal(0, piece_sd, len(p))
+    return (scored(p, np.ones(len(p)), list(seeds), rng, seed_sd),
+            scored(p, factor, list(seeds), rng, seed_sd))
+
+
+def write_arm(root: Path, rows: pd.DataFrame, params: dict | None = None, *,
+              split_hash: str = SPLIT_HASH, tokenizer_hash: str = TOKENIZER_HASH,
+              stride: int = 64) -> Path:
+    """An arm folder: params.yaml, reports/eval.json (protocol only), per_piece.parquet."""
+    (root / "reports" / "eval").mkdir(parents=True, exist_ok=True)
+    (root / "params.yaml").write_text(yaml.safe_dump(params or PARAMS, sort_keys=False))
+    protocol = {"split_hash": split_hash, "tokenizer_hash": tokenizer_hash,
+                "transformer_stride": stride,
+                "bootstrap": {"n_boot": 2000, "ci_level": 0.95, "seed": 0}}
+    (root / "reports" / "eval.json").write_text(json.dumps({"protocol": protocol}))
+    table = pa.table({
+        "sha256": rows["sha256"].astype(str), "split": rows["split"], "model": rows["model"],
+        "seed": pa.array([None if pd.isna(s) else int(s) for s in rows["seed"]], pa.int64()),
+        "group_id": rows["group_id"], "nll_nats": rows["nll_nats"].astype(float),
+        "n_tokens": rows["n_tokens"].astype(np.int64), "n_notes": rows["n_notes"].astype(np.int64),
+        "duration_s": rows["duration_s"].astype(float)})
+    pq.write_table(table, root / "reports" / "eval" / "per_piece.parquet")
+    return root
+
+
+def run_cli(tmp_path: Path, monkeypatch, *args: str) -> int:
+    monkeypatch.chdir(tmp_path)
+    return main(["compare", "--n-boot", "300", *args])
+
+
+def result(tmp_path: Path, out: str = "reports/compare") -> dict:
+    return json.loads((tmp_path / out / "compare.json").read_text())
+
+
+@pytest.fixture
+def two_arms(tmp_path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Baseline and an arm 3% better, 3 training seeds each, written as folders a/ and b/."""
+    a, b = simulate(np.random.default_rng(1), 0.03, seeds=(1, 2, 3), seed_sd=0.005)
+    write_arm(tmp_path / "a", a)
+    write_arm(tmp_path / "b", b)
+    return a, b
+
+
+# ---- 1. a run against itself ---------------------------------------------------------------
+@pytest.mark.parametrize("seeds", [(), (1, 2, 3)], ids=["no seeds", "3 seeds"])
+def test_a_run_compared_with_itself_differs_by_exactly_zero(tmp_path, monkeypatch, capsys,
+                                                            seeds):
+    a, _ = simulate(np.random.default_rng(2), 0.0, seeds=seeds, seed_sd=0.02)
+    write_arm(tmp_path / "run", a)
+    assert run_cli(tmp_path, monkeypatch, "run", "run") == 0
+    c = result(tmp_path)["comparisons"][0]
+    assert c["arm"] == "run#2" and c["design"] == "identical"
+    assert set(c["metrics"]) == {"nats_per_note", "nats_per_second", "nats_per_token"}
+    for m in c["metrics"].values():
+        assert m["diff"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0, "share_a_lower": 0.0}
+        assert m["rel_improvement"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+        assert m["equivalent"] is True and m["p_value"] == 1.0 and m["conclusion"] == "equivalent"
+    assert "run#2 vs run (identical)" in capsys.readouterr().out
+
+
+# ---- 2, 3. refusals --------------------------------------------------------------------------
+def test_different_split_hashes_are_refused_naming_both(tmp_path, monkeypatch, capsys,
+                                                        two_arms):
+    write_arm(tmp_path / "b", two_arms[1], split_hash="9" * 64)
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 2
+    err = capsys.readouterr().err
+    assert SPLIT_HASH in err and "9" * 64 in err and "different splits" in err
+    assert not (tmp_path / "reports" / "compare").exists()
+
+
+def test_different_scored_pieces_are_refused_with_counts_and_examples(tmp_path, monkeypatch,
+                                                                      capsys, two_arms):
+    b = two_arms[1]
+    dropped = sorted(set(b["sha256"]))[:2]
+    write_arm(tmp_path / "b", b[~b["sha256"].isin(dropped)])
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 2
+    err = capsys.readouterr().err
+    assert "different val pieces" in err and "'a' 90, 'b' 88" in err
+    assert "2 only in 'a'" in err and "0 only in 'b'" in err
+    assert all(s[:12] in err for s in dropped)
+
+
+def _add_to_eval(root: Path, **blocks) -> None:
+    path = root / "reports" / "eval.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **blocks}))
+
+
+def test_lossy_or_unscored_pieces_of_any_arm_are_left_out_of_every_comparison(
+        tmp_path, monkeypatch, capsys, two_arms):
+    """A tokenizer that drops notes, or fails on some pieces, must not look better for it: the
+    pieces an arm's evaluate lists as lossy or not scored (with a reason) leave every arm."""
+    b = two_arms[1]
+    shas = sorted(set(b["sha256"]))
+    lossy, failed = shas[0], shas[1]
+    # arm b encodes `lossy` lossily (still scored) and could not encode `failed` (not scored)
+    write_arm(tmp_path / "b", b[b["sha256"] != failed])
+    _add_to_eval(tmp_path / "b",
+                 fidelity={"pieces": [{"sha256": lossy, "split": "val",
+                                       "flags": ["notes_dropped"]}]},
+                 excluded={"pieces": [{"sha256": failed, "reason": "not_encoded"}]})
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
+    r = result(tmp_path)
+    assert r["excluded"]["n_pieces"] == 2
+    assert r["excluded"]["by_arm"] == {
+        "a": [], "b": sorted([{"sha256": lossy, "reason": "lossy: notes_dropped"},
+                              {"sha256": failed, "reason": "not scored: not_encoded"}],
+                             key=lambda p: p["sha256"])}
+    assert [arm["n_pieces"] for arm in r["arms"]] == [len(shas) - 2] * 2
+    assert r["comparisons"][0]["n_pieces"] == len(shas) - 2
+    assert any("2 val pieces left out of every comparison" in w for w in r["warnings"])
+    md = (tmp_path / "reports" / "compare" / "compare.md").read_text()
+    assert "left out of every comparison" in md
+    # the same missing piece without a recorded reason is still refused
+    write_arm(tmp_path / "b", b[b["sha256"] != failed])
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 2
+    assert "different val pieces" in capsys.readouterr().err
+
+
+def test_a_lossy_piece_on_another_split_changes_nothing(tmp_path, monkeypatch, two_arms):
+    a, b = two_arms
+    _add_to_eval(tmp_path / "b", fidelity={"pieces": [
+        {"sha256": sorted(set(b["sha256"]))[0], "split": "test", "flags": ["roundtrip_lossy"]}]})
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
+    r = result(tmp_path)
+    assert r["excluded"]["n_pieces"] == 0 and r["arms"][0]["n_pieces"] == len(set(a["sha256"]))
+    assert not r["warnings"]
+
+
+def test_a_piece_in_different_groups_is_refused(tmp_path, monkeypatch, capsys, two_arms):
+    b = two_arms[1].copy()
+    b.loc[b["sha256"] == b["sha256"].iloc[0], "group_id"] = "elsewhere"
+    write_arm(tmp_path / "b", b)
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 2
+    assert "in different groups" in capsys.readouterr().err
+
+
+def test_an_arm_without_the_model_is_refused(tmp_path, monkeypatch, capsys, two_arms):
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--model", "ngram") == 2
+    err = capsys.readouterr().err
+    assert "no 'ngram' scores on val" in err and "transformer" in err
+
+
+def test_an_unknown_source_lists_what_was_tried(tmp_path, monkeypatch, capsys, two_arms):
+    assert run_cli(tmp_path, monkeypatch, "a", "no-such-run") == 2
+    err = capsys.readouterr().err
+    assert "no directory 'no-such-run'" in err and "not a git revision" in err
+    assert "no DVC experiment named 'no-such-run'" in err
+
+
+# ---- 4. the p-value's error rates -------------------------------------------------------------
+def _p_values(effect: float, ignore_groups: bool = False, n_sims: int = 40) -> np.ndarray:
+    out = []
+    for i in range(n_sims):
+        a, b = simulate(np.random.default_rng([7, i]), effect)
+        if ignore_groups:  # a broken analysis: every piece its own group
+            a, b = (df.assign(group_id=df["sha256"]) for df in (a, b))
+        p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
+        st = compare_pair(p, PER_NOTE, n_boot=400, level=0.95, rng=np.random.default_rng(i),
+                          margin=0.005)
+        out.append(st["nats_per_note"]["p_value"])
+    return np.array(out)
+
+
+def test_a_planted_effect_is_detected_and_a_planted_null_is_not():
+    """Detection of a clear effect in 40 datasets; false positives in 200 null datasets.
+
+    The percentile group bootstrap is slightly liberal with few groups: in 1000 null datasets
+    like these (30 groups) it rejected at 5% about 6.5% of the time (5.0% with 100 groups), so
+    the limit is the 99.9th percentile of Binomial(200, alpha), about 10%. A p-value that ignores
+    the groups rejects about a third of the null datasets and fails it.
+    """
+    alpha = 0.05
+    limit = binom.ppf(0.999, 200, alpha) / 200
+    detected = np.mean(_p_values(0.015) <= alpha)
+    false_pos = np.mean(_p_values(0.0, n_sims=200) <= alpha)
+    assert detected >= 0.8, detected
+    assert false_pos <= limit, (false_pos, limit)
+    # The check can fail: resampling pieces where the effect varies by group makes p too small.
+    assert np.mean(_p_values(0.0, ignore_groups=True) <= alpha) > limit
+
+
+def test_the_p_value_agrees_with_the_interval():
+    """p ≤ alpha exactly when the 1 − alpha interval of A − B excludes 0, up to the resolution
+    of the replicates near the boundary."""
+    seen = set()
+    for i, effect in enumerate(np.linspace(-0.01, 0.01, 21)):
+        a, b = simulate(np.random.default_rng([10, i]), float(effect))
+        p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
+        st = compare_pair(p, PER_NOTE, n_boot=500, level=0.95, rng=np.random.default_rng(i),
+                          margin=0.005)["nats_per_note"]
+        excludes = st["diff"]["ci_low"] > 0 or st["diff"]["ci_high"] < 0
+        seen.add(excludes)
+        assert st["p_value"] <= 0.06 if excludes else st["p_value"] >= 0.04, (effect, st)
+        assert (st["diff"]["value"] > 0) == (st["rel_improvement"]["value"] > 0)
+    assert seen == {True, False}
+
+
+# ---- 5. Holm ---------------------------------------------------------------------------------
+def test_holm_matches_a_hand_computation():
+    # sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 -> max so far 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.3, 0.6, 0.9]) == pytest.approx([0.9, 1.0, 1.0])  # capped at 1, monotone
+    assert holm([0.2]) == [0.2]
+    got = holm([0.02, float("nan"), 0.01])
+    assert got[0] == pytest.approx(0.02) and np.isnan(got[1]) and got[2] == pytest.approx(0.02)
+
+
+def test_holm_over_three_arms_in_the_outputs(tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(4)
+    p = pieces(rng, 30, 3)
+    g = p["group_id"].str[1:].astype(int).to_numpy()
+    write_arm(tmp_path / "base", scored(p, np.ones(len(p)), [], rng))
+    for name, effect in [("b", 0.004), ("c", 0.008), ("d", 0.0)]:
+        factor = 1 - effect + rng.normal(0, 0.01, 30)[g]
+        write_arm(tmp_path / name, scored(p, factor, [], rng))
+    assert run_cli(tmp_path, monkeypatch, "base", "b", "c", "d") == 0
+    comps = result(tmp_path)["comparisons"]
+    for key in ("nats_per_note", "nats_per_second", "nats_per_token"):
+        raw = [c["metrics"][key]["p_value"] for c in comps]
+        adj = [c["metrics"][key]["p_holm"] for c in comps]
+        order = np.argsort(raw, kind="stable")
+        expected, running = [0.0] * 3, 0.0
+        for rank, i in enumerate(order):  # (m − rank) · p, running maximum, capped at 1
+            running = max(running, min(1.0, (3 - rank) * raw[i]))
+            expected[i] = running
+        assert adj == pytest.approx(expected)
+        assert all(x >= r for x, r in zip(adj, raw, strict=True))
+        assert [c["metrics"][key]["significant"] for c in comps] == [x <= 0.05 for x in adj]
+    assert any(a > r for c in comps for a, r in [(c["metrics"]["nats_per_note"]["p_holm"],
+                                                  c["metrics"]["nats_per_note"]["p_value"])])
+    assert "Holm p" in (tmp_path / "reports" / "compare" / "compare.md").read_text()
+
+
+def test_with_two_arms_the_adjusted_p_is_the_raw_p(tmp_path, monkeypatch, two_arms):
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
+    for m in result(tmp_path)["comparisons"][0]["metrics"].values():
+        assert m["p_holm"] == m["p_value"]
+
+
+def test_conclusions_follow_holm_then_equivalence():
+    def block(significant: bool, diff: float, equivalent: bool) -> dict:
+        return {"significant": significant, "diff": {"value": diff}, "equivalent": equivalent}
+
+    assert conclusion(block(True, 0.1, False)) == "arm_lower"  # A − B > 0: the arm's NLL lower
+    assert conclusion(block(True, -0.1, True)) == "arm_higher"
+    assert conclusion(block(False, 0.1, True)) == "equivalent"
+    assert conclusion(block(False, -0.1, False)) == "inconclusive"
+
+
+def test_per_token_is_comparable_only_under_one_tokenizer():
+    same, omitted = comparable_metrics({"tokenizer_hash": "a" * 64}, {"tokenizer_hash": "a" * 64})
+    assert [k for k, _ in same] == ["nats_per_note", "nats_per_second", "nats_per_token"]
+    assert omitted == {}
+    for b in ({"tokenizer_hash": "b" * 64}, {}):
+        metrics, omitted = comparable_metrics({"tokenizer_hash": "a" * 64}, b)
+        assert [k for k, _ in metrics] == ["nats_per_note", "nats_per_second"]
+        assert omitted["nats_per_token"].startswith(f"tokenizer_hash differs ({'a' * 12} vs ")
+    assert comparable_metrics({}, {})[1]  # two unknown tokenizers are not the same one
+
+
+# ---- 6. which params differ ------------------------------------------------------------------
+def test_flatten_and_diff_params():
+    flat = flatten_params(PARAMS)
+    assert flat["transformer.train.max_steps"] == 400 and flat["tokenize.transpose"] == []
+    assert not any(k.startswith(("runtime.", "report.")) for k in flat)
+    other = {**PARAMS, "tokenize": {**PARAMS["tokenize"], "transpose": [-1, 1]},
+             "ngram": {"orders": [1, 2]}}
+    diff = params_diff(flat, flatten_params(other))
+    assert diff == [{"key": "ngram.orders", "baseline": None, "arm": [1, 2], "absent": "baseline"},
+                    {"key": "tokenize.transpose", "baseline": [], "arm": [-1, 1],
+                     "absent": None}]
+    assert [design_label(n) for n in (0, 1, 2, 5)] == ["identical", "controlled", "confounded",
+                                                        "confounded"]
+
+
+def test_designs_are_labelled_and_runtime_and_report_are_ignored(tmp_path, monkeypatch,
+                                                                 two_arms):
+    b = two_arms[1]
+    tr = PARAMS["transformer"]
+    one = {**PARAMS, "transformer": {**tr, "train": {**tr["train"], "max_steps": 800}}}
+    two = {**one, "tokenize": {**PARAMS["tokenize"], "vocab_size": 2000}}
+    cosmetic = {**PARAMS, "runtime": {"workers": 1}, "report": {"title": "other"}}
+    for name, params in [("one", one), ("two", two), ("cosmetic", cosmetic)]:
+        write_arm(tmp_path / name, b, params)
+    assert run_cli(tmp_path, monkeypatch, "a", "one", "two", "cosmetic") == 0
+    comps = {c["arm"]: c for c in result(tmp_path)["comparisons"]}
+    assert comps["one"]["design"] == "controlled"
+    assert comps["one"]["params_diff"] == [{"key": "transformer.train.max_steps",
+                                            "baseline": 400, "arm": 800, "absent": None}]
+    assert comps["two"]["design"] == "confounded"
+    assert [r["key"] for r in comps["two"]["params_diff"]] == ["tokenize.vocab_size",
+                                                               "transformer.train.max_steps"]
+    assert comps["cosmetic"]["design"] == "identical" and comps["cosmetic"]["params_diff"] == []
+    md = (tmp_path / "reports" / "compare" / "compare.md").read_text()
+    assert "controlled: one param differs (transformer.train.max_steps 400 → 800)" in md
+    assert "confounded: 2 params differ (tokenize.vocab_size, transformer.train.max_steps)" in md
+
+
+def test_a_scoring_protocol_difference_is_listed(tmp_path, monkeypatch, two_arms):
+    write_arm(tmp_path / "b", two_arms[1], stride=32)
+    assert run_cli(tmp_path, monkeypatch, "a", "b") == 0
+    out = result(tmp_path)
+    assert out["comparisons"][0]["protocol_diff"] == [
+        {"key": "transformer_stride", "baseline": 64, "arm": 32, "absent": None}]
+    assert any("may be stale" in w for w in out["warnings"])  # params say nothing changed
+
+
+# ---- 7. per token only under one tokenizer ---------------------------------------------------
+def test_per_token_is_omitted_across_tokenizers(tmp_path, monkeypatch, two_arms):
+    write_arm(tmp_path / "c", two_arms[1], tokenizer_hash="8" * 64)
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "c") == 0
+    comps = {c["arm"]: c for c in result(tmp_path)["comparisons"]}
+    assert "nats_per_token" in comps["b"]["metrics"] and comps["b"]["omitted_metrics"] == {}
+    assert set(comps["c"]["metrics"]) == {"nats_per_note", "nats_per_second"}
+    assert "not comparable across tokenizers" in comps["c"]["omitted_metrics"]["nats_per_token"]
+    # Holm per token runs over the one comparison that has it
+    assert comps["b"]["metrics"]["nats_per_token"]["p_holm"] == \
+        comps["b"]["metrics"]["nats_per_token"]["p_value"]
+    md = (tmp_path / "reports" / "compare" / "compare.md").read_text()
+    assert "NLL per token not compared: tokenizer_hash differs" in md
+
+
+# ---- 8. training seeds ---------------------------------------------------------------------
+def _rel_width(seed_sd: float) -> float:
+    a, b = simulate(np.random.default_rng(5), 0.02, seeds=(1, 2, 3), seed_sd=seed_sd)
+    p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
+    rel = compare_pair(p, PER_NOTE, n_boot=400, level=0.95, rng=np.random.default_rng(0),
+                       margin=0.005)["nats_per_note"]["rel_improvement"]
+    return rel["ci_high"] - rel["ci_low"]
+
+
+def test_seed_variance_widens_the_interval():
+    assert _rel_width(0.03) > 1.5 * _rel_width(0.0)
+
+
+def test_unpaired_seeds_follow_hierarchical_paired_ci():
+    """Different seed labels: each arm's seeds drawn on their own, as the eval's scheme."""
+    rng = np.random.default_rng(6)
+    p0 = pieces(rng)
+    a = scored(p0, np.ones(len(p0)), [1, 2, 3], rng, 0.02)
+    b = scored(p0, np.full(len(p0), 0.97), [4, 5], rng, 0.02)
+    p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
+    assert p.seed_pairing == "independent"
+    got = compare_pair(p, PER_NOTE, n_boot=300, level=0.9, rng=np.random.default_rng(11),
+                       margin=0.005)["nats_per_note"]
+    want = hierarchical_paired_ci(p.a.nll, p.b.nll, p.a.units["n_notes"], p.codes, p.n_groups,
+                                  300, np.random.default_rng(11), 0.9)
+    for k in ("value", "ci_low", "ci_high", "share_a_lower"):
+        assert got["diff"][k] == pytest.approx(want["diff"][k], rel=1e-12)
+    for k in ("value", "ci_low", "ci_high"):
+        assert got["rel_improvement"][k] == pytest.approx(want["rel_improvement"][k], rel=1e-12)
+
+
+def test_adding_an_arm_changes_no_other_comparison(tmp_path, monkeypatch, two_arms):
+    write_arm(tmp_path / "c", two_arms[1].assign(nll_nats=two_arms[1]["nll_nats"] * 1.01))
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "one") == 0
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "c", "--out", "two") == 0
+    one, two = result(tmp_path, "one")["comparisons"][0], result(tmp_path, "two")["comparisons"][0]
+    for key in one["metrics"]:
+        for part in ("baseline", "arm", "diff", "rel_improvement"):
+            assert one["metrics"][key][part] == two["metrics"][key][part]
+
+
+# ---- 9. git revisions ----------------------------------------------------------------------
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-c", "user.name=x", "-c", "user.email=x@y",
+                           "-c", "commit.gpgsign=false", *args], cwd=repo, check=True,
+                          capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def test_git_revisions_branches_and_experiments_are_arms(tmp_path, monkeypatch, capsys):
+    a, b = simulate(np.random.default_rng(8), 0.03, seeds=(1, 2, 3), seed_sd=0.005)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    write_arm(repo, a)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "baseline")
+    first = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "branch", "baseline-branch")
+    _git(repo, "update-ref", "refs/exps/ab/cdef0123/my-exp", first)
+    tr = PARAMS["transformer"]
+    write_arm(repo, b, {**PARAMS, "transformer": {**tr, "train": {**tr["train"],
+                                                                  "max_steps": 800}}})
+    _git(repo, "commit", "-q", "-am", "longer training")
+    (repo / "params.yaml").write_text("not: [valid")  # the working tree is not read
+    monkeypatch.chdir(repo)
+    assert main(["compare", "--n-boot", "200", "--out", "../out", first[:10], "HEAD",
+                 "baseline-branch", "my-exp"]) == 0
+    out = json.loads((tmp_path / "out" / "compare.json").read_text())
+    arms = out["arms"]
+    assert [x["label"] for x in arms] == [first[:10], "HEAD", "baseline-branch", "my-exp"]
+    assert [x["kind"] for x in arms] == ["git"] * 4
+    assert arms[0]["commit"] == first and arms[2]["commit"] == first
+    assert arms[1]["commit"] == _git(repo, "rev-parse", "HEAD")
+    assert arms[3]["ref"] == "refs/exps/ab/cdef0123/my-exp"
+    head, branch, exp = out["comparisons"]
+    assert head["design"] == "controlled" and head["metrics"]["nats_per_note"]["significant"]
+    assert head["params_diff"][0]["key"] == "transformer.train.max_steps"
+    assert branch["design"] == exp["design"] == "identical"
+    assert exp["metrics"]["nats_per_note"]["diff"]["value"] == 0.0
+    text = (tmp_path / "out" / "compare.json").read_text()
+    assert str(tmp_path) not in text and "HEAD's NLL per note is" in text
+    # a directory that exists wins over a git name
+    write_arm(repo / "HEAD", a)
+    assert main(["compare", "--n-boot", "200", "--out", "../out2", first, "HEAD"]) == 0
+    assert json.loads((tmp_path / "out2" / "compare.json").read_text())["arms"][1]["kind"] == \
+        "directory"
+    # two experiments of one name are ambiguous
+    _git(repo, "update-ref", "refs/exps/12/3456789a/my-exp", first)
+    capsys.readouterr()
+    assert main(["compare", "HEAD", "my-exp"]) == 2
+    assert "ambiguous" in capsys.readouterr().err
+
+
+# ---- 10, 11. test split, determinism ------------------------------------------------------------
+def test_comparing_on_test_warns_in_every_output(tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(9)
+    a, b = simulate(rng, 0.02)
+    ta, tb = simulate(rng, 0.02, n_groups=10)
+    write_arm(tmp_path / "a", pd.concat([a, ta.assign(split="test")]))
+    write_arm(tmp_path / "b", pd.concat([b, tb.assign(split="test")]))
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--split", "test") == 0
+    assert "must not be used to pick a winner" in capsys.readouterr().err
+    out = result(tmp_path)
+    assert out["split"] == "test" and out["comparisons"][0]["n_groups"] == 10
+    assert any("must not be used to pick a winner" in w for w in out["warnings"])
+    for ext in ("md", "html"):
+        assert "must not be used to pick a winner" in \
+            (tmp_path / "reports" / "compare" / f"compare.{ext}").read_text()
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "val") == 0
+    assert result(tmp_path, "val")["warnings"] == []
+
+
+def test_outputs_are_byte_identical_across_runs(tmp_path, monkeypatch, two_arms):
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "one") == 0
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "two") == 0
+    for name in ("compare.json", "compare.md", "compare.html"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    assert str(tmp_path) not in (tmp_path / "one" / "compare.json").read_text()
+
+
+def test_a_directory_arm_is_recorded_by_its_relative_path(tmp_path, monkeypatch, capsys,
+                                                         two_arms):
+    """An absolute or untidy path given for a folder is written as the folder's path relative
+    to the current directory: no output depends on where the project lies."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "a").rename(tmp_path / "runs" / "a")
+    write_logs(tmp_path / "b", {"1": 3.9})
+    (tmp_path / "b" / "reports" / "plots" / "train_log" / "seed-2.tsv").write_text("not a log")
+    assert run_cli(tmp_path, monkeypatch, str(tmp_path / "runs" / "a"), "./b/", "runs/./a/",
+                   "--out", "one") == 0
+    out = result(tmp_path, "one")
+    assert [(a["label"], a["source"]) for a in out["arms"]] == [
+        ("runs/a", "runs/a"), ("b", "b"), ("runs/a#2", "runs/a")]
+    assert out["baseline"] == "runs/a"
+    assert [(c["baseline"], c["arm"]) for c in out["comparisons"]] == [
+        ("runs/a", "b"), ("runs/a", "runs/a#2")]
+    assert "b vs runs/a (identical)" in capsys.readouterr().out
+    for name in ("compare.json", "compare.md", "compare.html"):
+        text = (tmp_path / "one" / name).read_text()
+        assert str(tmp_path) not in text
+    assert "b/reports/plots/train_log/seed-2.tsv left out" in \
+        (tmp_path / "one" / "compare.md").read_text()
+    # the same arms from another folder: the paths are relative to it
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    assert main(["compare", "--n-boot", "300", "--no-figures", "--out", "two",
+                 str(tmp_path / "runs" / "a"), "../b"]) == 0
+    arms = json.loads((tmp_path / "sub" / "two" / "compare.json").read_text())["arms"]
+    assert [a["label"] for a in arms] == ["../runs/a", "../b"]
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom pipeline.cli import main\ntry:\n    main(['compare', '--help'])\n"
+            "except SystemExit:\n    pass\nassert 'torch' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "--equivalence-margin" in done.stdout
+
+
+# ---- 12. figures -----------------------------------------------------------------------------
+FIGURE_NAMES = ("forest", "learning_curves", "scatter")
+LOG_HEADER = "step\ttrain_loss\tval_loss\tlr\tgrad_norm\n"
+
+
+def log_text(final: float, steps: int = 200, every: int = 50) -> str:
+    """A training log as train_transformer writes it: val loss only every ``every`` steps."""
+    rows = [LOG_HEADER]
+    for step in range(1, steps + 1):
+        loss = final + 3.0 / step ** 0.5
+        val = f"{loss + 0.05:.5f}" if step % every == 0 else ""
+        rows.append(f"{step}\t{loss:.5f}\t{val}\t0.001\t1.0\n")
+    return "".join(rows)
+
+
+def write_logs(root: Path, finals: dict[str, float]) -> None:
+    """``reports/plots/train_log/seed-<s>.tsv`` per seed, or, for the key ``""``, the single
+    ``reports/plots/train_log.tsv`` of runs made before training seeds."""
+    for seed, final in finals.items():
+        path = (root / "reports" / "plots" / "train_log.tsv" if seed == "" else
+                root / "reports" / "plots" / "train_log" / f"seed-{seed}.tsv")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(log_text(final))
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of a PNG, after checking its signature and IHDR chunk."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_figures_are_written_linked_embedded_and_byte_identical(tmp_path, monkeypatch, capsys,
+                                                                two_arms):
+    write_logs(tmp_path / "a", {"1": 3.9, "2": 3.95, "3": 3.92})
+    write_logs(tmp_path / "b", {"1": 3.8, "2": 3.85, "3": 3.82})
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "one") == 0
+    assert "figures/*.png" in capsys.readouterr().out
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "two") == 0
+    md = (tmp_path / "one" / "compare.md").read_text()
+    html = (tmp_path / "one" / "compare.html").read_text()
+    for name in FIGURE_NAMES:
+        data = (tmp_path / "one" / "figures" / f"{name}.png").read_bytes()
+        width, height = png_size(data)
+        assert 300 < width < 1200 and 150 < height < 1000
+        assert data == (tmp_path / "two" / "figures" / f"{name}.png").read_bytes()
+        assert f"](figures/{name}.png)" in md
+        assert base64.b64encode(data).decode("ascii") in html
+    assert "No training logs" not in md and ".tsv left out" not in md
+    assert "Points below the diagonal are pieces where the arm is better" in md  # caption shown
+    for name in ("compare.json", "compare.md", "compare.html"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_no_figures_writes_none_and_never_loads_matplotlib(tmp_path, two_arms):
+    code = ("import sys\nfrom pipeline.cli import main\ntry:\n    main(['compare', '--help'])\n"
+            "except SystemExit:\n    pass\nassert 'matplotlib' not in sys.modules\n"
+            "assert main(['compare', '--n-boot', '50', '--no-figures', '--out', 'plain', 'a', "
+            "'b']) == 0\nassert 'matplotlib' not in sys.modules, 'loaded'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "--no-figures" in done.stdout and "figures/*.png" not in done.stdout
+    assert sorted(p.name for p in (tmp_path / "plain").iterdir()) == [
+        "compare.html", "compare.json", "compare.md"]
+    assert "Figures" not in (tmp_path / "plain" / "compare.md").read_text()
+    assert "data:image/png" not in (tmp_path / "plain" / "compare.html").read_text()
+
+
+def test_learning_curves_from_directory_and_git_arms(tmp_path, monkeypatch):
+    """Folder layout and the single train_log.tsv of older runs, each from a directory and from
+    a commit (read with git, never from the working tree); an arm without logs is a note."""
+    a, b = simulate(np.random.default_rng(12), 0.02, seeds=(1, 2), seed_sd=0.005)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    write_arm(repo, a.assign(seed=None).drop_duplicates("sha256"))
+    write_logs(repo, {"": 3.9})
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "one run, one log file")
+    old = _git(repo, "rev-parse", "HEAD")
+    (repo / "reports" / "plots" / "train_log.tsv").unlink()
+    write_arm(repo, b)
+    write_logs(repo, {"10": 3.8, "2": 3.85})
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "two seeds, a folder of logs")
+    write_logs(repo, {"10": 9.0})  # the working tree is not read for a commit
+    (repo / "reports" / "plots" / "train_log" / "seed-99.tsv").write_text("not a log")
+    monkeypatch.chdir(repo)
+    from_old = read_curves(resolve_source(old[:10]))
+    assert list(from_old.seeds) == ["train_log.tsv"] and from_old.notes == ()
+    step, val = from_old.seeds["train_log.tsv"]
+    assert step.tolist() == [50, 100, 150, 200] and val[-1] == pytest.approx(3.9 + 3 / 200 ** .5
+                                                                               + 0.05, abs=1e-5)
+    from_head = read_curves(resolve_source("HEAD"))
+    assert list(from_head.seeds) == ["seed 2", "seed 10"]  # in seed order
+    assert from_head.seeds["seed 10"][1][-1] < 4.1
+    workspace = read_curves(resolve_source("workspace"))  # a directory: the working tree
+    assert workspace.seeds["seed 10"][1][-1] > 9.0
+    assert any("seed-99.tsv left out" in n for n in workspace.notes)
+    none = read_curves(RunSource("x", "directory", root=tmp_path))
+    assert not none.seeds and none.missing == ("reports/plots/train_log/seed-<s>.tsv or "
+                                               "reports/plots/train_log.tsv")
+    write_arm(tmp_path / "nologs", b)
+    assert main(["compare", "--n-boot", "50", "--out", "../out", old[:10], "HEAD",
+                 str(tmp_path / "nologs")]) == 0
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert "](figures/learning_curves.png)" in md
+    assert "reports/plots/train_log.tsv) in ../nologs: not drawn" in md  # relative, not absolute
+    assert png_size((tmp_path / "out" / "figures" / "learning_curves.png").read_bytes())
+
+
+def _arms_with_gains(tmp_path: Path, n_arms: int) -> None:
+    """base/ and arm1/ .. arm<n-1>/, arm k 1·k% better, 3 training seeds each."""
+    rng = np.random.default_rng(13)
+    p = pieces(rng, 12, 2)
+    write_arm(tmp_path / "base", scored(p, np.ones(len(p)), [1, 2, 3], rng, 0.01))
+    for k in range(1, n_arms):
+        write_arm(tmp_path / f"arm{k}", scored(p, np.full(len(p), 1 - 0.01 * k), [1, 2, 3], rng,
+                                               0.01))
+
+
+def test_forest_rows_and_scatter_panels_follow_the_comparisons(tmp_path, monkeypatch):
+    _arms_with_gains(tmp_path, 5)
+    heights = {}
+    for n in (2, 4, 5):
+        arms = ["base", *(f"arm{k}" for k in range(1, n))]
+        assert run_cli(tmp_path, monkeypatch, *arms, "--out", f"out{n}") == 0
+        out = result(tmp_path, f"out{n}")
+        rows = forest_rows(out, {})
+        assert len(rows) == len(out["comparisons"]) == n - 1
+        assert (rows[0].arm, rows[0].design) == ("arm1", "identical")
+        assert scatter_panels(out) == (arms[1:] if n <= 4 else ["arm1"])
+        figures = tmp_path / f"out{n}" / "figures"
+        heights[n] = png_size((figures / "forest.png").read_bytes())[1]
+        width = png_size((figures / "scatter.png").read_bytes())[0]
+        assert width > 600 if 2 < n <= 4 else width < 600
+    assert heights[2] < heights[4] < heights[5]  # one row more per comparison
+    assert "only the first, arm1, is drawn" in (tmp_path / "out5" / "compare.md").read_text()
+
+
+def test_seed_effects_paired_and_against_the_baseline_mean():
+    rng = np.random.default_rng(14)
+    p0 = pieces(rng)
+    a = scored(p0, np.ones(len(p0)), [1, 2, 3], rng, 0.02)
+    gains = {1: 0.01, 2: 0.02, 3: 0.04}
+    b = pd.concat([a[a["seed"] == s].assign(nll_nats=lambda d, g=g: d["nll_nats"] * (1 - g))
+                   for s, g in gains.items()])
+    sa, sb = arm_scores(a, "A"), arm_scores(b, "B")
+    # paired: seed s against seed s recovers each seed's planted gain
+    assert seed_effects(sa, sb, paired=True) == pytest.approx(list(gains.values()))
+    # unpaired: against A's mean over seeds; their mean is the comparison's point estimate
+    unpaired = seed_effects(sa, sb, paired=False)
+    st = compare_pair(pair(sa, sb, "A", "B", "val"), PER_NOTE, n_boot=50, level=0.95,
+                      rng=np.random.default_rng(0), margin=0.005)["nats_per_note"]
+    assert np.mean(unpaired) == pytest.approx(st["rel_improvement"]["value"], rel=1e-12)
+    assert seed_effects(sb, arm_scores(a[a["seed"] == 1], "A1"), paired=False) == []

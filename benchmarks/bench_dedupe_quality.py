@@ -808,7 +808,7 @@ def closest_melodies(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeC
                             dtype=np.float64, workers=workers)
         rows_ = np.arange(lo, lo + sim.shape[0])
         sim[np.arange(n)[None, :] <= rows_[:, None]] = -1.0  # each pair once
-        over += int((sim >= cfg.alignment).sum())
+        over += int((sim >= cfg.rule.alignment).sum())
         k = int(np.argmax(sim))
         if sim.flat[k] > top:
             top, top_pair = float(sim.flat[k]), (lo + k // n, k % n)
@@ -822,7 +822,7 @@ def closest_melodies(rows: list[dict], out: dict[str, Path], cfg: dedupe.DedupeC
     fam = {r["family"]: k for k, r in enumerate(heads)}
     sibling = [Indel.normalized_similarity(mel[fam[f"t{f[1:]}"]], mel[k])
                for f, k in fam.items() if f.startswith("s") and f"t{f[1:]}" in fam]
-    return {"pairs": n * (n - 1) // 2, "threshold": cfg.alignment, "max": top,
+    return {"pairs": n * (n - 1) // 2, "threshold": cfg.rule.alignment, "max": top,
             "max_pair": f"{describe(top_pair[0])} <-> {describe(top_pair[1])}",
             "pairs_over_threshold": over, "sibling_max": float(max(sibling, default=0.0)),
             "max_within_band": band_max}

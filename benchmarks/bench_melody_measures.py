@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_dedupe_quality import tune_cases, tune_target  # noqa: E402
-from pipeline.similarity.alignment import alignment_threshold  # noqa: E402
+from pipeline.similarity.rule import alignment_threshold  # noqa: E402
 
 DEFAULT = alignment_threshold(0.5, 4)
 """``near_alignment`` as derived from the default ``near_jaccard`` and ``shingle_k`` (0.867)."""

@@ -21,10 +21,10 @@ import numpy as np
 import pandas as pd
 
 from pipeline.audit.memorisation import ShingleIndex, SuffixIndex, intervals, novelty
-from pipeline.core import artifacts
 from pipeline.music.descriptors import STATS, all_stats
 from pipeline.music.midi import score_notes
 from pipeline.similarity.fingerprints import NoteArrays, shingles
+from pipeline.similarity.rule import NearCopyRule, NearCopySettings
 from pipeline.tokens.tokenizer import decode_ids
 
 
@@ -73,18 +73,27 @@ class TrainingIndex:
     shingling: Shingling
 
 
+_DEDUPE_DEFAULTS = NearCopySettings()
+
+
 @dataclass(frozen=True)
 class Shingling:
-    """How notes become shingles. Read from dedupe's ``data/dedupe/fingerprint.json`` so that the
-    nearest-neighbour similarity is measured exactly as the dedupe stage measured it."""
+    """How notes become shingles: the near-copy rule's, read from dedupe's
+    ``data/dedupe/fingerprint.json`` (:meth:`read`) so that the nearest-neighbour similarity is
+    measured exactly as the dedupe stage measured it. The defaults are the ``dedupe`` section's."""
 
-    k: int = 4
-    ioi_resolution: int = 4
+    k: int = _DEDUPE_DEFAULTS.shingle_k
+    ioi_resolution: int = _DEDUPE_DEFAULTS.ioi_resolution
+
+    @classmethod
+    def of(cls, rule: NearCopyRule) -> Shingling:
+        return cls(k=rule.shingle_k, ioi_resolution=rule.ioi_resolution)
 
     @classmethod
     def read(cls, path: Path) -> Shingling:
-        d = artifacts.read_json(path)
-        return cls(k=int(d["shingle_k"]), ioi_resolution=int(d["ioi_resolution"]))
+        """The shingling of the rule in ``path`` (:meth:`~pipeline.similarity.rule.NearCopyRule.
+        read`)."""
+        return cls.of(NearCopyRule.read(path))
 
 
 Notes = dict[str, np.ndarray]

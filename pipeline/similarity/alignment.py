@@ -36,18 +36,6 @@ every token :func:`fingerprints.note_tokens` makes (< 0x6000)."""
 _EMPTY = np.uint64(np.iinfo(np.uint64).max)
 
 
-def alignment_threshold(jaccard: float, shingle_k: int) -> float:
-    """The Indel similarity that the edit rate at which shingle Jaccard falls to ``jaccard``
-    leaves on a token sequence, so that "near" means the same, measured either way.
-
-    A changed note alters two tokens (its own interval and the next note's), so ``k + 1``
-    shingles of each copy; with ``b`` of ``n`` shingles changed Jaccard is (n - b) / (n + b),
-    reached at the edit rate ``e = (1 - J) / ((1 + J)(k + 1))``. The same note costs 4
-    insertions/deletions out of the 2(n - 1) tokens of both copies, a similarity of 1 - 2e:
-    0.867 for Jaccard 0.5 and k = 4 (e = 6.7% of notes changed)."""
-    return 1.0 - 2.0 * (1.0 - jaccard) / ((1.0 + jaccard) * (shingle_k + 1))
-
-
 def _texts(values: np.ndarray, offsets: np.ndarray) -> tuple[str, ...]:
     """One string per piece, ``values[offsets[i]:offsets[i+1]]`` as characters: one decode of
     all pieces, then slices (a Python loop per value would take a minute at 100k pieces)."""

@@ -51,7 +51,8 @@ _KEY_MASK = np.uint64((1 << similarity.KEY_BITS) - 1)
 FEATURES_CODE = (__name__, "pipeline.similarity.duplicates", "pipeline.similarity.alignment",
                  "pipeline.similarity.fingerprints", "pipeline.similarity.melody",
                  "pipeline.similarity.short_melodies", "pipeline.similarity.lsh",
-                 "pipeline.similarity.digests", "pipeline.core.arrays")
+                 "pipeline.similarity.digests", "pipeline.similarity.rule",
+                 "pipeline.core.arrays")
 """The modules whose code a piece's features depend on (:func:`features_key`)."""
 
 

@@ -1,4 +1,5 @@
-"""Duplicate detection shared by the dedupe and contamination stages: the settings, per-piece
+"""Duplicate detection shared by the dedupe and contamination stages: the settings (those that
+define a near copy are :class:`~pipeline.similarity.rule.NearCopySettings`), per-piece
 fingerprints, the near tier's candidate pairs and their verification, and the store of measured
 pairs that dedupe keeps between runs (:class:`VerdictStore`).
 
@@ -30,6 +31,7 @@ from pipeline.core.segments import SegmentStore
 from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import lsh, melody, short_melodies
+from pipeline.similarity.rule import NearCopyRule, NearCopySettings
 
 TIERS = ("note", "transposed", "melody", "near")
 Policy = Literal["drop", "bind", "off"]
@@ -48,35 +50,27 @@ class TierPolicy(StageConfig):
     near: Policy = "bind"
 
 
-class DedupeConfig(StageConfig):
-    """``dedupe`` section of params.yaml; each key is documented there, beside its value."""
+class DedupeConfig(NearCopySettings):
+    """``dedupe`` section of params.yaml; each key is documented there, beside its value. The
+    keys that define a near copy are declared in :class:`~pipeline.similarity.rule.
+    NearCopySettings`; :attr:`rule` is the rule they make."""
 
     SECTION: ClassVar[str] = "dedupe"
 
     policy: TierPolicy = TierPolicy()
-    shingle_k: int = Field(4, ge=2, le=12)
-    ioi_resolution: int = Field(4, ge=1, le=12)
     num_perm: int = Field(128, ge=16, le=1024)
     seed: int = Field(1, ge=0, le=4294967295)
     lsh_threshold: float = Field(0.4, gt=0.0, le=1.0)
-    near_jaccard: float = Field(0.5, gt=0.0, le=1.0)
-    near_containment: float = Field(0.8, gt=0.0, le=1.0)
-    min_shingles: int = Field(16, ge=1)
-    min_melody_notes: int = Field(12, ge=2)
     melody_rhythm: bool = False
-    near_alignment: float | None = Field(None, gt=0.0, le=1.0)
-    min_align_onsets: int = Field(10, ge=4)
     max_df: int = Field(50, ge=2)
     candidate_share: float = Field(0.1, gt=0.0, le=1.0)
     short_melody_notes: int = Field(128, ge=0)
 
     @property
-    def alignment(self) -> float:
-        """``near_alignment``, or when null the similarity derived from ``near_jaccard``
-        (:func:`pipeline.similarity.alignment.alignment_threshold`)."""
-        if self.near_alignment is not None:
-            return self.near_alignment
-        return similarity.alignment_threshold(self.near_jaccard, self.shingle_k)
+    def rule(self) -> NearCopyRule:
+        """The near-copy rule of these settings (:meth:`~pipeline.similarity.rule.NearCopyRule.
+        of`)."""
+        return NearCopyRule.of(self)
 
     @field_validator("short_melody_notes")
     @classmethod
@@ -96,7 +90,7 @@ class DedupeConfig(StageConfig):
             raise ValueError(
                 f"short_melody_notes ({self.short_melody_notes}) needs an alignment threshold "
                 f"above {1 - 3 / (2 * (self.shingle_k + 1)):.3f} for shingle_k "
-                f"{self.shingle_k} (it is {self.alignment:.3f}): below it no melody Jaccard "
+                f"{self.shingle_k} (it is {self.rule.alignment:.3f}): below it no melody Jaccard "
                 f"marks the edit rate; set near_alignment higher or short_melody_notes to 0")
         return self
 
@@ -104,7 +98,7 @@ class DedupeConfig(StageConfig):
     def short_melody_threshold(self) -> float:
         """The Jaccard the short-melody LSH targets, derived from the alignment threshold
         (:func:`pipeline.similarity.short_melodies.lsh_threshold`)."""
-        return short_melodies.lsh_threshold(self.alignment, self.shingle_k)
+        return short_melodies.lsh_threshold(self.rule.alignment, self.shingle_k)
 
 
 @dataclass(frozen=True)
@@ -240,7 +234,8 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
     rule = np.full(n, "", dtype=object)
     sizes = np.diff(fps.shingle_offsets)
     onsets = seqs.distinct_onsets
-    limit = cfg.alignment
+    near = cfg.rule
+    limit = near.alignment
     parent = (label if label is not None else np.arange(sizes.size)).tolist()
 
     def root(x: int) -> int:
@@ -258,8 +253,8 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
             jac[m], con[m] = fp.jaccard_containment(fps.shingle_set(i), fps.shingle_set(j))
         else:
             jac[m], con[m] = known[0], known[1]
-        shingled = min(sizes[i], sizes[j]) >= cfg.min_shingles
-        if shingled and jac[m] >= cfg.near_jaccard:
+        shingled = min(sizes[i], sizes[j]) >= near.min_shingles
+        if shingled and jac[m] >= near.jaccard:
             rule[m] = "jaccard"  # no alignment needed: a Jaccard pair records no location
             if label is not None:
                 parent[max(ri, rj)] = min(ri, rj)
@@ -268,13 +263,13 @@ def verify(fps: Fingerprints, seqs: similarity.Sequences, a: np.ndarray, b: np.n
             continue
         al = known[2] if known is not None else None
         if al is None:
-            al = similarity.align(seqs, i, j, cfg.min_melody_notes, cutoff=limit)
+            al = similarity.align(seqs, i, j, near.min_melody_notes, cutoff=limit)
             if verdicts is not None:
                 verdicts.put(i, j, jac[m], con[m], al)
-        if not rule[m] and shingled and con[m] >= cfg.near_containment and al.part >= limit:
+        if not rule[m] and shingled and con[m] >= near.containment and al.part >= limit:
             rule[m] = "containment"
         longer[m], start[m], end[m] = al.longer, al.part_start, al.part_end
-        both = min(onsets[i], onsets[j]) >= cfg.min_align_onsets
+        both = min(onsets[i], onsets[j]) >= near.min_align_onsets
         for name, value, holds in (("alignment", al.whole, both), ("melody", al.melody, True),
                                    ("excerpt", al.part, both)):
             if not rule[m] and holds and value >= limit:
@@ -298,7 +293,7 @@ _MEASURE_COLUMNS = VERDICT_SCHEMA.names[1:]
 
 VERDICT_CODE = (__name__, "pipeline.similarity.alignment", "pipeline.similarity.fingerprints",
                 "pipeline.similarity.melody", "pipeline.similarity.lsh",
-                "pipeline.similarity.short_melodies",
+                "pipeline.similarity.short_melodies", "pipeline.similarity.rule",
                 "pipeline.core.arrays")
 """The modules whose code a pair's measures depend on (:func:`verdict_key`)."""
 
@@ -313,7 +308,7 @@ def verdict_key(cfg: DedupeConfig) -> str:
         "format": VERDICT_FORMAT, "code": artifacts.code_digest(VERDICT_CODE),
         "rapidfuzz": package_version("rapidfuzz"), "numpy": np.__version__,
         "settings": {"shingle_k": cfg.shingle_k, "ioi_resolution": cfg.ioi_resolution,
-                     "min_melody_notes": cfg.min_melody_notes, "cutoff": cfg.alignment},
+                     "min_melody_notes": cfg.min_melody_notes, "cutoff": cfg.rule.alignment},
     })[:20]
 
 
@@ -429,7 +424,7 @@ def near_candidates(fps: Fingerprints, seqs: similarity.Sequences | None, cfg: D
         views = winnow_views(seqs, cfg)
     parts += [similarity.pairs_sharing(v, cfg.max_df, cfg.candidate_share) for v in views]
     parts.append(short_melodies.candidates(fps.short_melody, fps.short_signatures,
-                                           alignment=cfg.alignment, k=cfg.shingle_k,
+                                           alignment=cfg.rule.alignment, k=cfg.shingle_k,
                                            side=side, workers=workers, stats=stats))
     a = np.concatenate([p[0] for p in parts])
     b = np.concatenate([p[1] for p in parts])

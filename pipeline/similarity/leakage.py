@@ -11,13 +11,14 @@ Checks, from the raw evidence rather than from the split's own bookkeeping:
   dedupe uses), against the nearest *other test* piece for scale;
 - ``independent``: the evidence. Each test and val piece is compared with *every* train piece,
   without dedupe's pairs or candidates. A **near copy** is a train piece that meets one of
-  dedupe's near rules: exact shingle Jaccard >= ``near_jaccard`` or containment >=
+  dedupe's near rules (:class:`pipeline.similarity.rule.NearCopyRule`, read from dedupe's
+  ``fingerprint.json``): exact shingle Jaccard >= ``near_jaccard`` or containment >=
   ``near_containment`` (both pieces with at least ``min_shingles`` shingles), or normalised Indel
-  similarity >= ``near_alignment`` (:attr:`NearCopyRule.alignment`) of the whole note-token
-  sequences (both pieces with at least ``min_align_onsets`` distinct onsets) or of the top-voice
-  interval sequences (melodies of at least ``min_melody_notes`` notes). A held-out piece is
-  aligned when it has fewer than ``max_align_tokens`` tokens (``max_melody_notes`` melody notes);
-  a longer one is judged by the other rules. Within-train neighbours of *other* groups show how
+  similarity >= ``near_alignment`` of the whole note-token sequences (both pieces with at least
+  ``min_align_onsets`` distinct onsets) or of the top-voice interval sequences (melodies of at
+  least ``min_melody_notes`` notes). A held-out piece is aligned when it has fewer than
+  ``max_align_tokens`` tokens (``max_melody_notes`` melody notes: :class:`LengthCaps`); a longer
+  one is judged by the other rules. Within-train neighbours of *other* groups show how
   often the rule fires between pieces the split may separate;
 - the same numbers for a plain seeded random split of the same pieces, for contrast.
 
@@ -31,7 +32,7 @@ bound of the similarity, and then exactly wherever the bound allows a better pai
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,17 +47,14 @@ from pipeline.core.splits import SPLIT_NAMES, unit_hashes
 from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import melody
+from pipeline.similarity.rule import NearCopyRule
 
 BLOCK_ROWS = 256
 ALIGN_BLOCK = 64
 """Query strings per ``cdist`` call (memory: this × candidate train strings × 8 bytes)."""
-MIN_MELODY_NOTES = 12
-"""dedupe's ``min_melody_notes`` default, used when ``fingerprint.json`` does not carry it."""
 MAX_MELODY_NOTES = 256
 """Melodies of fewer notes are aligned; longer ones are judged by the other rules (which bounds
 an alignment's cost, and at that length a shingle set is large enough to judge)."""
-MIN_ALIGN_ONSETS = 10
-"""dedupe's ``min_align_onsets`` default, used when ``fingerprint.json`` does not carry it."""
 MAX_ALIGN_TOKENS = 512
 """Note-token sequences of fewer tokens are aligned whole; longer pieces are judged by the other
 rules. An alignment costs about the product of the two lengths, so the cap bounds the audit's
@@ -204,47 +202,16 @@ def _slices(text: str, offsets: np.ndarray) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class NearCopyRule:
-    """When a held-out piece counts as a near copy of a train piece: dedupe's own near rules
-    (``data/dedupe/fingerprint.json``, :meth:`from_settings`), the project's definition of a near
-    duplicate, with the audit's length caps on the alignments."""
+class LengthCaps:
+    """The audit's length caps on the alignments: a held-out piece's note tokens are aligned when
+    it has fewer than ``max_align_tokens`` tokens, its melodies when they have fewer than
+    ``max_melody_notes`` notes; a longer one is judged by the other measures."""
 
-    jaccard: float
-    containment: float
-    min_shingles: int
-    shingle_k: int
-    near_alignment: float | None = None
-    """dedupe's ``near_alignment``; None: derived, see :attr:`alignment`."""
-    min_align_onsets: int = MIN_ALIGN_ONSETS
-    min_melody_notes: int = MIN_MELODY_NOTES
-    max_melody_notes: int = MAX_MELODY_NOTES
     max_align_tokens: int = MAX_ALIGN_TOKENS
+    max_melody_notes: int = MAX_MELODY_NOTES
 
-    @classmethod
-    def from_settings(cls, settings: Mapping) -> NearCopyRule:
-        """The rule in dedupe's ``fingerprint.json``; keys that older files lack take their
-        defaults (a missing ``near_alignment`` is derived, as dedupe derives a null one)."""
-        missing = [k for k in ("near_jaccard", "near_containment", "min_shingles", "shingle_k")
-                   if k not in settings]
-        if missing:
-            raise ValueError(f"dedupe's fingerprint.json lacks {', '.join(missing)}: re-run the "
-                             "dedupe stage (symkit dedupe) to write it")
-        return cls(jaccard=settings["near_jaccard"], containment=settings["near_containment"],
-                   min_shingles=settings["min_shingles"], shingle_k=settings["shingle_k"],
-                   near_alignment=settings.get("near_alignment"),
-                   min_align_onsets=settings.get("min_align_onsets", MIN_ALIGN_ONSETS),
-                   min_melody_notes=settings.get("min_melody_notes", MIN_MELODY_NOTES))
 
-    @property
-    def alignment(self) -> float:
-        """Indel similarity at which an alignment (whole note tokens, melody) makes a near copy:
-        ``near_alignment``, or when unset :func:`pipeline.similarity.alignment.alignment_threshold`
-        of ``jaccard`` and ``shingle_k``, the similarity left by the edit rate at which shingle
-        Jaccard falls to ``jaccard``: one definition of "near", measured either way (0.867 for
-        Jaccard 0.5 and k = 4)."""
-        if self.near_alignment is not None:
-            return float(self.near_alignment)
-        return similarity.alignment_threshold(self.jaccard, self.shingle_k)
+CAPS = LengthCaps()
 
 
 MEASURES = ("nearest_jaccard", "nearest_containment", "jaccard", "containment", "alignment",
@@ -465,11 +432,12 @@ def _exact_best(bound: np.ndarray, exact: Sequence[str], rows: np.ndarray, cols:
 
 
 def _melody_neighbours(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
-                       groups: np.ndarray | None, workers: int, out: Neighbours) -> None:
+                       caps: LengthCaps, groups: np.ndarray | None, workers: int,
+                       out: Neighbours) -> None:
     """The melody measure of ``out``: the best similarity (either view) of each query over
     ``pool``. Query melodies of ``min_melody_notes`` to ``max_melody_notes - 1`` notes are
     aligned, against pool melodies of at least ``min_melody_notes``."""
-    lo_len, hi_len = rule.min_melody_notes - 1, rule.max_melody_notes - 1
+    lo_len, hi_len = rule.min_melody_notes - 1, caps.max_melody_notes - 1
     qall = np.arange(query.size)
     q_same = mel.same[query]
     # the top-track view adds something only where one side's two views differ
@@ -483,53 +451,55 @@ def _melody_neighbours(mel: Melodies, query: np.ndarray, pool: np.ndarray, rule:
 
 
 def _token_neighbours(tok: TokenStrings, query: np.ndarray, pool: np.ndarray, rule: NearCopyRule,
-                      groups: np.ndarray | None, workers: int, out: Neighbours) -> None:
+                      caps: LengthCaps, groups: np.ndarray | None, workers: int,
+                      out: Neighbours) -> None:
     """The alignment measure of ``out``: the best whole note-token similarity of each query over
     ``pool``. Both pieces need ``min_align_onsets`` distinct onsets; queries of
     ``max_align_tokens`` tokens or more are not aligned."""
     ok = tok.onsets >= rule.min_align_onsets
-    qpos = np.flatnonzero(ok[query] & (tok.lengths[query] < rule.max_align_tokens))
+    qpos = np.flatnonzero(ok[query] & (tok.lengths[query] < caps.max_align_tokens))
     _aligned_neighbours(tok.coarse, tok.lengths, query, qpos, pool[ok[pool]], rule.alignment, out,
                         ALIGNMENT, groups=groups, workers=workers, exact=tok.exact)
 
 
 def neighbours(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, query: np.ndarray,
-               pool: np.ndarray, rule: NearCopyRule, *, groups: np.ndarray | None = None,
-               workers: int = 1, align: bool = True) -> Neighbours:
+               pool: np.ndarray, rule: NearCopyRule, *, caps: LengthCaps = CAPS,
+               groups: np.ndarray | None = None, workers: int = 1, align: bool = True
+               ) -> Neighbours:
     """Exhaustive search of every ``query`` row against every ``pool`` row (no candidates, no
     sampling); ``groups``: skip pairs with equal codes (a piece's own group, or the piece itself);
     ``align`` False: the shingle measures only."""
     out = Neighbours.zeros(query.size)
     _shingle_neighbours(sm, query, pool, rule, groups, out)
     if align:
-        _token_neighbours(tok, query, pool, rule, groups, workers, out)
-        _melody_neighbours(mel, query, pool, rule, groups, workers, out)
+        _token_neighbours(tok, query, pool, rule, caps, groups, workers, out)
+        _melody_neighbours(mel, query, pool, rule, caps, groups, workers, out)
     return out
 
 
 def near_copies(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, query: np.ndarray,
-                pool: np.ndarray, rule: NearCopyRule, *, groups: np.ndarray | None = None,
-                workers: int = 1) -> NearCopies:
+                pool: np.ndarray, rule: NearCopyRule, *, caps: LengthCaps = CAPS,
+                groups: np.ndarray | None = None, workers: int = 1) -> NearCopies:
     """Exhaustive near-copy search of every ``query`` row against every ``pool`` row (no
     candidates, no sampling); ``groups``: skip pairs of one group (within-train neighbours)."""
-    return neighbours(sm, mel, tok, query, pool, rule, groups=groups,
+    return neighbours(sm, mel, tok, query, pool, rule, caps=caps, groups=groups,
                       workers=workers).near_copies(rule)
 
 
 def pair_record(sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, q: int, p: int,
-                rule: NearCopyRule) -> dict:
-    """Similarities of one (held-out, train) pair and the criteria of ``rule`` it meets
-    (``fired``, in dedupe's rule order)."""
+                rule: NearCopyRule, caps: LengthCaps = CAPS) -> dict:
+    """Similarities of one (held-out, train) pair and the criteria of ``rule`` it meets under
+    ``caps`` (``fired``, in dedupe's rule order)."""
     t = rule.alignment - _EPS
     big = min(sm.sizes[q], sm.sizes[p]) >= rule.min_shingles
     jac, con = fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p))
     x, y = tok.exact[q], tok.exact[p]
     whole = Indel.normalized_similarity(x, y) if x and y else 0.0
     aligned = (min(tok.onsets[q], tok.onsets[p]) >= rule.min_align_onsets
-               and tok.lengths[q] < rule.max_align_tokens)
+               and tok.lengths[q] < caps.max_align_tokens)
     sims = []
     for view, lengths in zip(mel.views, mel.lengths, strict=True):
-        ok = (rule.min_melody_notes - 1 <= lengths[q] < rule.max_melody_notes - 1
+        ok = (rule.min_melody_notes - 1 <= lengths[q] < caps.max_melody_notes - 1
               and lengths[p] >= rule.min_melody_notes - 1)
         sims.append((Indel.normalized_similarity(view[q], view[p]), ok))
     fired = [name for name, hit in (("jaccard", big and jac >= rule.jaccard),
@@ -596,7 +566,7 @@ def audit_passes(pieces: pd.DataFrame, seed: int, max_test: int) -> list[AuditPa
 
 def _independent(pieces: pd.DataFrame, found: dict[str, Neighbours], passes: dict[str, AuditPass],
                  sm: ShingleMatrix, mel: Melodies, tok: TokenStrings, rule: NearCopyRule,
-                 max_test: int) -> dict:
+                 caps: LengthCaps, max_test: int) -> dict:
     """The ``independent`` block of the report: near copies in train of held-out pieces, every
     test piece unless there are more than ``max_test`` (then the audit's sample); val pieces and
     train pieces (for within-train, other-group neighbours) are capped and sampled the same
@@ -609,8 +579,8 @@ def _independent(pieces: pd.DataFrame, found: dict[str, Neighbours], passes: dic
         "jaccard_threshold": rule.jaccard, "containment_threshold": rule.containment,
         "alignment_threshold": round(rule.alignment, 6), "min_shingles": rule.min_shingles,
         "alignment_min_onsets": rule.min_align_onsets,
-        "alignment_max_tokens": rule.max_align_tokens,
-        "melody_min_notes": rule.min_melody_notes, "melody_max_notes": rule.max_melody_notes,
+        "alignment_max_tokens": caps.max_align_tokens,
+        "melody_min_notes": rule.min_melody_notes, "melody_max_notes": caps.max_melody_notes,
         "max_pieces_per_split": max_test,
     }
     for name, col, key in (("test", "split", "grouped_test"), ("val", "split", "val"),
@@ -637,7 +607,7 @@ def _independent(pieces: pd.DataFrame, found: dict[str, Neighbours], passes: dic
             out["test_too_short_to_measure"] = int(too_short.sum())
             hits = np.flatnonzero(copies.near)
             records = sorted((pair_record(sm, mel, tok, int(rows[h]), int(copies.partner[h]),
-                                          rule) for h in hits),
+                                          rule, caps) for h in hits),
                              key=lambda x: (x["test_sha256"], x["train_sha256"]))
             out["examples"] = records[:MAX_EXAMPLES]
     # how often the rule fires between train pieces the split may separate (other groups)
@@ -715,8 +685,8 @@ class PassRunner(Protocol):
 
 def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Melodies,
           tok: TokenStrings, *, seed: int, ratios: tuple[float, float, float], max_test: int,
-          rule: NearCopyRule, workers: int = 1, cache: PassRunner | None = None
-          ) -> tuple[dict, dict[str, np.ndarray]]:
+          rule: NearCopyRule, caps: LengthCaps = CAPS, workers: int = 1,
+          cache: PassRunner | None = None) -> tuple[dict, dict[str, np.ndarray]]:
     """Leakage metrics, and the curves the figure draws: label -> each audited test piece's
     exact shingle Jaccard with its nearest neighbour (the split stage draws them).
 
@@ -745,8 +715,8 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
     codes = {"self": np.arange(len(pieces)), "group": np.unique(group_id, return_inverse=True)[1]}
 
     def measure(p: AuditPass, query: np.ndarray, pool: np.ndarray) -> Neighbours:
-        return neighbours(sm, mel, tok, query, pool, rule, groups=codes.get(p.exclude),
-                          workers=workers, align=p.align)
+        return neighbours(sm, mel, tok, query, pool, rule, caps=caps,
+                          groups=codes.get(p.exclude), workers=workers, align=p.align)
 
     if cache is not None:
         found = cache.run(np.asarray(shas, dtype=object), group_id, passes, measure)
@@ -770,5 +740,5 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
             curves["grouped: test → nearest other test"] = j_test
     report = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in report.items()}
     report["independent"] = _independent(pieces, found, {p.name: p for p in passes}, sm, mel,
-                                         tok, rule, max_test)
+                                         tok, rule, caps, max_test)
     return report, curves

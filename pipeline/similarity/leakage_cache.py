@@ -16,11 +16,12 @@ next run:
 
 Pieces are matched by sha256 *and* a digest of their notes (:func:`pipeline.similarity.digests.
 note_digests`), so notes re-parsed differently count as a new piece. The folder's name hashes
-everything else the results depend on: the near-copy rule, ``ioi_resolution``, the bytes of the
-measuring code, the rapidfuzz, numpy and scipy versions, and the split settings (so alternating
-between two settings keeps both states). It holds the last run's state only: two Parquet files,
-each written atomically, the results naming the digest of the pieces file they go with (a
-mismatch, e.g. after a kill between the two writes, reads as no state).
+everything else the results depend on: the near-copy rule (``ioi_resolution`` included), the
+audit's length caps, the bytes of the measuring code, the rapidfuzz, numpy and scipy versions,
+and the split settings (so alternating between two settings keeps both states). It holds the
+last run's state only: two Parquet files, each written atomically, the results naming the digest
+of the pieces file they go with (a mismatch, e.g. after a kill between the two writes, reads as
+no state).
 
 The audit's inputs, each piece's shingle set, note tokens and melodies, are kept beside it by
 note digest (:func:`audit_inputs`, a :class:`~pipeline.core.segments.SegmentStore` under
@@ -50,16 +51,18 @@ from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints
 from pipeline.similarity.digests import take_pieces
 from pipeline.similarity.leakage import (
+    CAPS,
     MEASURES,
     AuditPass,
+    LengthCaps,
     Measure,
     Melodies,
-    NearCopyRule,
     Neighbours,
     ShingleMatrix,
     TokenStrings,
     melody_texts,
 )
+from pipeline.similarity.rule import NearCopyRule
 
 STATE_FORMAT = 1
 _M = len(MEASURES)
@@ -73,7 +76,8 @@ RESULT_SCHEMA = pa.schema(
 columns are rows of ``pieces.parquet`` (-1: none)."""
 
 
-AUDIT_CODE = ("pipeline.similarity.leakage", __name__, "pipeline.similarity.alignment",
+AUDIT_CODE = ("pipeline.similarity.leakage", __name__, "pipeline.similarity.rule",
+              "pipeline.similarity.alignment",
               "pipeline.similarity.fingerprints", "pipeline.similarity.melody",
               "pipeline.similarity.digests",
               "pipeline.core.arrays", "pipeline.core.splits")
@@ -81,11 +85,11 @@ AUDIT_CODE = ("pipeline.similarity.leakage", __name__, "pipeline.similarity.alig
 (:func:`cache_key`, :func:`features_key`)."""
 
 
-def cache_key(rule: NearCopyRule, ioi_resolution: int, context: Mapping) -> str:
+def cache_key(rule: NearCopyRule, context: Mapping, caps: LengthCaps = CAPS) -> str:
     """The folder name: a hash of what the stored results depend on besides the pieces."""
     return artifacts.sha256_json({
         "format": STATE_FORMAT, "code": artifacts.code_digest(AUDIT_CODE), "rule": asdict(rule),
-        "ioi_resolution": ioi_resolution, "context": dict(context),
+        "caps": asdict(caps), "context": dict(context),
         "rapidfuzz": package_version("rapidfuzz"), "numpy": np.__version__,
         "scipy": scipy.__version__,
     })[:20]

@@ -449,7 +449,8 @@ def match(q: Side, r: Side, r_views: list[np.ndarray], cfg: dedupe.DedupeConfig
         add(qi, ri, "near", **cols)
         # the other reference pieces with the confirmed one's transposed key hold the same music
         # (LSH proposed one of them): the same measures hold for them
-        key = np.where(np.diff(r.fps.shingle_offsets) >= cfg.min_shingles, r.fps.transposed, "")
+        key = np.where(np.diff(r.fps.shingle_offsets) >= cfg.rule.min_shingles, r.fps.transposed,
+                       "")
         ri_key = key[ri]
         mates = pd.DataFrame({"k": key, "mate": np.arange(r.n)})
         linked = pd.DataFrame({"k": ri_key, "row": np.arange(ri.size)})

@@ -8,8 +8,9 @@ Outputs:
   and ``containment`` (exact shingle containment; 1.0 for the exact tiers);
 - ``data/dedupe/clusters.parquet`` — every ok piece: ``sha256``, ``cluster_id`` (the smallest
   sha256 of its cluster), ``is_representative`` (one per cluster), ``keep``;
-- ``data/dedupe/fingerprint.json`` — the shingle settings and thresholds, so the leakage audit in
-  the split stage measures similarity exactly as dedupe did;
+- ``data/dedupe/fingerprint.json`` — the near-copy rule (:class:`~pipeline.similarity.rule.
+  NearCopyRule`: shingle settings and thresholds), so the leakage audit in the split stage and
+  the audit stage measure similarity exactly as dedupe did;
 - ``reports/dedupe.json`` — pieces merged, removed and bound per tier.
 
 Cache: ``.cache/dedupe/`` keeps the measures of every near candidate by the two pieces' notes
@@ -334,7 +335,7 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
         "sha256": shas.tolist(), "cluster_id": shas[label].tolist(),
         "is_representative": rep, "keep": keep,
     }, schema=CLUSTERS_SCHEMA))
-    artifacts.write_json(out_dir / "fingerprint.json", fingerprint_settings(cfg))
+    artifacts.write_json(out_dir / "fingerprint.json", cfg.rule.to_json())
     sizes = np.bincount(label, minlength=label.size)
     sizes = sizes[sizes > 0]
     artifacts.write_json(report, {
@@ -358,14 +359,6 @@ def run(cfg: DedupeConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Pat
         **features,
     })
     return DedupeSummary(int(shas.size), int(keep.sum()), int(sizes.size), int(a.size))
-
-
-def fingerprint_settings(cfg: DedupeConfig) -> dict:
-    """What the leakage audit needs to measure similarity the way dedupe did."""
-    return {"shingle_k": cfg.shingle_k, "ioi_resolution": cfg.ioi_resolution,
-            "near_jaccard": cfg.near_jaccard, "near_containment": cfg.near_containment,
-            "min_shingles": cfg.min_shingles, "near_alignment": cfg.alignment,
-            "min_align_onsets": cfg.min_align_onsets, "min_melody_notes": cfg.min_melody_notes}
 
 
 # --------------------------------------------------------------------------- CLI

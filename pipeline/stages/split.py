@@ -81,6 +81,7 @@ from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import leakage
 from pipeline.similarity.digests import note_digests
 from pipeline.similarity.leakage_cache import AuditCache, audit_inputs, cache_key
+from pipeline.similarity.rule import NearCopyRule
 
 HELP = "grouped train/val/test split and leakage audit"
 
@@ -382,7 +383,7 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     files = man[man["status"].isin(["ok", "duplicate"])]
     clusters = artifacts.read_parquet(dedupe_dir / "clusters.parquet")
     pairs = artifacts.read_parquet(dedupe_dir / "pairs.parquet")
-    settings = artifacts.read_json(dedupe_dir / "fingerprint.json")
+    rule = NearCopyRule.read(dedupe_dir / "fingerprint.json")
 
     exclude = read_exclude_test(cfg.exclude_test)
     exclude_train = read_exclude_train(cfg.exclude_train)
@@ -426,8 +427,7 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
     # leakage audit over the kept pieces
     t1 = time.perf_counter()
     note_arrays = _kept_notes(notes, table["sha256"].to_numpy())
-    rule = leakage.NearCopyRule.from_settings(settings)
-    ioi = settings["ioi_resolution"]
+    ioi = rule.ioi_resolution
     cache, inputs = None, {}
     if cache_dir is not None:
         digests = note_digests(note_arrays)
@@ -438,7 +438,7 @@ def run(cfg: SplitConfig, runtime: RuntimeConfig, *, manifest: Path, notes: Path
             context["exclude_test"] = artifacts.sha256_bytes("\n".join(exclude).encode())
         if exclude_train:
             context["exclude_train"] = artifacts.sha256_bytes("\n".join(exclude_train).encode())
-        cache = AuditCache(cache_dir, cache_key(rule, ioi, context), digests)
+        cache = AuditCache(cache_dir, cache_key(rule, context), digests)
     else:
         sm, mel, tok = audit_inputs(note_arrays, rule.shingle_k, ioi, [], None, inputs)
     t2 = time.perf_counter()

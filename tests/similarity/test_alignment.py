@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
+from pipeline.similarity.rule import alignment_threshold
 from pipeline.stages.dedupe import DedupeConfig
 from tests.stages.test_dedupe import _sorted, run_dedupe
 
@@ -50,9 +51,9 @@ def excerpt(n: dict, start: int, length: int) -> dict:
 
 
 def test_alignment_threshold_is_the_jaccard_definition_measured_by_alignment():
-    assert similarity.alignment_threshold(0.5, 4) == pytest.approx(1 - 2 / 15)
-    assert DedupeConfig().alignment == pytest.approx(similarity.alignment_threshold(0.5, 4))
-    assert DedupeConfig(near_alignment=0.9).alignment == 0.9
+    assert alignment_threshold(0.5, 4) == pytest.approx(1 - 2 / 15)
+    assert DedupeConfig().rule.alignment == pytest.approx(alignment_threshold(0.5, 4))
+    assert DedupeConfig(near_alignment=0.9).rule.alignment == 0.9
 
 
 def test_locate_finds_an_edited_excerpt_and_where_it_lies():
@@ -121,7 +122,8 @@ def test_edited_short_tune_is_linked_by_alignment(linked):
     a, b = sorted([shas["tune"], shas["tune_edited"]])
     row = pairs[(pairs["a"] == a) & (pairs["b"] == b)].iloc[0]
     assert row["similarity"] < DedupeConfig().near_jaccard  # shingles alone would miss it
-    assert row["rule"] in ("alignment", "melody") and row["alignment"] >= DedupeConfig().alignment
+    assert row["rule"] in ("alignment", "melody")
+    assert row["alignment"] >= DedupeConfig().rule.alignment
 
 
 def test_an_excerpt_is_linked_with_where_it_lies(linked):

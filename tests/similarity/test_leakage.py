@@ -14,12 +14,11 @@ import pytest
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, parse_section
 from pipeline.music.manifest import NOTES_SCHEMA
-from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity.leakage import (
     MEASURES,
+    LengthCaps,
     Melodies,
-    NearCopyRule,
     ShingleMatrix,
     TokenStrings,
     audit,
@@ -28,13 +27,14 @@ from pipeline.similarity.leakage import (
     neighbours,
     random_split,
 )
+from pipeline.similarity.rule import alignment_threshold
 from pipeline.stages.dedupe import DedupeConfig
 from pipeline.stages.dedupe import run as run_dedupe
 from pipeline.stages.split import SplitConfig, assign
 from pipeline.stages.split import run as run_split
 from tests.stages.test_dedupe import base_piece, planted_corpus, variant, write_corpus
 
-RULE = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4)
+RULE = DedupeConfig().rule
 
 PLAIN = SplitConfig(exclude_test=None)  # nothing excluded from test
 PLAIN_NO_MINIMUM = SplitConfig(exclude_test=None, min_groups=0)
@@ -357,24 +357,11 @@ def test_dedupes_near_alignment_is_the_audits_threshold(tmp_path):
     assert ind["test_near_train"] == ind["test_near_train_by_alignment"] == 0
 
 
-def test_rule_from_settings_reads_dedupes_thresholds():
-    settings = {"near_jaccard": 0.5, "near_containment": 0.8, "min_shingles": 16,
-                "shingle_k": 4, "ioi_resolution": 4}
-    old = NearCopyRule.from_settings(settings)  # a file from before the alignment keys
-    assert old == RULE and old.alignment == pytest.approx(13 / 15)
-    new = NearCopyRule.from_settings(settings | {"near_alignment": 0.9, "min_align_onsets": 12,
-                                                 "min_melody_notes": 8})
-    assert (new.alignment, new.min_align_onsets, new.min_melody_notes) == (0.9, 12, 8)
-    with pytest.raises(ValueError, match="near_containment"):
-        NearCopyRule.from_settings({k: v for k, v in settings.items()
-                                    if k != "near_containment"})
-
-
 def test_melody_threshold_is_dedupes_edit_tolerance():
     """Jaccard 0.5 on 4-shingles tolerates 1/15 changed notes; an interval sequence with that
     share changed sits exactly at the alignment threshold, one more change falls below it."""
-    assert RULE.near_alignment is None  # derived, as dedupe derives a null near_alignment
-    assert RULE.alignment == similarity.alignment_threshold(0.5, 4) == pytest.approx(13 / 15)
+    assert DedupeConfig().near_alignment is None  # derived from near_jaccard and shingle_k
+    assert RULE.alignment == alignment_threshold(0.5, 4) == pytest.approx(13 / 15)
     original = tune(np.random.default_rng(3), 31)  # 30 intervals, steps of 1-4 semitones
 
     def octave_up(at: tuple[int, ...]) -> dict:  # its two intervals become ones no tune has
@@ -406,14 +393,13 @@ def test_near_copies_equal_brute_force(symbols):
     pieces["chordal"] = base_piece(rng, n_events=50)
     pieces["chordal_copy"] = variant(rng, pieces["chordal"], "edited")
     sm, mel, tok, names = _arrays(pieces, symbols=symbols)
-    rule = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4,
-                        max_melody_notes=200, max_align_tokens=200)
+    rule, caps = RULE, LengthCaps(max_melody_notes=200, max_align_tokens=200)
     t = rule.alignment - 1e-9
     query = np.arange(0, len(names), 2)
     pool = np.arange(1, len(names), 2)
     groups = np.arange(len(names)) // 4  # some (query, pool) pairs share a group
     for g in (None, groups):
-        found = near_copies(sm, mel, tok, query, pool, rule, groups=g)
+        found = near_copies(sm, mel, tok, query, pool, rule, caps=caps, groups=g)
         for n, q in enumerate(query):
             others = [p for p in pool if g is None or g[p] != g[q]]
             jc = {p: fp.jaccard_containment(sm.shingle_set(q), sm.shingle_set(p)) for p in others}
@@ -425,13 +411,13 @@ def test_near_copies_equal_brute_force(symbols):
             lq = tok.lengths[q]
             aligned = {p: Indel.normalized_similarity(tok.exact[q], tok.exact[p]) for p in others
                        if min(tok.onsets[q], tok.onsets[p]) >= rule.min_align_onsets
-                       and lq < rule.max_align_tokens
+                       and lq < caps.max_align_tokens
                        and 2 * min(lq, tok.lengths[p]) / (lq + tok.lengths[p]) >= t}
             assert found.alignment[n] == max(aligned.values(), default=0.0), names[q]  # exact
             alignment_hit = [p for p, s in aligned.items() if s >= t]
             melody_hit = [p for p in others for v in range(2)
                           if rule.min_melody_notes - 1 <= mel.lengths[v, q]
-                          < rule.max_melody_notes - 1
+                          < caps.max_melody_notes - 1
                           and mel.lengths[v, p] >= rule.min_melody_notes - 1
                           and Indel.normalized_similarity(mel.views[v][q], mel.views[v][p]) >= t]
             assert (found.shingle_partner[n] >= 0) == bool(shingle_hit), names[q]

@@ -15,10 +15,10 @@ import pytest
 from pipeline.music.manifest import NOTES_SCHEMA
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity.digests import note_digests, take_pieces
+from pipeline.similarity.duplicates import DedupeConfig
 from pipeline.similarity.leakage import (
     MEASURES,
     Melodies,
-    NearCopyRule,
     Neighbours,
     ShingleMatrix,
     TokenStrings,
@@ -29,7 +29,7 @@ from pipeline.similarity.leakage_cache import AuditCache, audit_inputs
 from tests.similarity.test_leakage import edited, tune
 from tests.stages.test_dedupe import base_piece, variant
 
-RULE = NearCopyRule(jaccard=0.5, containment=0.8, min_shingles=16, shingle_k=4)
+RULE = DedupeConfig().rule
 SPLITS = np.array(["train", "train", "train", "val", "test"], dtype=object)
 
 

@@ -110,7 +110,7 @@ def test_only_pairs_that_align_are_kept():
 
 def test_a_short_version_with_other_rhythm_and_pitch_edits_is_linked(tunes, tmp_path):
     similar = Indel.normalized_similarity(melody_of(tunes["tune"]), melody_of(tunes["version"]))
-    assert DedupeConfig().alignment <= similar < 0.9  # near by the melody rule, not by much
+    assert DedupeConfig().rule.alignment <= similar < 0.9  # near by the melody rule, not by much
 
     def linked(name: str, **raw) -> tuple[bool, dict]:
         shas, clusters, pairs, report = run_dedupe(tmp_path / name, tunes,
@@ -136,7 +136,7 @@ def test_short_tunes_sharing_an_opening_and_a_cadence_stay_apart(tunes, tmp_path
     names = ["tune", *(f"other{s}" for s in range(4))]
     for other in names[1:]:
         similar = Indel.normalized_similarity(melody_of(tunes["tune"]), melody_of(tunes[other]))
-        assert similar < DedupeConfig().alignment
+        assert similar < DedupeConfig().rule.alignment
     shas, clusters, _, report = run_dedupe(tmp_path, tunes)
     assert len({clusters.loc[shas[n], "cluster_id"] for n in names}) == len(names)
     # the short-melody LSH proposed some of them, and their alignment turned them down

@@ -20,7 +20,9 @@ Checks, from the raw evidence rather than from the split's own bookkeeping:
   ``max_align_tokens`` tokens (``max_melody_notes`` melody notes: :class:`LengthCaps`); a longer
   one is judged by the other rules. Within-train neighbours of *other* groups show how
   often the rule fires between pieces the split may separate;
-- the same numbers for a plain seeded random split of the same pieces, for contrast.
+- the same numbers for a plain seeded random split of the same pieces, for contrast
+  (:class:`pipeline.similarity.splitters.PieceHashSplit`: each piece by a seeded hash of its
+  sha256, so a piece keeps its side when pieces are added).
 
 Similarity is exact: pieces are rows of a sparse piece × shingle incidence matrix and one sparse
 product gives every intersection size, processed in blocks of query rows to bound memory;
@@ -48,6 +50,7 @@ from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import melody
 from pipeline.similarity.rule import NearCopyRule
+from pipeline.similarity.splitters import PieceHashSplit
 
 BLOCK_ROWS = 256
 ALIGN_BLOCK = 64
@@ -664,15 +667,6 @@ def partner_in_train(pieces: pd.DataFrame, pairs: pd.DataFrame, split_col: str) 
     return out
 
 
-def random_split(sha256: Sequence[str], ratios: tuple[float, float, float], seed: int
-                 ) -> np.ndarray:
-    """Plain per-piece random split (the leaky baseline): each piece by a seeded hash of its
-    sha256, so a piece keeps its side when pieces are added."""
-    u = unit_hashes(seed, sha256, "random-split")
-    cut = np.cumsum(ratios)
-    return np.asarray(SPLIT_NAMES, dtype=object)[np.searchsorted(cut[:-1], u, side="right")]
-
-
 Measure = Callable[[AuditPass, np.ndarray, np.ndarray], Neighbours]
 """``measure(audit_pass, query, pool)``: the pass's measures of rows ``query`` over rows
 ``pool``."""
@@ -701,7 +695,7 @@ def audit(pieces: pd.DataFrame, pairs: pd.DataFrame, sm: ShingleMatrix, mel: Mel
     if any(shas != list(x.sha256) for x in (sm, mel, tok)):
         raise ValueError("audit: pieces, shingle matrix, melodies and token strings must list "
                          "the same sha256 in order")
-    pieces = pieces.assign(random=random_split(shas, ratios, seed))
+    pieces = pieces.assign(random=PieceHashSplit(ratios, seed).assign(shas))
     report: dict = {}
     for name, col in (("grouped", "split"), ("random", "random")):
         counts = crossing_counts(pieces, pairs, col)

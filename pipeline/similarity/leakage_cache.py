@@ -79,7 +79,7 @@ columns are rows of ``pieces.parquet`` (-1: none)."""
 AUDIT_CODE = ("pipeline.similarity.leakage", __name__, "pipeline.similarity.rule",
               "pipeline.similarity.alignment",
               "pipeline.similarity.fingerprints", "pipeline.similarity.melody",
-              "pipeline.similarity.digests",
+              "pipeline.similarity.digests", "pipeline.similarity.splitters",
               "pipeline.core.arrays", "pipeline.core.splits")
 """The modules whose code the stored results and a piece's features depend on
 (:func:`cache_key`, :func:`features_key`)."""

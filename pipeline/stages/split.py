@@ -11,8 +11,10 @@ a duplicate has its canonical's sha256, so its label joins the canonical's group
 clusters (dropped copies included, so their labels still bind). A group's key is its smallest
 metadata label (``group:<label>``), or its smallest sha256 (``sha256:<hex>``) when it has no label;
 its split is a pure function of that key and ``split.seed``: ``u = sha256(seed, key) / 2**256``
-compared with the cumulative ratios. Hence adding files that join no existing group never moves
-an existing piece, the ratios hold in expectation, and tokenisation never changes the split.
+compared with the cumulative ratios (:class:`pipeline.similarity.splitters.GroupHashSplit`,
+whose hash and cut the leakage audit's per-piece contrast shares). Hence adding files that join
+no existing group never moves an existing piece, the ratios hold in expectation, and
+tokenisation never changes the split.
 
 k-fold mode (``folds >= 2``) keeps scikit-learn ``GroupKFold``'s guarantee — a group never spans
 folds — but assigns folds by the same kind of hash instead of greedy size balancing, so folds are
@@ -75,13 +77,14 @@ from scipy.sparse.csgraph import connected_components
 from pipeline.core import artifacts
 from pipeline.core.arrays import isin
 from pipeline.core.config import ParamsError, RuntimeConfig, StageConfig, load_section
-from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash, unit_hash
+from pipeline.core.splits import SPLIT_NAMES, SPLITS_SCHEMA, split_hash
 from pipeline.render.figures import histograms_png
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity import leakage
 from pipeline.similarity.digests import note_digests
 from pipeline.similarity.leakage_cache import AuditCache, audit_inputs, cache_key
 from pipeline.similarity.rule import NearCopyRule
+from pipeline.similarity.splitters import GroupHashSplit
 
 HELP = "grouped train/val/test split and leakage audit"
 
@@ -271,34 +274,14 @@ def group_keys(files: pd.DataFrame, clusters: pd.DataFrame) -> pd.Series:
     return pd.Series([key_of_comp[c] for c in comp[:n_s]], index=shas, name="group_id")
 
 
-def assign(group_ids: np.ndarray, cfg: SplitConfig, held: np.ndarray | None = None,
-           held_train: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(split, fold)`` of each group key; a pure function of the key, the config, ``held``
-    (one bool per key: the group holds a piece of ``split.exclude_test``; such a group never
-    goes to test) and ``held_train`` (likewise for ``split.exclude_train`` and train); see the
-    module docstring."""
-    splits = np.empty(group_ids.size, dtype=object)
-    folds = np.full(group_ids.size, -1, dtype=np.int16)
-    held = np.zeros(group_ids.size, dtype=bool) if held is None else held
-    held_train = np.zeros(group_ids.size, dtype=bool) if held_train is None else held_train
-    for n, key in enumerate(group_ids.tolist()):
-        u = unit_hash(cfg.seed, key)
-        if cfg.folds >= 2:
-            folds[n] = min(int(unit_hash(cfg.seed, key, "fold") * cfg.folds), cfg.folds - 1)
-            if folds[n] == cfg.test_fold:
-                splits[n] = "test"
-            else:
-                splits[n] = "val" if u < cfg.val / (cfg.train + cfg.val) else "train"
-        else:
-            splits[n] = ("train" if u < cfg.train else
-                         "val" if u < cfg.train + cfg.val else "test")
-        if held[n] and splits[n] == "test":
-            w = unit_hash(cfg.seed, key, "exclude_test")
-            splits[n] = "train" if w < cfg.train / (cfg.train + cfg.val) else "val"
-        if held_train[n] and splits[n] == "train":
-            w = unit_hash(cfg.seed, key, "exclude_train")
-            splits[n] = ("val" if held[n] or w < cfg.val / (cfg.val + cfg.test) else "test")
-    return splits, folds
+def splitter(cfg: SplitConfig, exclude_test: Collection[str] = (),
+             exclude_train: Collection[str] = ()) -> GroupHashSplit:
+    """The grouped splitter ``cfg`` describes (:class:`~pipeline.similarity.splitters.
+    GroupHashSplit`); ``exclude_test``, ``exclude_train``: keys of the groups that never go to
+    test, to train (see the module docstring)."""
+    return GroupHashSplit((cfg.train, cfg.val, cfg.test), cfg.seed, folds=cfg.folds,
+                          test_fold=cfg.test_fold, exclude_test=exclude_test,
+                          exclude_train=exclude_train)
 
 
 def held_groups(keys: pd.Series, exclude: Collection[str]) -> np.ndarray:
@@ -318,9 +301,9 @@ def split_table(files: pd.DataFrame, clusters: pd.DataFrame, cfg: SplitConfig,
     kept = np.sort(clusters.loc[clusters["keep"], "sha256"].to_numpy().astype(str))
     group_id = keys[kept].to_numpy()
     uniq, inverse = np.unique(group_id.astype(str), return_inverse=True)
-    held = isin(uniq, held_groups(keys, exclude)) if len(exclude) else None
-    held_train = isin(uniq, held_groups(keys, exclude_train)) if len(exclude_train) else None
-    splits, folds = assign(uniq.astype(object), cfg, held, held_train)
+    held = held_groups(keys, exclude) if len(exclude) else ()
+    held_train = held_groups(keys, exclude_train) if len(exclude_train) else ()
+    splits, folds = splitter(cfg, held, held_train).assign(uniq.astype(object))
     return pd.DataFrame({"sha256": kept, "group_id": group_id, "split": splits[inverse],
                          "fold": folds[inverse]})
 
@@ -334,7 +317,7 @@ def exclusion_counts(files: pd.DataFrame, clusters: pd.DataFrame, table: pd.Data
     if cfg.exclude_test is None:
         return {f"exclude_test_{k}": None for k in names}
     held = held_groups(group_keys(files, clusters), exclude) if len(exclude) else np.array([])
-    plain, _ = assign(held.astype(object), cfg)
+    plain, _ = splitter(cfg).assign(held.astype(object))
     counts = (len(exclude), int(isin(table["sha256"], exclude).sum()), held.size,
               int((plain == "test").sum()))
     return {f"exclude_test_{k}": v for k, v in zip(names, counts, strict=True)}
@@ -350,7 +333,7 @@ def train_exclusion_counts(files: pd.DataFrame, clusters: pd.DataFrame, table: p
     if cfg.exclude_train is None:
         return {f"exclude_train_{k}": None for k in names}
     held = held_groups(group_keys(files, clusters), listed) if len(listed) else np.array([])
-    plain, _ = assign(held.astype(object), cfg)
+    plain, _ = splitter(cfg).assign(held.astype(object))
     in_listed = isin(table["sha256"], listed)
     counts = (len(listed), int(in_listed.sum()), held.size, int((plain == "train").sum()),
               int((in_listed & (table["split"] == "train").to_numpy()).sum()))

@@ -25,12 +25,11 @@ from pipeline.similarity.leakage import (
     crossing_counts,
     near_copies,
     neighbours,
-    random_split,
 )
 from pipeline.similarity.rule import alignment_threshold
 from pipeline.stages.dedupe import DedupeConfig
 from pipeline.stages.dedupe import run as run_dedupe
-from pipeline.stages.split import SplitConfig, assign
+from pipeline.stages.split import SplitConfig, splitter
 from pipeline.stages.split import run as run_split
 from tests.stages.test_dedupe import base_piece, planted_corpus, variant, write_corpus
 
@@ -71,16 +70,6 @@ def test_crossing_counts_see_a_leak():
     got = crossing_counts(pieces, pairs)
     assert got == {"crossing_groups": 1, "crossing_metadata_groups": 1, "crossing_pairs": 2,
                    "pairs_with_a_dropped_piece": 1}
-
-
-def test_random_split_is_seeded_proportional_and_stable_under_additions():
-    shas = [f"{i:064x}" for i in range(20000)]
-    a = random_split(shas, (0.8, 0.1, 0.1), seed=3)
-    assert (a == random_split(shas, (0.8, 0.1, 0.1), seed=3)).all()
-    assert (a != random_split(shas, (0.8, 0.1, 0.1), seed=4)).mean() > 0.2
-    assert abs((a == "test").mean() - 0.1) < 0.01 and abs((a == "train").mean() - 0.8) < 0.01
-    more = random_split(["f" * 64, *shas[::2]], (0.8, 0.1, 0.1), seed=3)
-    assert (more[1:] == a[::2]).all()  # a piece keeps its side when others come or go
 
 
 def test_audit_contrasts_grouped_and_random_split(tmp_path):
@@ -179,7 +168,7 @@ def edited(rng: np.random.Generator, notes: dict, k: int) -> dict:
 def _labels_in(split: str, n: int, prefix: str) -> list[str]:
     """``n`` metadata labels whose (single-label) group the default split puts in ``split``."""
     labels = np.array([f"{prefix}{i}" for i in range(400)], dtype=object)
-    splits, _ = assign(np.char.add("group:", labels.astype(str)).astype(object), PLAIN)
+    splits, _ = splitter(PLAIN).assign(np.char.add("group:", labels.astype(str)).astype(object))
     return list(labels[splits == split][:n])
 
 

@@ -4,8 +4,8 @@ The audit (:func:`pipeline.similarity.leakage.audit`) compares every sampled que
 piece of a pool, exhaustively, which costs queries × pool pieces each time the split stage runs.
 When files are added, most queries and most pool pieces are the ones the last run compared.
 :class:`AuditCache` keeps, per comparison (:class:`~pipeline.similarity.leakage.AuditPass`), each
-query's :class:`~pipeline.similarity.leakage.Neighbours` and which pieces the pool held, and in the
-next run:
+query's :class:`~pipeline.similarity.neighbours.Neighbours` and which pieces the pool held, and in
+the next run:
 
 - a query measured last time is compared only with the pool pieces it has not met (new pieces,
   pieces that joined the pool, pieces no longer excluded from it) and the result merged with the
@@ -50,12 +50,11 @@ from pipeline.core.segments import SegmentStore, list_column
 from pipeline.similarity import alignment as similarity
 from pipeline.similarity import fingerprints
 from pipeline.similarity.digests import take_pieces
-from pipeline.similarity.leakage import (
+from pipeline.similarity.leakage import AuditPass, Measure
+from pipeline.similarity.neighbours import (
     CAPS,
     MEASURES,
-    AuditPass,
     LengthCaps,
-    Measure,
     Melodies,
     Neighbours,
     ShingleMatrix,
@@ -76,8 +75,8 @@ RESULT_SCHEMA = pa.schema(
 columns are rows of ``pieces.parquet`` (-1: none)."""
 
 
-AUDIT_CODE = ("pipeline.similarity.leakage", __name__, "pipeline.similarity.rule",
-              "pipeline.similarity.alignment",
+AUDIT_CODE = ("pipeline.similarity.leakage", "pipeline.similarity.neighbours", __name__,
+              "pipeline.similarity.rule", "pipeline.similarity.alignment",
               "pipeline.similarity.fingerprints", "pipeline.similarity.melody",
               "pipeline.similarity.digests", "pipeline.similarity.splitters",
               "pipeline.core.arrays", "pipeline.core.splits")
@@ -260,7 +259,7 @@ FEATURES_SCHEMA = pa.schema([
     ("skyline", pa.large_string()), ("top_track", pa.large_string())])
 """What the audit measures of one piece, by note digest: its shingle set, its note tokens
 (:class:`pipeline.similarity.alignment.Sequences`) and distinct onsets, and its two melodies
-(:func:`pipeline.similarity.leakage.melody_texts`)."""
+(:func:`pipeline.similarity.neighbours.melody_texts`)."""
 
 
 def features_key(shingle_k: int, ioi_resolution: int) -> str:

@@ -16,17 +16,17 @@ from pipeline.music.manifest import NOTES_SCHEMA
 from pipeline.similarity import fingerprints as fp
 from pipeline.similarity.digests import note_digests, take_pieces
 from pipeline.similarity.duplicates import DedupeConfig
-from pipeline.similarity.leakage import (
+from pipeline.similarity.leakage import audit
+from pipeline.similarity.leakage_cache import AuditCache, audit_inputs
+from pipeline.similarity.neighbours import (
     MEASURES,
     Melodies,
     Neighbours,
     ShingleMatrix,
     TokenStrings,
-    audit,
     neighbours,
 )
-from pipeline.similarity.leakage_cache import AuditCache, audit_inputs
-from tests.similarity.test_leakage import edited, tune
+from tests.similarity.test_neighbours import edited, tune
 from tests.stages.test_dedupe import base_piece, variant
 
 RULE = DedupeConfig().rule
@@ -210,7 +210,7 @@ def test_per_piece_inputs_from_the_cache_equal_a_fresh_build(tmp_path):
 def test_one_block_and_many_blocks_give_the_same_neighbours(monkeypatch):
     """A query set of one block is measured as pool × queries' transpose, a larger one as query
     blocks × the pool's transpose: the same intersection counts, so the same results."""
-    from pipeline.similarity import leakage
+    from pipeline.similarity import neighbours as search
 
     pieces = corpus()
     sm, mel, tok, _ = arrays(pieces)
@@ -218,7 +218,7 @@ def test_one_block_and_many_blocks_give_the_same_neighbours(monkeypatch):
     pool = np.arange(1, sm.sha256.size, 2)
     groups = np.arange(sm.sha256.size) // 3
     one = neighbours(sm, mel, tok, query, pool, RULE, groups=groups, align=False)
-    monkeypatch.setattr(leakage, "BLOCK_ROWS", 4)  # now several blocks of 4
+    monkeypatch.setattr(search, "BLOCK_ROWS", 4)  # now several blocks of 4
     many = neighbours(sm, mel, tok, query, pool, RULE, groups=groups, align=False)
     assert (one.values[:, :4] > 0).any()
     for field in ("values", "rows", "partner", "partner_sims"):

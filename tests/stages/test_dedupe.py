@@ -252,7 +252,7 @@ def test_verdict_cache_reuses_measures_and_changes_nothing(tmp_path):
     assert env_cold["features_reused"] == env_warm["features_measured"] == 0
     assert env_warm["features_reused"] == len(pieces)
 
-    from tests.similarity.test_leakage import _chorale_corpus
+    from tests.similarity.test_neighbours import _chorale_corpus
 
     rng = np.random.default_rng(9)
     more = dict(pieces)

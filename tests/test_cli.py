@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.core.commands import commands, read_help
+from pipeline.core.commands import commands
 
 
 def test_help_lists_every_command(capsys):
@@ -81,33 +81,3 @@ def test_an_unreadable_input_is_one_line_naming_its_stage(tmp_path: Path, monkey
     problem = "does not exist" if damage == "missing" else "is not a readable Parquet file"
     assert err == [f"symkit split: data/manifest.parquet {problem}: re-run `dvc repro ingest`"]
 
-
-def test_every_stage_and_tool_module_with_help_is_a_command():
-    """Commands come from the files, not a table: each stage of dvc.yaml and each tool."""
-    found = commands()
-    root = Path(__file__).resolve().parents[1] / "pipeline"
-    for folder in ("stages", "tools"):
-        for path in (root / folder).glob("*.py"):
-            if path.name == "__init__.py":
-                continue
-            name = path.stem.replace("_", "-")
-            if read_help(path) is None:  # a library its folder shares
-                assert name not in found
-                continue
-            assert found[name].module == f"pipeline.{folder}.{path.stem}"
-            assert found[name].help and "\n" not in found[name].help
-    assert {"ingest", "train-transformer", "check-deps", "ledger", "compare"} <= set(found)
-    assert "runs" not in found and (root / "tools" / "runs.py").is_file()
-
-
-def test_a_module_without_help_is_a_library_and_a_clash_is_refused(tmp_path: Path):
-    for folder in ("stages", "tools"):
-        (tmp_path / folder).mkdir()
-    (tmp_path / "stages" / "toy_stage.py").write_text('"""doc"""\n\nHELP = "make \\"toys\\""\n')
-    (tmp_path / "tools" / "runs.py").write_text('"""shared by two tools"""\n')
-    found = commands(tmp_path)
-    assert list(found) == ["toy-stage"] and found["toy-stage"].help == 'make "toys"'
-    (tmp_path / "tools" / "toy_stage.py").write_text('HELP = "again"\n')
-    commands.cache_clear()
-    with pytest.raises(ValueError, match="toy-stage"):
-        commands(tmp_path)

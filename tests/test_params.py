@@ -15,7 +15,6 @@ from pydantic_core import PydanticUndefined
 from pipeline.core.config import (
     EXPERIMENT_SECTIONS,
     check_all,
-    parse_yaml,
     read_params,
     section_class,
     sections,
@@ -167,43 +166,3 @@ def test_every_listed_value_is_accepted_as_written(tmp_path: Path, key: str, lin
     expected = {"true": True, "false": False}.get(value, value)
     assert cfg == expected, f"{key}: wrote {value} unquoted, read {cfg!r}"
 
-
-def test_yaml_is_read_as_dvc_reads_it() -> None:
-    """YAML 1.2: the words PyYAML turns into booleans stay strings; exponents are numbers."""
-    assert parse_yaml("a: off\nb: on\nc: yes\nd: 1e-3\ne: true\n") == {
-        "a": "off", "b": "on", "c": "yes", "d": 0.001, "e": True}
-
-
-def test_read_params_parses_once_yet_never_serves_a_stale_or_shared_copy(tmp_path, monkeypatch):
-    from pipeline.core import config
-
-    calls = []
-    parse = config.parse_yaml
-    monkeypatch.setattr(config, "parse_yaml", lambda text: calls.append(1) or parse(text))
-    path = tmp_path / "params.yaml"
-    path.write_text("ingest:\n  min_notes: 3\n", encoding="utf-8")
-    first = read_params(path)
-    first["ingest"]["min_notes"] = 99  # a caller's change stays its own
-    assert read_params(path) == {"ingest": {"min_notes": 3}} and len(calls) == 1
-    path.write_text("ingest:\n  min_notes: 4\n", encoding="utf-8")  # same path, new content
-    assert read_params(path) == {"ingest": {"min_notes": 4}} and len(calls) == 2
-
-
-def test_sections_are_found_in_the_code_and_a_claimed_section_is_refused(tmp_path: Path) -> None:
-    """Each config class declares its section; the table is read from the files, so a new
-    stage's section needs no registration elsewhere."""
-    found = sections()
-    assert found["ingest"] == "pipeline.music.manifest:IngestConfig"
-    assert found["runtime"] == "pipeline.core.config:RuntimeConfig"
-    assert all(name == section_class(name).SECTION for name in found)
-    pkg = tmp_path / "pipeline" / "stages"
-    pkg.mkdir(parents=True)
-    (pkg / "toy.py").write_text('class ToyConfig(StageConfig):\n    """doc"""\n\n'
-                                '    SECTION: ClassVar[str] = "toy"\n    size: int = 1\n')
-    assert sections(tmp_path / "pipeline") == {"toy": "pipeline.stages.toy:ToyConfig"}
-    (pkg / "toy2.py").write_text('class Toy2Config(StageConfig):\n'
-                                 '    SECTION: ClassVar[str] = "toy"\n')
-    sections.cache_clear()
-    with pytest.raises(ValueError, match=r"section .toy. is already pipeline\.stages\.toy"):
-        sections(tmp_path / "pipeline")
-    sections.cache_clear()

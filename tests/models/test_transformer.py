@@ -1,4 +1,4 @@
-"""models.transformer (GPT, masked loss, scorer) and models.lora."""
+"""models.transformer (GPT, masked loss, scorer)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from models.base import SequenceModel
-from models.lora import LoRALinear, apply_lora, freeze, merge_lora, param_counts
 from models.transformer import (
     GPT,
     IGNORE_INDEX,
@@ -202,41 +201,3 @@ def test_save_load_and_protocol(tmp_path):
     assert isinstance(sc, SequenceModel) and sc.vocab_size == V and sc.eos_id == EOS
     with pytest.raises(FileNotFoundError, match="train-transformer"):
         load_scorer(tmp_path / "missing")
-
-
-# -------------------------------------------------------------------------------------------- LoRA
-def test_lora_starts_as_identity_counts_params_and_merges():
-    m = _trained()
-    x = torch.randint(3, V, (2, T))
-    before = m(x)[0]
-    total = param_counts(m)["total"]
-    names = apply_lora(m, rank=2, alpha=4.0, targets=["attn.qkv", "mlp.proj"],
-                       generator=torch.Generator().manual_seed(0))
-    assert names == ["blocks.0.attn.qkv", "blocks.0.mlp.proj", "blocks.1.attn.qkv",
-                     "blocks.1.mlp.proj"]
-    c = param_counts(m)
-    assert c["frozen"] == total
-    assert c["trainable"] == 2 * (2 * (16 + 48) + 2 * (64 + 16))
-    assert torch.allclose(m(x)[0], before, atol=1e-6)  # B = 0
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, LoRALinear):
-                mod.lora_B.normal_(0, 0.1, generator=torch.Generator().manual_seed(1))
-    adapted = m(x)[0]
-    assert not torch.allclose(adapted, before, atol=1e-4)
-    merge_lora(m)
-    assert not any(isinstance(mod, LoRALinear) for mod in m.modules())
-    assert torch.allclose(m(x)[0], adapted, atol=1e-5)
-    assert sorted(m.state_dict()) == sorted(_model().state_dict())
-
-
-def test_freeze_by_prefix():
-    m = _model()
-    frozen = freeze(m, ["wte", "blocks.1."])
-    assert "wte.weight" in frozen and all(n.startswith(("wte", "blocks.1.")) for n in frozen)
-    c = param_counts(m)
-    assert c["frozen"] == V * 16 + sum(p.numel() for p in m.blocks[1].parameters())
-    with pytest.raises(ValueError, match="match no parameter"):
-        freeze(m, ["blocks.9."])
-    with pytest.raises(ValueError, match="unknown LoRA targets"):
-        apply_lora(_model(), 2, 4.0, targets=["attn.q"])

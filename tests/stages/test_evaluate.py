@@ -423,19 +423,6 @@ def test_relative_improvement_block(tmp_path):
 
 
 # -- generalisation gap and power ----------------------------------------------------------------
-def test_train_subset_draw_is_seeded_and_nested():
-    shas = [f"{i:03d}" for i in range(40)]
-    draw = draw_train_subset(shas, 12, seed=0)
-    assert len(draw) == 12 and draw == sorted(draw) and set(draw) <= set(shas)
-    assert draw_train_subset(shas[::-1] + shas[:5], 12, seed=0) == draw  # order, repeats
-    assert draw_train_subset(shas, 12, seed=1) != draw
-    assert set(draw_train_subset(shas, 11, seed=0)) < set(draw)  # a prefix: one fewer, one out
-    assert draw_train_subset(shas[:7], 12, seed=0) == shas[:7]  # fewer than wanted: all
-    assert draw_train_subset([], 3, seed=0) == []
-    rng = np.random.default_rng([0, TRAIN_SUBSET_STREAM, 0])  # the documented stream
-    assert draw == sorted(shas[i] for i in rng.permutation(40)[:12])
-
-
 def test_train_rows_leave_val_and_test_unchanged(tmp_path):
     """The train subset adds rows and blocks, and changes nothing else: the same corpus without
     train rows (what evaluate scored before) gives the same val/test rows and blocks."""

@@ -454,17 +454,6 @@ def test_power_of_the_comparison_rule_is_stated(tmp_path):
     assert "a true gain of exactly 2.00% passes with probability 2.5%" in md
 
 
-def test_long_metric_names_may_wrap_in_html_only():
-    from pipeline.render.document import Document, Table, render_html, render_markdown
-
-    doc = Document("t")
-    doc.add(Table(["metric", "value"], [["memorisation.transformer.flag_excess", "0.5"]]))
-    html, md = render_html(doc), render_markdown(doc)
-    assert "memorisation.<wbr>transformer.<wbr>flag_<wbr>excess" in html
-    assert ">0.5<" in html  # numbers are never split
-    assert "<wbr>" not in md and "memorisation.transformer.flag_excess" in md
-
-
 def test_power_note_states_the_mde_above_the_threshold(tmp_path):
     from pipeline.decision.criteria import CriteriaConfig
     from pipeline.decision.preregistration import power_note

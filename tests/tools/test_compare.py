@@ -1,8 +1,9 @@
-"""``symkit compare`` (pipeline.tools.compare), its statistics (pipeline.stats.paired), words
-and figures (pipeline.report.compare_document).
+"""``symkit compare`` (pipeline.tools.compare), its words and figures
+(pipeline.report.compare_document); the statistics alone (pipeline.stats.paired) are tested in
+tests/stats/test_paired.py.
 
-Arms are built in ``tmp_path`` from synthetic per-piece scores: never from the repository's own
-``reports/``, which a pipeline run may be rewriting.
+Arms are built in ``tmp_path`` from synthetic per-piece scores (tests/stats/test_paired.py's):
+never from the repository's own ``reports/``, which a pipeline run may be rewriting.
 """
 
 from __future__ import annotations
@@ -20,72 +21,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from scipy.stats import binom
 
 from pipeline.cli import main
 from pipeline.report.compare_document import forest_rows, scatter_panels, seed_effects
-from pipeline.stats.bootstrap import hierarchical_paired_ci
-from pipeline.stats.paired import (
-    arm_scores,
-    comparable_metrics,
-    compare_pair,
-    conclusion,
-    design_label,
-    flatten_params,
-    holm,
-    pair,
-    params_diff,
-)
+from pipeline.stats.paired import arm_scores, compare_pair, pair
 from pipeline.tools.runs import RunSource, read_curves, resolve_source
+from tests.stats.test_paired import PARAMS, PER_NOTE, pieces, scored, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SPLIT_HASH = "5" * 64
 TOKENIZER_HASH = "7" * 64
-PARAMS = {"runtime": {"workers": "auto"}, "report": {"title": "x"},
-          "tokenize": {"tokenizer": "REMI", "vocab_size": 1000, "transpose": []},
-          "transformer": {"seed": 1234, "replicates": 3,
-                          "train": {"max_steps": 400, "micro_batch": 16}},
-          "evaluate": {"n_boot": 2000, "seed": 0, "stride": 64}}
-PER_NOTE = [("nats_per_note", "n_notes")]
 
 
 # ---- synthetic arms ---------------------------------------------------------------------------
-def pieces(rng: np.random.Generator, n_groups: int = 20, per_group: int = 2) -> pd.DataFrame:
-    """Pieces with groups, units and a base NLL per note that varies between groups."""
-    n = n_groups * per_group
-    notes = rng.integers(40, 160, n)
-    group = np.repeat(np.arange(n_groups), per_group)
-    per_note = 4.0 + rng.normal(0, 0.3, n_groups)[group] + rng.normal(0, 0.1, n)
-    return pd.DataFrame({"sha256": [f"{i:064x}" for i in range(n)],
-                         "group_id": [f"g{g:03d}" for g in group],
-                         "n_notes": notes, "n_tokens": (notes * 1.1).astype(np.int64),
-                         "duration_s": notes * 0.5, "base": per_note * notes})
-
-
-def scored(p: pd.DataFrame, factor: np.ndarray, seeds: list[int], rng: np.random.Generator,
-           seed_sd: float = 0.0, model: str = "transformer", split: str = "val") -> pd.DataFrame:
-    """Per-piece rows of one arm: NLL = base · factor · (1 + its seed's deviation)."""
-    rows = []
-    for s in seeds or [None]:
-        dev = rng.normal(0, seed_sd) if seed_sd else 0.0
-        rows.append(p.assign(nll_nats=p["base"] * factor * (1 + dev), seed=s, model=model,
-                             split=split))
-    return pd.concat(rows, ignore_index=True).drop(columns="base")
-
-
-def simulate(rng: np.random.Generator, effect: float, *, n_groups: int = 30,
-             per_group: int = 3, seeds: tuple[int, ...] = (), seed_sd: float = 0.0,
-             group_sd: float = 0.02, piece_sd: float = 0.005) -> tuple[pd.DataFrame, ...]:
-    """Baseline A and arm B whose NLL is ``1 − effect`` times A's, with a relative deviation
-    shared by a group's pieces (``group_sd``) and one per piece (``piece_sd``)."""
-    p = pieces(rng, n_groups, per_group)
-    g = p["group_id"].str[1:].astype(int).to_numpy()
-    factor = 1 - effect + rng.normal(0, group_sd, n_groups)[g] + rng.normal(0, piece_sd, len(p))
-    return (scored(p, np.ones(len(p)), list(seeds), rng, seed_sd),
-            scored(p, factor, list(seeds), rng, seed_sd))
-
-
 def write_arm(root: Path, rows: pd.DataFrame, params: dict | None = None, *,
               split_hash: str = SPLIT_HASH, tokenizer_hash: str = TOKENIZER_HASH,
               stride: int = 64) -> Path:
@@ -230,62 +179,7 @@ def test_an_unknown_source_lists_what_was_tried(tmp_path, monkeypatch, capsys, t
     assert "no DVC experiment named 'no-such-run'" in err
 
 
-# ---- 4. the p-value's error rates -------------------------------------------------------------
-def _p_values(effect: float, ignore_groups: bool = False, n_sims: int = 40) -> np.ndarray:
-    out = []
-    for i in range(n_sims):
-        a, b = simulate(np.random.default_rng([7, i]), effect)
-        if ignore_groups:  # a broken analysis: every piece its own group
-            a, b = (df.assign(group_id=df["sha256"]) for df in (a, b))
-        p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
-        st = compare_pair(p, PER_NOTE, n_boot=400, level=0.95, rng=np.random.default_rng(i),
-                          margin=0.005)
-        out.append(st["nats_per_note"]["p_value"])
-    return np.array(out)
-
-
-def test_a_planted_effect_is_detected_and_a_planted_null_is_not():
-    """Detection of a clear effect in 40 datasets; false positives in 200 null datasets.
-
-    The percentile group bootstrap is slightly liberal with few groups: in 1000 null datasets
-    like these (30 groups) it rejected at 5% about 6.5% of the time (5.0% with 100 groups), so
-    the limit is the 99.9th percentile of Binomial(200, alpha), about 10%. A p-value that ignores
-    the groups rejects about a third of the null datasets and fails it.
-    """
-    alpha = 0.05
-    limit = binom.ppf(0.999, 200, alpha) / 200
-    detected = np.mean(_p_values(0.015) <= alpha)
-    false_pos = np.mean(_p_values(0.0, n_sims=200) <= alpha)
-    assert detected >= 0.8, detected
-    assert false_pos <= limit, (false_pos, limit)
-    # The check can fail: resampling pieces where the effect varies by group makes p too small.
-    assert np.mean(_p_values(0.0, ignore_groups=True) <= alpha) > limit
-
-
-def test_the_p_value_agrees_with_the_interval():
-    """p ≤ alpha exactly when the 1 − alpha interval of A − B excludes 0, up to the resolution
-    of the replicates near the boundary."""
-    seen = set()
-    for i, effect in enumerate(np.linspace(-0.01, 0.01, 21)):
-        a, b = simulate(np.random.default_rng([10, i]), float(effect))
-        p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
-        st = compare_pair(p, PER_NOTE, n_boot=500, level=0.95, rng=np.random.default_rng(i),
-                          margin=0.005)["nats_per_note"]
-        excludes = st["diff"]["ci_low"] > 0 or st["diff"]["ci_high"] < 0
-        seen.add(excludes)
-        assert st["p_value"] <= 0.06 if excludes else st["p_value"] >= 0.04, (effect, st)
-        assert (st["diff"]["value"] > 0) == (st["rel_improvement"]["value"] > 0)
-    assert seen == {True, False}
-
-
 # ---- 5. Holm ---------------------------------------------------------------------------------
-def test_holm_matches_a_hand_computation():
-    # sorted: 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04 -> max so far 0.06
-    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
-    assert holm([0.3, 0.6, 0.9]) == pytest.approx([0.9, 1.0, 1.0])  # capped at 1, monotone
-    assert holm([0.2]) == [0.2]
-    got = holm([0.02, float("nan"), 0.01])
-    assert got[0] == pytest.approx(0.02) and np.isnan(got[1]) and got[2] == pytest.approx(0.02)
 
 
 def test_holm_over_three_arms_in_the_outputs(tmp_path, monkeypatch, capsys):
@@ -320,40 +214,7 @@ def test_with_two_arms_the_adjusted_p_is_the_raw_p(tmp_path, monkeypatch, two_ar
         assert m["p_holm"] == m["p_value"]
 
 
-def test_conclusions_follow_holm_then_equivalence():
-    def block(significant: bool, diff: float, equivalent: bool) -> dict:
-        return {"significant": significant, "diff": {"value": diff}, "equivalent": equivalent}
-
-    assert conclusion(block(True, 0.1, False)) == "arm_lower"  # A − B > 0: the arm's NLL lower
-    assert conclusion(block(True, -0.1, True)) == "arm_higher"
-    assert conclusion(block(False, 0.1, True)) == "equivalent"
-    assert conclusion(block(False, -0.1, False)) == "inconclusive"
-
-
-def test_per_token_is_comparable_only_under_one_tokenizer():
-    same, omitted = comparable_metrics({"tokenizer_hash": "a" * 64}, {"tokenizer_hash": "a" * 64})
-    assert [k for k, _ in same] == ["nats_per_note", "nats_per_second", "nats_per_token"]
-    assert omitted == {}
-    for b in ({"tokenizer_hash": "b" * 64}, {}):
-        metrics, omitted = comparable_metrics({"tokenizer_hash": "a" * 64}, b)
-        assert [k for k, _ in metrics] == ["nats_per_note", "nats_per_second"]
-        assert omitted["nats_per_token"].startswith(f"tokenizer_hash differs ({'a' * 12} vs ")
-    assert comparable_metrics({}, {})[1]  # two unknown tokenizers are not the same one
-
-
 # ---- 6. which params differ ------------------------------------------------------------------
-def test_flatten_and_diff_params():
-    flat = flatten_params(PARAMS)
-    assert flat["transformer.train.max_steps"] == 400 and flat["tokenize.transpose"] == []
-    assert not any(k.startswith(("runtime.", "report.")) for k in flat)
-    other = {**PARAMS, "tokenize": {**PARAMS["tokenize"], "transpose": [-1, 1]},
-             "ngram": {"orders": [1, 2]}}
-    diff = params_diff(flat, flatten_params(other))
-    assert diff == [{"key": "ngram.orders", "baseline": None, "arm": [1, 2], "absent": "baseline"},
-                    {"key": "tokenize.transpose", "baseline": [], "arm": [-1, 1],
-                     "absent": None}]
-    assert [design_label(n) for n in (0, 1, 2, 5)] == ["identical", "controlled", "confounded",
-                                                        "confounded"]
 
 
 def test_designs_are_labelled_and_runtime_and_report_are_ignored(tmp_path, monkeypatch,
@@ -404,34 +265,6 @@ def test_per_token_is_omitted_across_tokenizers(tmp_path, monkeypatch, two_arms)
 
 
 # ---- 8. training seeds ---------------------------------------------------------------------
-def _rel_width(seed_sd: float) -> float:
-    a, b = simulate(np.random.default_rng(5), 0.02, seeds=(1, 2, 3), seed_sd=seed_sd)
-    p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
-    rel = compare_pair(p, PER_NOTE, n_boot=400, level=0.95, rng=np.random.default_rng(0),
-                       margin=0.005)["nats_per_note"]["rel_improvement"]
-    return rel["ci_high"] - rel["ci_low"]
-
-
-def test_seed_variance_widens_the_interval():
-    assert _rel_width(0.03) > 1.5 * _rel_width(0.0)
-
-
-def test_unpaired_seeds_follow_hierarchical_paired_ci():
-    """Different seed labels: each arm's seeds drawn on their own, as the eval's scheme."""
-    rng = np.random.default_rng(6)
-    p0 = pieces(rng)
-    a = scored(p0, np.ones(len(p0)), [1, 2, 3], rng, 0.02)
-    b = scored(p0, np.full(len(p0), 0.97), [4, 5], rng, 0.02)
-    p = pair(arm_scores(a, "A"), arm_scores(b, "B"), "A", "B", "val")
-    assert p.seed_pairing == "independent"
-    got = compare_pair(p, PER_NOTE, n_boot=300, level=0.9, rng=np.random.default_rng(11),
-                       margin=0.005)["nats_per_note"]
-    want = hierarchical_paired_ci(p.a.nll, p.b.nll, p.a.units["n_notes"], p.codes, p.n_groups,
-                                  300, np.random.default_rng(11), 0.9)
-    for k in ("value", "ci_low", "ci_high", "share_a_lower"):
-        assert got["diff"][k] == pytest.approx(want["diff"][k], rel=1e-12)
-    for k in ("value", "ci_low", "ci_high"):
-        assert got["rel_improvement"][k] == pytest.approx(want["rel_improvement"][k], rel=1e-12)
 
 
 def test_adding_an_arm_changes_no_other_comparison(tmp_path, monkeypatch, two_arms):

@@ -236,3 +236,36 @@ def test_small_run_writes_few_segments_and_matches_any_worker_count(tmp_path):
         alone = encode_file(tok, Path(path), sha, transposes)[0]
         for run in runs.values():
             assert_same(run[sha], alone)
+
+
+def test_a_transposition_out_of_range_gives_an_empty_refused_entry(tmp_path):
+    """A copy that would push a pitch past the tokenizer's range (21..109) is an entry without
+    sequences, marked out of range; one that stays inside is encoded."""
+    import miditok
+
+    from pipeline.core.artifacts import sha256_file
+    from pipeline.tokens.entries import Encoding
+
+    tok = miditok.REMI(miditok.TokenizerConfig(use_programs=True))
+    path = tmp_path / "a.mid"
+    score_with(480, [(0, 480, 100), (480, 480, 60)]).dump_midi(path)
+    encs = encode_file(tok, path, sha256_file(path), (0, -12, 12))
+    assert encs[12] == Encoding(n_notes_input=2, seqs=(), out_of_range=True)
+    assert not encs[-12].out_of_range and encs[-12].seqs[0].n_notes == 2
+
+
+def test_an_unreadable_file_is_flagged_without_a_machine_path(tmp_path):
+    import miditok
+
+    from pipeline.core.artifacts import sha256_bytes
+
+    tok = miditok.REMI(miditok.TokenizerConfig(use_programs=True))
+    with pytest.raises(MidiFileError) as missing:
+        encode_file(tok, tmp_path / "missing.mid", "0" * 64, (0,))
+    assert missing.value.flag == "read_error"
+    assert missing.value.detail.startswith("FileNotFoundError")
+    assert str(tmp_path) not in str(missing.value)
+    (tmp_path / "bad.mid").write_bytes(b"MThd not midi")
+    with pytest.raises(MidiFileError, match=r"^read_error: ") as unparsable:
+        encode_file(tok, tmp_path / "bad.mid", sha256_bytes(b"MThd not midi"), (0,))
+    assert unparsable.value.flag == "read_error"

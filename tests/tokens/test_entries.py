@@ -110,3 +110,19 @@ def test_entry_ok_agrees_with_unpack(arr):
     negative = good.copy()
     negative[HEADER + 4], negative[HEADER + 5] = -1, negative[HEADER + 5] + 1  # same total
     assert not entry_ok(negative) and not unpacks(negative)
+
+
+def test_a_block_names_the_entry_it_refuses_and_views_the_ids_it_holds():
+    from pipeline.tokens.entries import BadEntry, parse_block
+
+    good = pack(Encoding(n_notes_input=4, seqs=(seq(0, 6), seq(1, 3, 1))))
+    with pytest.raises(BadEntry, match=r"^entry 2 is not a token cache entry") as bad:
+        parse_block([], [good, good, good[:-1], good[:-1]])
+    assert bad.value.index == 2
+    block = parse_block([("a" * 64, 0), ("b" * 64, 2)], [good, good])
+    assert block.first_seq.tolist() == [0, 2, 4]
+    assert block.n_input.tolist() == [4, 4] and block.out_of_range.tolist() == [False, False]
+    ids = block.ids(3)  # the second sequence of the second entry
+    np.testing.assert_array_equal(ids, seq(1, 3, 1).ids)
+    assert np.shares_memory(ids, block.flat)
+    assert block.sequence(3).roundtrip_f1 == 1.0

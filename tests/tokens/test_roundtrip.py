@@ -101,3 +101,48 @@ def test_roundtrip_batch_equals_miditok_decode_per_check(remi):
             for c in checks]
     assert got == want
     assert [g[0] == 3 for g in got] == [True, False, True, False]
+
+
+def test_note_keys_put_times_on_the_grid_and_drums_at_program_minus_one():
+    from symusic import Note, Track
+
+    from pipeline.tokens.roundtrip import note_keys
+
+    s = score_with(8, [(0, 4, 60), (4, 2, 62)], program=40)
+    drums = Track(name="d", program=0, is_drum=True)
+    drums.notes.append(Note(2, 1, 36, 90))
+    s.tracks.append(drums)
+    keys = lambda *a, **k: sorted(map(tuple, note_keys(*a, **k).tolist()))  # noqa: E731
+    assert keys(s, 24) == [(-1, 6, 36, 3), (40, 0, 60, 12), (40, 12, 62, 6)]
+    assert keys(s, 8, program=0) == [(0, 0, 60, 4), (0, 2, 36, 1), (0, 4, 62, 2)]
+
+
+def test_keys_of_many_scores_are_each_scores_keys():
+    from symusic import Score
+
+    from pipeline.tokens.roundtrip import note_keys, notes_keys_batch
+
+    scores = [score_with(8, [(0, 4, 60)]), Score(8),
+              score_with(16, [(0, 8, 62), (8, 8, 64)], program=3)]
+    got = notes_keys_batch(scores, 16)
+    assert [g.shape for g in got] == [(1, 4), (0, 4), (2, 4)]
+    for g, s in zip(got, scores, strict=True):
+        np.testing.assert_array_equal(g, note_keys(s, 16))
+    assert notes_keys_batch([], 16) == []
+
+
+def test_a_per_track_check_compares_a_sequence_with_its_own_track():
+    import miditok
+
+    from pipeline.tokens.roundtrip import roundtrip_counts
+
+    tok = miditok.REMI(miditok.TokenizerConfig(use_programs=False))
+    score = score_with(480, [(0, 480, 60), (480, 480, 62)])
+    score.tracks.append(score_with(480, [(0, 240, 70), (240, 240, 71), (480, 240, 72)],
+                                   program=33).tracks[0])
+    pre = tok.preprocess_score(score)
+    ids = [np.asarray(ts.ids) for ts in tok.encode(pre, encode_ids=False,
+                                                   no_preprocess_score=True)]
+    assert roundtrip_counts(tok, ids[0], pre, 0, False, (0, False)) == (2, 2)
+    assert roundtrip_counts(tok, ids[1], pre, 1, False, (33, False)) == (3, 3)
+    assert roundtrip_counts(tok, ids[0], pre, 1, False, (33, False)) == (0, 2)  # another track

@@ -1,5 +1,7 @@
-"""Conditioned training and scoring: the condition vocabulary, the model's condition embedding,
-condition dropout, the run identity and the shuffled-condition diagnostic."""
+"""The conditioned pipeline, across the packages that take conditions: the model's condition
+embedding, the scorer, condition dropout and windows, training with conditions and the
+shuffled-condition diagnostic of the trained model, the run identity, the training and evaluate
+stages, sampling with guidance, generation under requests, adherence and the doctor's checks."""
 
 from __future__ import annotations
 
@@ -10,59 +12,15 @@ import pytest
 import torch
 
 from models.transformer import GPT, TransformerConfig
-from pipeline.conditions.assign import piece_conditions, transpose_label, transposed_ids
-from pipeline.conditions.diagnostics import condition_gap, shuffle_conditions, verdict
-from pipeline.conditions.vocab import ConditionVocab, fit_vocab
+from pipeline.conditions.assign import piece_conditions
+from pipeline.conditions.diagnostics import condition_gap, verdict
 from pipeline.inference.scorer import TransformerScorer
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training.data import Corpus, WindowStream, drop_conditions
 from pipeline.training.loop import train
 from pipeline.training.resume import checkpoint_dir
 from tests._transformer_data import BOS, EOS, PAD, tiny_config
-
-
-# ------------------------------------------------------------------------------ vocabulary
-def test_vocab_slots_none_ids_and_unseen_labels():
-    v = fit_vocab(["key", "density"], [{"key": "G major", "density": "low"},
-                                       {"key": "C major", "density": None},
-                                       {"key": "G major", "density": "high"}])
-    assert v.labels == (("C major", "G major"), ("high", "low"))
-    assert v.slot_sizes == (3, 3) and v.size == 6
-    assert v.none_ids().tolist() == [0, 3]
-    assert v.encode({"key": "G major", "density": "low"}).tolist() == [2, 5]
-    # missing, None, NaN and a label train never had all mean "none"
-    assert v.encode({"key": "F# minor"}).tolist() == [0, 3]
-    assert v.encode({"key": float("nan"), "density": None}).tolist() == [0, 3]
-    assert v.decode([2, 3]) == {"key": "G major", "density": None}
-    assert ConditionVocab.from_dict(v.to_dict()) == v
-    other = fit_vocab(["key", "density"], [{"key": "A minor", "density": "low"}])
-    assert other.hash != v.hash
-
-
-def test_piece_conditions_learn_labels_from_train_only():
-    table = pd.DataFrame({"sha256": ["c", "a", "b"], "split": ["test", "train", "val"],
-                          "key": ["E minor", "D major", "A minor"]})
-    pc = piece_conditions(table, ["key"])
-    assert pc.vocab.labels == (("D major",),)  # val's and test's labels are not learned
-    assert pc.of("a").tolist() == [1]
-    assert pc.of("b").tolist() == [0] and pc.of("c").tolist() == [0]
-    assert pc.of("not-listed").tolist() == [0]
-    assert pc.many(["a", "b"]).shape == (2, 1)
-    with pytest.raises(ValueError, match="no column 'tempo'"):
-        piece_conditions(table, ["tempo"])
-
-
-def test_transposition_moves_the_key_only():
-    assert transpose_label("key", "G major", 2) == "A major"
-    assert transpose_label("key", "B minor", 1) == "C minor"
-    assert transpose_label("key", "C major", -1) == "B major"
-    assert transpose_label("density", "low", 5) == "low"
-    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
-                          "key": ["C major", "D major"], "density": ["low", "low"]})
-    pc = piece_conditions(table, ["key", "density"])
-    assert pc.vocab.decode(transposed_ids(pc, "a", 2)) == {"key": "D major", "density": "low"}
-    # a transposed key that train never had is "none", not another key
-    assert pc.vocab.decode(transposed_ids(pc, "a", 1)) == {"key": None, "density": "low"}
+from tests.conditions._planted import planted_metadata, scale_notes
 
 
 # ---------------------------------------------------------------------------------- model
@@ -206,13 +164,6 @@ def test_diagnostic_shows_no_gap_where_the_condition_carries_nothing(tmp_path):
     gap = _trained(tmp_path, planted=False)
     assert verdict(gap["shuffled_minus_correct"]) == "no gap shown"
     assert abs(gap["shuffled_minus_correct"]["value"]) < 0.05
-
-
-def test_shuffle_is_seeded_and_keeps_label_counts():
-    cond = np.array([[1], [1], [2], [2], [2]])
-    a = shuffle_conditions(cond, 3)
-    assert np.array_equal(a, shuffle_conditions(cond, 3))
-    assert sorted(a[:, 0].tolist()) == [1, 1, 2, 2, 2]
 
 
 def test_conditions_enter_the_run_identity():
@@ -396,29 +347,6 @@ def test_sampling_follows_each_prompts_condition():
 
 
 # ------------------------------------------------------------------------------ adherence
-def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str, np.ndarray]:
-    """Two octaves of a scale with its tonic triad stressed, ``per_beat`` notes per beat."""
-    steps = [0, 2, 4, 5, 7, 9, 11] if mode == "major" else [0, 2, 3, 5, 7, 8, 10]
-    pitch = [60 + tonic + s for s in steps] + [72 + tonic + s for s in steps]
-    pitch += [60 + tonic, 64 + tonic - (mode == "minor"), 67 + tonic] * 4
-    n = len(pitch)
-    return {"onset": np.arange(n) / per_beat, "duration": np.full(n, 1.0 / per_beat),
-            "pitch": np.asarray(pitch)}
-
-
-def test_measured_labels_of_planted_windows():
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.conditions.table import measured_labels
-
-    cfg = ConditionConfig()
-    assert measured_labels(_scale_notes(7), cfg)["key"] == "G major"
-    assert measured_labels(_scale_notes(9, "minor"), cfg)["mode"] == "minor"
-    assert measured_labels(_scale_notes(0, per_beat=1), cfg)["density"] == "low"
-    assert measured_labels(_scale_notes(0, per_beat=8), cfg)["density"] == "high"
-    empty = {"onset": np.zeros(0), "duration": np.zeros(0), "pitch": np.zeros(0, dtype=int)}
-    assert measured_labels(empty, cfg)["key"] is None
-
-
 def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
     from pipeline.audit.adherence import adherence
     from pipeline.conditions.config import ConditionConfig
@@ -428,8 +356,8 @@ def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
     tonics = [0, 2, 4, 5, 7, 9] * 10
     names = ["C", "D", "E", "F", "G", "A"]
     requested = [{"key": f"{names[[0, 2, 4, 5, 7, 9].index(t)]} major"} for t in tonics]
-    follows = [measured_labels(_scale_notes(t), cfg) for t in tonics]
-    ignores = [measured_labels(_scale_notes(0), cfg) for _ in tonics]  # always C major
+    follows = [measured_labels(scale_notes(t), cfg) for t in tonics]
+    ignores = [measured_labels(scale_notes(0), cfg) for _ in tonics]  # always C major
     human = follows[:12]
     common = {"requested": requested, "unconditioned": ignores, "human_own": requested[:12],
               "human": human, "human_units": [f"p{i // 2}" for i in range(12)],
@@ -473,7 +401,7 @@ class _ScaleTokenizer:
         import symusic
 
         tonic = {5: 0, 6: 0, 7: 2, 8: 4}[max(set(ids), key=list(ids).count)]
-        notes = _scale_notes(tonic)
+        notes = scale_notes(tonic)
         score = symusic.Score(480)
         track = symusic.Track()
         for o, d, p in zip(notes["onset"], notes["duration"], notes["pitch"], strict=True):
@@ -545,109 +473,13 @@ def test_audit_adherence_on_generated_and_human_windows():
 
 
 # ------------------------------------------------------------------------ doctor's checks
-def _notes_and_table(tmp_path):
-    import pyarrow as pa
-
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.conditions.table import measured_labels
-    from pipeline.core.artifacts import write_parquet
-
-    pieces = {f"{i:02d}": _scale_notes(t, m, per_beat=b)
-              for i, (t, m, b) in enumerate([(0, "major", 1), (7, "major", 8), (9, "minor", 2),
-                                             (2, "major", 4)])}
-    rows = [{"sha256": sha, "onset": n["onset"].tolist(), "duration": n["duration"].tolist(),
-             "pitch": n["pitch"].tolist(), "is_drum": [False] * len(n["pitch"])}
-            for sha, n in pieces.items()]
-    write_parquet(tmp_path / "notes.parquet", pa.Table.from_pylist(rows))
-    cfg = ConditionConfig()
-    table = pd.DataFrame([{"sha256": sha, "split": "train",
-                           **{k: measured_labels(n, cfg)[k]
-                              for k in ("key", "mode", "density", "polyphony")}}
-                          for sha, n in pieces.items()])
-    return table, cfg
-
-
-def test_doctor_alignment_catches_conditions_attached_to_other_pieces(tmp_path):
-    from pipeline.conditions.checks import check_alignment
-
-    table, cfg = _notes_and_table(tmp_path)
-    ok, detail = check_alignment(table, tmp_path / "notes.parquet", cfg)
-    assert ok, detail
-    shifted = table.assign(sha256=np.roll(table["sha256"].to_numpy(), 1))  # off by one row
-    ok, detail = check_alignment(shifted, tmp_path / "notes.parquet", cfg)
-    assert not ok and "labels differ" in detail
-
-
-def test_doctor_combination_catches_conditions_that_name_groups_together():
-    from pipeline.conditions.checks import check_combination
-
-    # key alone and density alone are each shared by several groups; together they name one
-    keys = ["C major", "C major", "G major", "G major"] * 3
-    dens = ["low", "high", "low", "high"] * 3
-    table = pd.DataFrame({"sha256": [f"p{i}" for i in range(12)], "split": "train",
-                          "key": keys, "density": dens})
-    splits = pd.DataFrame({"sha256": table["sha256"],
-                           "group_id": [f"g{i % 4}" for i in range(12)]})
-    ok, _ = check_combination(table, splits, ["key"])
-    assert ok
-    ok, detail = check_combination(table, splits, ["key", "density"])
-    assert not ok and "identifies groups" in detail
-
-
-def _planted_metadata(tmp_path):
-    """60 random pieces (a third in four voices, 2 per group) with three metadata columns:
-    ``ending`` computed from the last note, ``collection`` equal to the texture (a declared
-    condition says it), ``composer`` drawn at random."""
-    import pyarrow as pa
-
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.conditions.table import measured_labels
-    from pipeline.core.artifacts import write_parquet
-
-    rng = np.random.default_rng(7)
-    cfg, rows, labels = ConditionConfig(), [], []
-    for i in range(60):
-        voices = 1 if i % 3 else 4
-        n = int(rng.integers(20, 40))
-        pitch = np.concatenate([rng.integers(55, 80, size=n) for _ in range(voices)])
-        onset = np.tile(np.arange(n, dtype=float), voices)
-        notes = {"onset": onset, "duration": np.ones(len(pitch)), "pitch": pitch,
-                 "is_drum": np.zeros(len(pitch), dtype=bool)}
-        rows.append({"sha256": f"p{i:02d}", **{k: v.tolist() for k, v in notes.items()}})
-        last = pitch[onset == onset.max()].min()
-        labels.append({"sha256": f"p{i:02d}", "split": "train",
-                       **{k: measured_labels(notes, cfg)[k] for k in
-                          ("key", "mode", "density", "polyphony")},
-                       "ending": "high" if last >= 68 else "low",
-                       "collection": "mono" if voices == 1 else "choral",
-                       "composer": str(rng.choice(["a", "b", "c"]))})
-    write_parquet(tmp_path / "notes.parquet", pa.Table.from_pylist(rows))
-    table = pd.DataFrame(labels)
-    splits = pd.DataFrame({"sha256": table["sha256"],
-                           "group_id": [f"g{i // 2}" for i in range(60)]})
-    return table, splits, tmp_path / "notes.parquet"
-
-
-def test_doctor_target_check_catches_a_metadata_label_computed_from_the_notes(tmp_path):
-    from pipeline.conditions.checks import check_target_information
-
-    table, splits, notes = _planted_metadata(tmp_path)
-    ok, detail = check_target_information(table, notes, splits, ["key", "density"])
-    assert ok and "no metadata condition" in detail
-    for name in ("collection", "composer"):
-        ok, detail = check_target_information(table, notes, splits, ["key", name])
-        assert ok, detail
-    ok, detail = check_target_information(table, notes, splits, ["ending", "composer"])
-    assert not ok and "['ending'] behave as functions of the notes" in detail, detail
-
-
 def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
     from pipeline.conditions.config import ConditionConfig
     from pipeline.conditions.table import conditions_schema
     from pipeline.core.artifacts import write_parquet
     from pipeline.tools.doctor import condition_checks
 
-    table, splits, notes = _planted_metadata(tmp_path)
+    table, splits, notes = planted_metadata(tmp_path)
     schema = conditions_schema(["collection", "composer", "ending"])
     write_parquet(tmp_path / "conditions.parquet",
                   pa.Table.from_pylist(table.astype(object).where(table.notna(), None)

@@ -273,24 +273,6 @@ def test_roundtrip_on_real_multitrack_files(reference, chorales):
     assert report["roundtrip_below_1"] == 0 and report["roundtrip_f1_min"] == 1.0
 
 
-def test_fast_note_reader_equals_miditok_decode(corpus_files):
-    """The round-trip check's vectorised REMI reader gives miditok's decoded notes, on real
-    multitrack chorales and synthetic pieces (gaps, drums, a high pitch)."""
-    from miditok import TokSequence
-
-    from pipeline.tokens.remi_keys import remi_note_keys
-    from pipeline.tokens.roundtrip import note_keys
-    from pipeline.tokens.tokenizer import make_tokenizer
-
-    tok = make_tokenizer("REMI", {"use_programs": True})
-    for data in corpus_files.values():
-        ts = tok.encode(Score.from_midi(data))
-        fast = remi_note_keys(tok, np.asarray(ts.ids, np.int64))
-        dec = tok.decode(TokSequence(tokens=list(ts.tokens), ids=list(ts.ids)))
-        ref = note_keys(dec, int(dec.ticks_per_quarter))
-        assert len(ref) and sorted(map(tuple, fast.tolist())) == sorted(map(tuple, ref.tolist()))
-
-
 def test_info_and_augmentation(reference):
     info = read_json(reference / "data/tokens/info.json")
     tok = miditok.REMI(params=reference / "data/tokenizer.json")
@@ -433,21 +415,6 @@ def test_cli_uses_params_section(corpus_files, tmp_path, monkeypatch):
     assert main(["tokenize"]) == 2
 
 
-def test_expand_matches_miditok_decode_token_ids(reference):
-    """The vectorised lossless check equals miditok's own per-id decoding."""
-    from pipeline.tokens.vocabulary import expand, expansion_table
-
-    tok = miditok.REMI(params=reference / "data/tokenizer.json")
-    table = expansion_table(tok)
-    rows = pd.read_parquet(reference / "data/tokens/tokens.parquet")["ids"]
-    assert max(int(np.max(r)) for r in rows) >= len(tok.vocab)  # learned ids are present
-    for ids in list(rows)[:6]:
-        seq = miditok.TokSequence(ids=[int(i) for i in ids], are_ids_encoded=True)
-        tok.decode_token_ids(seq)
-        assert expand(np.asarray(ids, np.int64), table).tolist() == seq.ids
-    assert expand(np.zeros(0, np.int64), table).tolist() == []
-
-
 def test_lossy_vocabulary_is_flagged_and_scored(corpus_files, tmp_path, monkeypatch):
     """A model that does not decode back to the base ids (as WordPiece's unknown token does) is
     flagged per row and its round trip re-scored, never hidden."""
@@ -462,48 +429,6 @@ def test_lossy_vocabulary_is_flagged_and_scored(corpus_files, tmp_path, monkeypa
     assert ((table["roundtrip_f1"] > 0.5) & (table["roundtrip_f1"] < 1.0)).all()
     report = read_json(tmp_path / "reports/tokenize.json")
     assert report["flags"]["model_lossy"] == report["roundtrip_below_1"] == 4
-
-
-def test_rows_flags_and_counts_from_a_block():
-    """Each piece's rows, flags and round-trip F1 as the table contract states them, built from
-    a block of packed entries: notes dropped, a lossy round trip, an unchecked one, an entry
-    without sequences, a piece that could not be encoded, and augmented copies (one refused)."""
-    from collections import Counter
-
-    from pipeline.tokens.entries import Encoding, SeqEncoding, pack, parse_block
-    from pipeline.tokens.tables import batch_tables
-
-    def seq(n_ids: int, n_notes: int, matched: int, decoded: int) -> SeqEncoding:
-        return SeqEncoding(track=-1, program=-1, is_drum=False, n_notes=n_notes,
-                           ids=np.arange(n_ids, dtype=np.int32), bar_starts=np.zeros(1, np.int32),
-                           beat_starts=np.zeros(1, np.int32), rt_matched=matched,
-                           rt_decoded=decoded)
-
-    a, b, c, d, e = (ch * 64 for ch in "abcde")
-    entries = {(a, 0): Encoding(5, (seq(6, 4, 4, 4),)), (a, 2): Encoding(5, (seq(7, 4, -1, -1),)),
-               (b, 0): Encoding(3, (seq(4, 3, 2, 3),)), (c, -1): Encoding(2, (), True),
-               (c, 0): Encoding(2, ()), (e, 0): Encoding(1, (seq(3, 1, -1, -1),))}
-    keys = sorted(entries)
-    block = parse_block(keys, [pack(entries[k]) for k in keys])
-    examples, counts = [], Counter()
-    tokens, augmented = batch_tables(
-        miditok.REMI(miditok.TokenizerConfig(use_programs=True)), None, [a, b, c, d, e],
-        ["train", "val", "train", "test", "val"], block, None,
-        {d: ("read_error", "not MIDI")}, examples, counts)
-    rows = tokens.to_pylist()
-    assert [(r["sha256"][0], r["track"], r["n_tokens"], r["n_notes"], r["n_notes_input"],
-             r["flags"]) for r in rows] == [
-        ("a", -1, 6, 4, 5, ["notes_dropped"]), ("b", -1, 4, 3, 3, ["roundtrip_lossy"]),
-        ("c", -1, 0, 0, 2, ["no_notes", "notes_dropped"]), ("d", -1, 0, 0, 0, ["read_error"]),
-        ("e", -1, 3, 1, 1, [])]
-    f1 = [r["roundtrip_f1"] for r in rows]
-    assert f1[0] == 1.0 and f1[1] == 2 * 2 / 6 and f1[2] is None and f1[3] is None
-    assert np.isnan(f1[4])
-    assert rows[0]["ids"] == list(range(6)) and rows[2]["ids"] == [] == rows[3]["ids"]
-    assert examples == [{"sha256": d, "flags": ["read_error"], "detail": "not MIDI"}]
-    assert augmented.to_pylist() == [{"sha256": a, "transpose": 2, "track": -1,
-                                      "ids": list(range(7)), "n_tokens": 7}]
-    assert counts == Counter(base_tokens=13, augmented_sequences=1, augment_out_of_range=1)
 
 
 def test_a_shared_tokenizer_is_used_as_it_is(reference, corpus_files, tmp_path):

@@ -146,24 +146,6 @@ def test_tunes_sharing_only_a_stock_figure_stay_apart(linked):
     assert report["near_candidates"] > 0  # they were proposed (a shared run) and rejected
 
 
-@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
-def test_gram_hashes_chain_mix64_over_each_run(dtype):
-    """gram_hashes runs in place for speed; each value must still be the chain its docstring
-    names: h = mix64((h ^ token) + golden) over the run's k tokens, from h = 0."""
-    rng = np.random.default_rng(3)
-    tokens = rng.integers(-(2**20) if dtype == np.int64 else 0, 2**20, 40).astype(dtype)
-    for k in (1, 3, 6):
-        want = []
-        for start in range(tokens.size - k + 1):
-            h = np.zeros(1, np.uint64)
-            for t in tokens[start:start + k]:
-                with np.errstate(over="ignore"):
-                    h = fp.mix64((h ^ np.asarray([t]).astype(np.uint64)) + fp._GOLDEN)
-            want.append(int(h[0]))
-        assert fp.gram_hashes(tokens, k).tolist() == want
-    assert fp.gram_hashes(tokens[:2], 6).size == 0
-
-
 def test_locate_is_the_same_from_its_gram_cache():
     """locate keeps each string's anchor grams (similarity._grams and _sorted_grams); a warm
     cache must give what a cold one gives, and the kept arrays cannot be written to."""

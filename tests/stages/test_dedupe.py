@@ -7,7 +7,6 @@ tests/stages/test_split.py and tests/similarity/test_leakage.py.
 from __future__ import annotations
 
 import hashlib
-import itertools
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,6 @@ from pipeline.core import artifacts
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
 from pipeline.music.manifest import MANIFEST_SCHEMA, NOTES_SCHEMA
 from pipeline.music.parsing import note_hash
-from pipeline.similarity import fingerprints as fp
-from pipeline.similarity import melody
-from pipeline.similarity.digests import note_digests, take_pieces
 from pipeline.stages.dedupe import DedupeConfig, run
 
 Notes = dict[str, np.ndarray]
@@ -271,213 +267,12 @@ def test_verdict_cache_reuses_measures_and_changes_nothing(tmp_path):
     assert (env_grown["features_reused"], env_grown["features_measured"]) == (len(pieces), 5)
 
 
-def test_per_piece_work_from_the_cache_equals_measuring_every_piece(tmp_path):
-    """Fingerprints, distinct onsets and winnowed runs read from the features store (cold,
-    partly warm, warm) equal those measured over all pieces; sequences built for some pieces
-    only hold exactly those pieces' full-build entries."""
-    from pipeline.similarity.alignment import Sequences
-    from pipeline.similarity.dedupe_cache import piece_work, sequences_for
-    from pipeline.similarity.duplicates import fingerprint, winnow_views
-
-    pieces, _ = planted_corpus(seed=6, families=4, singles=10)
-    _, notes_path, _ = write_corpus(tmp_path, pieces)
-    notes = fp.read_notes(notes_path)
-    digests = note_digests(notes)
-    cfg = DedupeConfig()
-    fps, seqs = fingerprint(notes, cfg), Sequences.build(notes, cfg.ioi_resolution)
-    views = winnow_views(seqs, cfg)
-    half = np.arange(0, notes.n_pieces, 2)
-    piece_work(take_pieces(notes, half), cfg, [digests[i] for i in half], tmp_path / "c")
-    for _ in range(2):  # partly warm, then warm
-        stats: dict = {}
-        work = piece_work(notes, cfg, digests, tmp_path / "c", stats=stats)
-        for field in ("transposed", "melody", "shingle_offsets", "shingles", "signatures",
-                      "short_melody", "short_signatures"):
-            got, want = getattr(work.fps, field), getattr(fps, field)
-            assert got.dtype == want.dtype and np.array_equal(got, want), field
-        assert np.array_equal(work.distinct_onsets, seqs.distinct_onsets)
-        assert all(np.array_equal(a, b) for a, b in zip(work.views, views, strict=True))
-        assert any(v.size for v in views)
-        assert (work.fps.short_melody != "").any()
-    assert stats == {"features_reused": notes.n_pieces, "features_measured": 0}
-    some = np.array([1, 4, 5])
-    lazy = sequences_for(notes, some, cfg.ioi_resolution, seqs.distinct_onsets)
-    for i in range(notes.n_pieces):
-        if i in some:
-            assert lazy.tokens[i] == seqs.tokens[i] and np.array_equal(lazy.onsets[i],
-                                                                         seqs.onsets[i])
-            assert (lazy.melodies[0][i], lazy.melodies[1][i]) == (seqs.melodies[0][i],
-                                                                  seqs.melodies[1][i])
-        else:
-            assert lazy.tokens[i] == "" and lazy.melodies[0][i] == ""
-
-
-def test_note_digests_follow_every_column_the_tiers_read():
-    base = _notes([0.0, 1.0, 2.0], [1.0, 1.0, 2.0], [60, 62, 64])
-    pieces = [base, base, dict(base, track=np.array([0, 1, 0], np.int16)),
-              dict(base, duration=base["duration"] * 2), dict(base, is_drum=np.ones(3, bool))]
-    cat = {k: np.concatenate([p[k] for p in pieces]) for k in base}
-    arrays = fp.NoteArrays(np.array(list("abcde"), object), np.arange(0, 16, 3, dtype=np.int64),
-                           cat["onset"], cat["duration"], cat["pitch"], cat["is_drum"],
-                           cat["track"])
-    d = note_digests(arrays)
-    assert d[0] == d[1] and len(set(d[1:])) == 4 and all(len(x) == 32 for x in d)
-
-
-def test_chunked_fingerprints_equal_whole(tmp_path):
-    pieces, _ = planted_corpus(seed=4, families=3, singles=5)
-    _, notes, _ = write_corpus(tmp_path, pieces)
-    na = fp.read_notes(notes)
-    cfg = DedupeConfig()
-    whole = fp.shingles(na, cfg.shingle_k, cfg.ioi_resolution)
-    parts = [fp.shingles(c, cfg.shingle_k, cfg.ioi_resolution) for c in na.chunks(max_pieces=4)]
-    assert np.array_equal(whole[1], np.concatenate([p[1] for p in parts]))
-    assert np.array_equal(fp.transposed_keys(na),
-                          np.concatenate([fp.transposed_keys(c) for c in na.chunks(max_pieces=3)]))
-
-
-def test_signatures_match_datasketch():
-    from datasketch import MinHash
-
-    rng = np.random.default_rng(0)
-    values = np.sort(rng.integers(0, 2**63, size=50, dtype=np.int64).astype(np.uint64))
-    perms = fp.minhash_permutations(64, seed=5)
-    sig = fp.minhash_signatures(np.array([0, 50]), values, perms)
-    m = MinHash(num_perm=64, seed=5, scheme="affine32", hashfunc=int)
-    m.update_batch(fp.to_hash32(values).tolist())
-    assert np.array_equal(sig[0], m.hashvalues)
-
-
-def test_lsh_candidates_equal_datasketch_minhashlsh():
-    from datasketch import LeanMinHash, MinHashLSH
-
-    from pipeline.similarity.duplicates import LSH_WEIGHTS, lsh_candidates
-
-    rng = np.random.default_rng(0)
-    sets = []
-    for _ in range(40):
-        s = np.unique(rng.integers(0, 5000, 200))
-        m = s.copy()
-        hit = rng.random(m.size) < rng.uniform(0.1, 0.6)
-        m[hit] = rng.integers(5000, 9999, hit.sum())
-        sets += [s, np.unique(m)]
-    offsets = np.concatenate([[0], np.cumsum([s.size for s in sets])])
-    cfg = DedupeConfig()
-    sig = fp.minhash_signatures(offsets, np.concatenate(sets).astype(np.uint64),
-                                fp.minhash_permutations(cfg.num_perm, cfg.seed))
-    a, b = lsh_candidates(sig, np.arange(len(sets)), cfg)
-    lsh = MinHashLSH(threshold=cfg.lsh_threshold, num_perm=cfg.num_perm, weights=LSH_WEIGHTS)
-    sketches = [LeanMinHash(seed=cfg.seed, hashvalues=s, scheme="affine32") for s in sig]
-    for i, m in enumerate(sketches):
-        lsh.insert(i, m)
-    ref = sorted({(min(i, j), max(i, j)) for i, m in enumerate(sketches) for j in lsh.query(m)
-                  if i != j})
-    assert len(ref) > 20
-    assert list(zip(a.tolist(), b.tolist(), strict=True)) == ref
-
-
-@pytest.mark.parametrize("shuffled", [False, True])
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_notes_from_table_picks_and_sorts_rows_as_written_plainly(shuffled, chunks):
-    rng = np.random.default_rng(chunks + 2 * shuffled)
-    rows = []
-    for i in range(30):
-        k = int(rng.integers(0, 6))
-        rows.append({"sha256": f"{i * 7919 % 1000:04d}", "onset": rng.random(k),
-                     "duration": rng.random(k), "pitch": rng.integers(0, 128, k, np.int16),
-                     "velocity": np.full(k, 64, np.int16), "track": rng.integers(0, 3, k, np.int16),
-                     "program": np.zeros(k, np.int16), "is_drum": rng.random(k) < 0.3})
-    rows.sort(key=lambda r: r["sha256"])
-    if shuffled:
-        rows = [rows[i] for i in rng.permutation(len(rows))]
-    cut = np.linspace(0, len(rows), chunks + 1).astype(int)
-    table = pa.concat_tables([pa.Table.from_pandas(pd.DataFrame(rows[a:b]), schema=NOTES_SCHEMA,
-                                                   preserve_index=False)
-                              for a, b in itertools.pairwise(cut)])
-    table = pa.concat_tables([table, pa.table(  # a null list reads as an empty piece
-        {c: [None if c != "sha256" else "zzzz"] for c in NOTES_SCHEMA.names}, NOTES_SCHEMA),
-        pa.table({f.name: pa.array(["yyyy"]) if f.name == "sha256" else  # ... even one whose
-                  pa.ListArray.from_arrays(  # segment holds values
-                      pa.array([0, 2], pa.int32()), pa.array(np.ones(2)).cast(f.type.value_type),
-                      mask=pa.array([True])) for f in NOTES_SCHEMA}, NOTES_SCHEMA)])
-    if chunks == 1:  # one chunk that starts inside its buffers (Arrow slices share them)
-        table = pa.concat_tables([table.slice(0, 2), table]).combine_chunks().slice(2)
-    keep = {r["sha256"] for r in rows if rng.random() < 0.6} | {"yyyy", "zzzz", "absent"}
-    block = set(sorted(r["sha256"] for r in rows)[5:12])  # one run of rows, unless shuffled
-    for wanted in (None, keep, block):
-        got = fp.notes_from_table(table, keep=None if wanted is None else sorted(wanted))
-        plain = sorted((r for r in rows if wanted is None or r["sha256"] in wanted),
-                       key=lambda r: r["sha256"])
-        null = [] if wanted is block else ["yyyy", "zzzz"]
-        assert got.sha256.tolist() == [r["sha256"] for r in plain] + null
-        assert got.lengths.tolist() == [len(r["pitch"]) for r in plain] + [0] * len(null)
-        for col in ("onset", "duration", "pitch", "is_drum", "track"):
-            parts = [np.asarray(r[col]) for r in plain]
-            assert np.array_equal(getattr(got, col), np.concatenate(parts)), col
-
-
-def test_shingles_invariant_to_transposition_and_time_scale():
-    rng = np.random.default_rng(1)
-    base = base_piece(rng)
-    moved = {**base, "pitch": (base["pitch"] + 5).astype(np.int16), "onset": base["onset"] * 3,
-             "duration": base["duration"] * 3}
-    other = base_piece(rng)
-    na = fp.notes_from_table(pa.Table.from_pandas(pd.DataFrame(
-        [{"sha256": s, **n} for s, n in (("a", base), ("b", moved), ("c", other))]),
-        schema=NOTES_SCHEMA, preserve_index=False))
-    off, vals = fp.shingles(na, 4, 4)
-    sets = [vals[off[i] : off[i + 1]] for i in range(3)]
-    assert np.array_equal(sets[0], sets[1])
-    assert fp.jaccard_containment(sets[0], sets[2])[0] < 0.2
-    keys = fp.transposed_keys(na)
-    assert keys[0] == keys[1] != keys[2]
-
-
-def test_drums_are_never_transposed():
-    rng = np.random.default_rng(8)
-    base = base_piece(rng)
-    size = 40
-    drums = {"onset": np.arange(size) * 0.5, "duration": np.full(size, 0.25),
-             "pitch": np.tile(np.array([36, 38, 42, 42], np.int16), size // 4),
-             "velocity": np.full(size, 90, np.int16), "track": np.full(size, 9, np.int16),
-             "program": np.zeros(size, np.int16), "is_drum": np.ones(size, bool)}
-    with_drums = _sorted({k: np.concatenate([base[k], drums[k]]) for k in base})
-    up = {**with_drums, "pitch": np.where(with_drums["is_drum"], with_drums["pitch"],
-                                          with_drums["pitch"] + 4).astype(np.int16)}
-    all_up = {**with_drums, "pitch": (with_drums["pitch"] + 4).astype(np.int16)}
-    table = pa.Table.from_pandas(pd.DataFrame([{"sha256": s, **_sorted(n)} for s, n in (
-        ("a", with_drums), ("b", up), ("c", all_up), ("d", drums))]), schema=NOTES_SCHEMA,
-        preserve_index=False)
-    keys = fp.transposed_keys(fp.notes_from_table(table))
-    assert keys[0] == keys[1] != keys[2]  # moving the drum kit too is another piece
-    off, _ = fp.shingles(fp.notes_from_table(table), 4, 4)
-    assert np.diff(off)[3] > 0  # a drums-only piece still has shingles
-
-
 def _notes(onset, duration, pitch, track=None):
     size = len(onset)
     return {"onset": np.asarray(onset, float), "duration": np.asarray(duration, float),
             "pitch": np.asarray(pitch, np.int16), "velocity": np.full(size, 64, np.int16),
             "track": np.asarray(track if track is not None else np.zeros(size), np.int16),
             "program": np.zeros(size, np.int16), "is_drum": np.zeros(size, bool)}
-
-
-def test_skyline_ignores_inner_voices_under_a_held_top_note():
-    # soprano holds 72 for 2 beats while the alto moves 64 -> 65; then the soprano moves to 74
-    n = _sorted(_notes([0, 0, 1, 2, 2], [2, 1, 1, 1, 1], [72, 64, 65, 74, 60], [0, 1, 1, 0, 1]))
-    na = fp.notes_from_table(pa.Table.from_pandas(pd.DataFrame([{"sha256": "x", **n}]),
-                                                  schema=NOTES_SCHEMA, preserve_index=False))
-    _, time, pitch = melody.skyline(na)
-    assert pitch.tolist() == [72, 74] and time.tolist() == [0.0, 2.0]
-
-
-def test_top_track_survives_voice_crossing():
-    # the alto (track 1) crosses above the soprano at beat 1; the top track stays the soprano
-    n = _sorted(_notes([0, 0, 1, 1, 2, 2], [1] * 6, [72, 67, 67, 71, 74, 65], [0, 1, 0, 1, 0, 1]))
-    na = fp.notes_from_table(pa.Table.from_pandas(pd.DataFrame([{"sha256": "x", **n}]),
-                                                  schema=NOTES_SCHEMA, preserve_index=False))
-    mask = melody.top_track_mask(na)
-    assert na.pitch[mask].tolist() == [72, 67, 74]
 
 
 def test_same_melody_other_harmony_is_bound_not_dropped(tmp_path):

@@ -1,5 +1,5 @@
-"""Conditioned training and scoring: the condition vocabulary, the model's condition embedding,
-condition dropout, the run identity and the shuffled-condition diagnostic."""
+"""Conditioned training and scoring: the condition vocabulary, the model's condition embedding
+and the shuffled-condition diagnostic."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from pipeline.conditions.diagnostics import condition_gap, shuffle_conditions, v
 from pipeline.conditions.vocab import ConditionVocab, fit_vocab
 from pipeline.inference.scorer import TransformerScorer
 from pipeline.tokens.contract import TokenInfo
-from pipeline.training.data import Corpus, WindowStream, drop_conditions
+from pipeline.training.data import Corpus
 from pipeline.training.loop import train
-from pipeline.training.resume import checkpoint_dir
 from tests._transformer_data import BOS, EOS, PAD, tiny_config
 
 
@@ -128,27 +127,6 @@ def test_scorer_keeps_the_protocols_target_count_under_conditions():
         plain.token_nll(seqs, conds=conds)
 
 
-# ----------------------------------------------------------------------------- training data
-def test_condition_dropout_is_seeded_by_position():
-    cond = torch.tensor([[2, 5]] * 400)
-    none = np.array([0, 3])
-    a = drop_conditions(cond, none, 0.25, seed=7, position=40)
-    assert torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=40))
-    assert not torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=41))
-    dropped = (a == torch.tensor([0, 3])).all(dim=1)
-    assert ((a == torch.tensor([2, 5])).all(dim=1) | dropped).all()  # whole rows, never halves
-    assert 0.18 < dropped.float().mean() < 0.32
-    assert torch.equal(drop_conditions(cond, none, 0.0, seed=7, position=40), cond)
-
-
-def test_windows_carry_their_pieces_conditions():
-    examples = [np.array([BOS, 3, 4, 5, EOS]), np.array([BOS, 6, 7, EOS])]
-    stream = WindowStream(examples, 8, seed=1, cond=[np.array([1]), np.array([2])])
-    b = stream.batch(range(0, 6), PAD)
-    first = {3: 1, 6: 2}
-    assert [first[int(x)] for x in b.x[:, 1]] == b.cond[:, 0].tolist()
-
-
 # ------------------------------------------------------------------- training and diagnostic
 INFO = TokenInfo(vocab_size=12, pad_id=PAD, bos_id=BOS, eos_id=EOS, tokenizer_hash="t",
                  split_hash="s")
@@ -213,25 +191,6 @@ def test_shuffle_is_seeded_and_keeps_label_counts():
     a = shuffle_conditions(cond, 3)
     assert np.array_equal(a, shuffle_conditions(cond, 3))
     assert sorted(a[:, 0].tolist()) == [1, 1, 2, 2, 2]
-
-
-def test_conditions_enter_the_run_identity():
-    from pipeline.training.loop import condition_identity
-
-    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
-                          "mode": ["major", "minor"]})
-    pc = piece_conditions(table, ["mode"])
-    cfg = tiny_config()
-    corpus = Corpus(train=[], val=[], conditions=pc)
-    plain = checkpoint_dir(tmp := __import__("pathlib").Path("m"), cfg, INFO, 1, 1)
-    assert plain == checkpoint_dir(tmp, cfg, INFO, 1, 1, None)
-    ident = condition_identity(corpus, 0.1)
-    with_cond = checkpoint_dir(tmp, cfg, INFO, 1, 1, ident)
-    assert with_cond != plain
-    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(corpus, 0.2)) != with_cond
-    swapped = piece_conditions(table.assign(mode=["minor", "major"]), ["mode"])
-    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(
-        Corpus(train=[], val=[], conditions=swapped), 0.1)) != with_cond
 
 
 # ------------------------------------------------------------------ the stages, conditioned

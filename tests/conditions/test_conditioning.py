@@ -109,24 +109,6 @@ def test_conditions_are_inputs_never_targets():
         GPT(_cfg(), torch.Generator().manual_seed(0))(idx, cond=torch.tensor([[1]]))
 
 
-def test_scorer_keeps_the_protocols_target_count_under_conditions():
-    model = GPT(_cfg(cond_slot_sizes=(3, 2)), torch.Generator().manual_seed(0))
-    with torch.no_grad():  # as if trained: conditions move the predictions
-        model.wce.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
-    scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=4)
-    seqs = [np.array([5, 6, 7]), np.arange(3, 15) % 13 + 3]  # the second needs windows
-    conds = np.array([[1, 4], [2, 3]])
-    out = scorer.token_nll(seqs, conds=conds)
-    assert [len(o) for o in out] == [4, 13]
-    assert not np.allclose(out[0], scorer.token_nll(seqs, conds=np.array([[2, 4], [2, 3]]))[0])
-    with pytest.raises(ValueError, match="expected \\(2, 2\\)"):
-        scorer.token_nll(seqs, conds=np.array([[1], [2]]))
-    plain = TransformerScorer(GPT(_cfg(), torch.Generator().manual_seed(0)), bos_id=BOS,
-                              eos_id=EOS, pad_id=PAD)
-    with pytest.raises(ValueError, match="without conditions"):
-        plain.token_nll(seqs, conds=conds)
-
-
 # ------------------------------------------------------------------- training and diagnostic
 INFO = TokenInfo(vocab_size=12, pad_id=PAD, bos_id=BOS, eos_id=EOS, tokenizer_hash="t",
                  split_hash="s")
@@ -318,42 +300,6 @@ class _ToyConditioned:
         return out
 
 
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log(0) = -inf, on purpose
-def test_guidance_mixes_conditioned_and_unconditioned_log_probabilities():
-    from pipeline.inference.sampling import guided
-
-    c = np.log(np.array([[0.7, 0.2, 0.1, 0.0]]))
-    u = np.log(np.array([[0.25, 0.25, 0.5, 0.0]]))
-    assert np.allclose(guided(c, u, 1.0), c)
-    assert np.allclose(guided(c, u, 0.0), u)
-    strong = np.exp(guided(c, u, 3.0))
-    assert np.isclose(strong.sum(), 1.0) and strong[0, 3] == 0.0
-    assert strong[0, 0] > 0.7  # pushed further towards what the condition favours
-    # an id impossible under one side only is impossible under a positive-weight mix
-    c2 = np.log(np.array([[0.5, 0.5, 0.0]]))
-    u2 = np.log(np.array([[0.4, 0.3, 0.3]]))
-    assert np.exp(guided(c2, u2, 2.0))[0, 2] == 0.0
-
-
-def test_sampling_follows_each_prompts_condition():
-    from pipeline.inference.sampling import SamplingParams, sample_sequences
-
-    model = _ToyConditioned()
-    conds = np.array([[1], [3], [0]])
-    rngs = [np.random.default_rng(i) for i in range(3)]
-    out = sample_sequences(model, [np.array([], dtype=np.int64)] * 3, max_new_tokens=40,
-                           params=SamplingParams(), rngs=rngs, conds=conds)
-    assert np.mean(out[0] == 6) > 0.8 and np.mean(out[1] == 8) > 0.8
-    assert np.mean(out[2] == 6) < 0.5  # "none": no preference
-    strong = sample_sequences(model, [np.array([], dtype=np.int64)], max_new_tokens=40,
-                              params=SamplingParams(), rngs=[np.random.default_rng(0)],
-                              conds=conds[:1], guidance=3.0, none_ids=np.array([0]))
-    assert np.mean(strong[0] == 6) >= np.mean(out[0] == 6)
-    with pytest.raises(ValueError, match="none_ids"):
-        sample_sequences(model, [np.array([])], max_new_tokens=1, params=SamplingParams(),
-                         rngs=[np.random.default_rng(0)], conds=conds[:1], guidance=2.0)
-
-
 # ------------------------------------------------------------------------------ adherence
 def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str, np.ndarray]:
     """Two octaves of a scale with its tonic triad stressed, ``per_beat`` notes per beat."""
@@ -439,41 +385,6 @@ class _ScaleTokenizer:
             track.notes.append(symusic.Note(int(o * 480), int(d * 480), int(p), 80))
         score.tracks.append(track)
         return score
-
-
-def test_generate_draws_conditioned_samples_under_held_out_requests():
-    from pipeline.inference.generation import (
-        CONDITIONED,
-        GenerateConfig,
-        generate_for_model,
-        select_requests,
-    )
-
-    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(6)],
-                          "split": ["val", "test", "val", "test", "train", "train"],
-                          "key": ["C major", "D major", "E major", "B minor", "D major", None]})
-    requests = select_requests(table, 12, seed=3)
-    assert len(requests) == 12 and {sha for sha, _ in requests} <= {"h0", "h1", "h2", "h3"}
-    assert requests == select_requests(table, 12, seed=3)
-    cfg = GenerateConfig(n_samples=4, n_continuations=0, max_new_tokens=20, n_conditioned=12)
-    rows = generate_for_model(_ToyWithVocab(), "transformer", cfg, [], forbid=[],
-                              requests=requests)
-    cond = [r for r in rows if r["kind"] == CONDITIONED]
-    assert len(cond) == 12 and len([r for r in rows if r["kind"] == "unconditional"]) == 4
-    import json
-
-    for r, (sha, req) in zip(cond, requests, strict=True):
-        asked = json.loads(r["condition"])
-        assert r["request_sha256"] == sha
-        # a label the model never learned (B minor) is asked as "none"
-        assert asked == {"key": req["key"] if req["key"] != "B minor" else None}
-        if asked["key"] is not None:
-            want = 5 + ["C major", "D major", "E major"].index(asked["key"]) + 1
-            assert np.mean(np.asarray(r["ids"]) == want) > 0.7
-    # an unconditioned model draws no conditioned samples, whatever the requests
-    plain = generate_for_model(_ToyConditioned.__new__(_ToyConditioned), "m", cfg, [],
-                               forbid=[], requests=requests)
-    assert not [r for r in plain if r["kind"] == CONDITIONED]
 
 
 def test_audit_adherence_on_generated_and_human_windows():

@@ -280,27 +280,7 @@ def test_conditions_without_table_or_with_packing_are_refused(tmp_path):
             conditions=paths["conditions"])
 
 
-# ------------------------------------------------------------------------------ sampling
-class _ToyConditioned:
-    """A 'model' whose next id is the condition id + 5 when conditioned, uniform over 5..8
-    without a condition (id 0 of the slot)."""
-
-    vocab_size, eos_id = 10, 2
-
-    def next_logprobs(self, contexts, conds=None):
-        out = np.full((len(contexts), 10), -np.inf)
-        if conds is None:  # unconditioned: every slot "none"
-            conds = np.zeros((len(contexts), 1), dtype=np.int64)
-        for r, c in enumerate(conds):
-            if c[0] == 0:
-                out[r, 5:9] = np.log(0.25)
-            else:
-                out[r, 5:9] = np.log(0.02)
-                out[r, 5 + int(c[0])] = np.log(0.94)
-        return out
-
-
-# ------------------------------------------------------------------------------ adherence
+# ---------------------------------------------------------------------------------- measured labels
 def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str, np.ndarray]:
     """Two octaves of a scale with its tonic triad stressed, ``per_beat`` notes per beat."""
     steps = [0, 2, 4, 5, 7, 9, 11] if mode == "major" else [0, 2, 3, 5, 7, 8, 10]
@@ -322,96 +302,6 @@ def test_measured_labels_of_planted_windows():
     assert measured_labels(_scale_notes(0, per_beat=8), cfg)["density"] == "high"
     empty = {"onset": np.zeros(0), "duration": np.zeros(0), "pitch": np.zeros(0, dtype=int)}
     assert measured_labels(empty, cfg)["key"] is None
-
-
-def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
-    from pipeline.audit.adherence import adherence
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.conditions.table import measured_labels
-
-    cfg = ConditionConfig()
-    tonics = [0, 2, 4, 5, 7, 9] * 10
-    names = ["C", "D", "E", "F", "G", "A"]
-    requested = [{"key": f"{names[[0, 2, 4, 5, 7, 9].index(t)]} major"} for t in tonics]
-    follows = [measured_labels(_scale_notes(t), cfg) for t in tonics]
-    ignores = [measured_labels(_scale_notes(0), cfg) for _ in tonics]  # always C major
-    human = follows[:12]
-    common = {"requested": requested, "unconditioned": ignores, "human_own": requested[:12],
-              "human": human, "human_units": [f"p{i // 2}" for i in range(12)],
-              "measurable": {"key": True, "meter": False}, "n_boot": 500}
-    good = adherence(["key", "meter"], conditioned=follows, **common)
-    bad = adherence(["key", "meter"], conditioned=ignores, **common)
-    assert good["meter"] == {"measurable": False}
-    assert good["key"]["rate"]["value"] == 1.0 and good["key"]["ceiling"]["value"] == 1.0
-    assert good["key"]["floor"]["value"] == pytest.approx(1 / 6)
-    assert good["key"]["shuffled"]["ci_high"] < 0.5  # unrelated requests rarely match
-    assert bad["key"]["rate"]["value"] == pytest.approx(1 / 6)
-    assert bad["key"]["rate"]["ci_high"] < good["key"]["rate"]["ci_low"]
-    # the registrable differences: a model that follows clears the floor, one that ignores
-    # its request does not
-    assert good["key"]["minus_floor"]["ci_low"] > 0 and good["key"]["minus_shuffled"]["ci_low"] > 0
-    assert bad["key"]["minus_floor"]["ci_low"] <= 0 <= bad["key"]["minus_floor"]["ci_high"]
-    # a request for nothing does not count
-    none_req = adherence(["key"], **{**common, "requested": [{"key": None}] * 60},
-                         conditioned=follows)
-    assert none_req["key"]["rate"]["n"] == 0 and none_req["key"]["rate"]["value"] is None
-
-
-# ------------------------------------------------------------- generate and audit, conditioned
-class _ToyWithVocab(_ToyConditioned):
-    """The toy model as a conditioned transformer scorer presents itself: a ``condition`` entry
-    like model.json's. Slot ``key``: id 0 none, 1 "C major", 2 "D major", 3 "E major"."""
-
-    def __init__(self) -> None:
-        self.condition = {"names": ["key"], "vocab": {
-            "names": ["key"], "labels": [["C major", "D major", "E major"]]}}
-
-
-class _ScaleTokenizer:
-    """Decodes ids 5..8 as notes: the most frequent id picks the scale (5 C major, 6 C, 7 D,
-    8 E), so a sample that follows request "D major" decodes as D major."""
-
-    one_token_stream = True
-    config = None
-
-    def decode(self, ids):
-        import symusic
-
-        tonic = {5: 0, 6: 0, 7: 2, 8: 4}[max(set(ids), key=list(ids).count)]
-        notes = _scale_notes(tonic)
-        score = symusic.Score(480)
-        track = symusic.Track()
-        for o, d, p in zip(notes["onset"], notes["duration"], notes["pitch"], strict=True):
-            track.notes.append(symusic.Note(int(o * 480), int(d * 480), int(p), 80))
-        score.tracks.append(track)
-        return score
-
-
-def test_audit_adherence_on_generated_and_human_windows():
-    from pipeline.audit.adherence import audit_adherence
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.inference.generation import GenerateConfig, generate_for_model, select_requests
-
-    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(9)], "split": ["val", "test"] * 4
-                          + ["val"], "key": ["C major", "D major", "E major"] * 3})
-    requests = select_requests(table, 30, seed=1)
-    cfg = GenerateConfig(n_samples=30, n_continuations=0, max_new_tokens=16, n_conditioned=30)
-    samples = pd.DataFrame(generate_for_model(_ToyWithVocab(), "transformer", cfg, [],
-                                              forbid=[], requests=requests))
-    samples["condition"] = samples.get("condition")
-    # human pieces: ids that decode to their own key
-    ids_of = {"C major": 6, "D major": 7, "E major": 8}
-    heldout = pd.DataFrame({"sha256": table["sha256"], "track": 0,
-                            "ids": [[ids_of[k]] * 32 for k in table["key"]]})
-    out = audit_adherence(samples, _ScaleTokenizer(), heldout, table, width=16, stride=16,
-                          max_windows=2, cfg=ConditionConfig(), seed=0, n_boot=300, level=0.95)
-    block = out["transformer"]
-    assert block["conditions"] == ["key"] and block["n_conditioned"] == 30
-    key = block["key"]
-    assert key["ceiling"]["value"] == 1.0 and key["ceiling"]["units"] == 9
-    assert key["rate"]["value"] > 0.8
-    assert key["rate"]["ci_low"] > key["floor"]["ci_high"]  # unconditioned samples do not follow
-    assert key["rate"]["value"] > key["shuffled"]["value"]
 
 
 # ------------------------------------------------------------------------ doctor's checks
@@ -532,29 +422,3 @@ def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
                                                    **paths)}
     assert set(results) == {"cond_align", "cond_combo", "cond_target"}
     assert results["cond_target"].failed and "ending" in results["cond_target"].detail
-
-
-def test_meter_adherence_is_measured_when_the_tokenizer_writes_time_signatures():
-    from symusic import Note, Score, TimeSignature, Track
-
-    from pipeline.audit.adherence import measurable_conditions, window_labels
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.tokens.tokenizer import make_tokenizer
-
-    score = Score(480)
-    score.time_signatures.append(TimeSignature(0, 3, 4))
-    track = Track(program=0)
-    for i, pitch in enumerate([60, 64, 67, 72, 67, 64] * 4):  # C major, a beat each
-        track.notes.append(Note(i * 480, 480, pitch, 80))
-    score.tracks.append(track)
-    cfg = ConditionConfig()
-    plain = make_tokenizer("REMI", {"use_programs": True, "use_time_signatures": False})
-    writes = make_tokenizer("REMI", {"use_programs": True})  # as params.yaml: time signatures on
-    names = ["key", "meter", "tempo", "composer"]
-    assert measurable_conditions(names, plain) == {"key": True, "meter": False, "tempo": False,
-                                                   "composer": False}
-    assert measurable_conditions(names, writes) == {"key": True, "meter": True, "tempo": False,
-                                                    "composer": False}
-    ids = np.asarray(writes.encode(score).ids)
-    labels = window_labels(writes, ids, cfg)
-    assert labels["meter"] == "3/4" and labels["key"] == "C major"

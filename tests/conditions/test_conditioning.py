@@ -1,7 +1,6 @@
-"""The conditioned pipeline, across the packages that take conditions: the model's condition
-embedding, the scorer, condition dropout and windows, training with conditions and the
-shuffled-condition diagnostic of the trained model, the run identity, the training and evaluate
-stages, sampling with guidance, generation under requests, adherence and the doctor's checks."""
+"""The conditioned pipeline end to end, across the packages that take conditions: the model's
+condition embedding, condition dropout and windows, training with conditions and the
+shuffled-condition diagnostic of the trained model, and the training and evaluate stages."""
 
 from __future__ import annotations
 
@@ -16,11 +15,10 @@ from pipeline.conditions.assign import piece_conditions
 from pipeline.conditions.diagnostics import condition_gap, verdict
 from pipeline.inference.scorer import TransformerScorer
 from pipeline.tokens.contract import TokenInfo
-from pipeline.training.data import Corpus, WindowStream, drop_conditions
+from pipeline.training.data import Corpus
 from pipeline.training.loop import train
-from pipeline.training.resume import checkpoint_dir
 from tests._transformer_data import BOS, EOS, PAD, tiny_config
-from tests.conditions._planted import planted_metadata, scale_notes
+from tests.conditions._planted import planted_metadata
 
 
 # ---------------------------------------------------------------------------------- model
@@ -66,45 +64,6 @@ def test_conditions_are_inputs_never_targets():
         model(idx, cond=torch.tensor([[3]]))
     with pytest.raises(ValueError, match="without conditions"):
         GPT(_cfg(), torch.Generator().manual_seed(0))(idx, cond=torch.tensor([[1]]))
-
-
-def test_scorer_keeps_the_protocols_target_count_under_conditions():
-    model = GPT(_cfg(cond_slot_sizes=(3, 2)), torch.Generator().manual_seed(0))
-    with torch.no_grad():  # as if trained: conditions move the predictions
-        model.wce.weight.normal_(0, 1.0, generator=torch.Generator().manual_seed(1))
-    scorer = TransformerScorer(model, bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=4)
-    seqs = [np.array([5, 6, 7]), np.arange(3, 15) % 13 + 3]  # the second needs windows
-    conds = np.array([[1, 4], [2, 3]])
-    out = scorer.token_nll(seqs, conds=conds)
-    assert [len(o) for o in out] == [4, 13]
-    assert not np.allclose(out[0], scorer.token_nll(seqs, conds=np.array([[2, 4], [2, 3]]))[0])
-    with pytest.raises(ValueError, match="expected \\(2, 2\\)"):
-        scorer.token_nll(seqs, conds=np.array([[1], [2]]))
-    plain = TransformerScorer(GPT(_cfg(), torch.Generator().manual_seed(0)), bos_id=BOS,
-                              eos_id=EOS, pad_id=PAD)
-    with pytest.raises(ValueError, match="without conditions"):
-        plain.token_nll(seqs, conds=conds)
-
-
-# ----------------------------------------------------------------------------- training data
-def test_condition_dropout_is_seeded_by_position():
-    cond = torch.tensor([[2, 5]] * 400)
-    none = np.array([0, 3])
-    a = drop_conditions(cond, none, 0.25, seed=7, position=40)
-    assert torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=40))
-    assert not torch.equal(a, drop_conditions(cond, none, 0.25, seed=7, position=41))
-    dropped = (a == torch.tensor([0, 3])).all(dim=1)
-    assert ((a == torch.tensor([2, 5])).all(dim=1) | dropped).all()  # whole rows, never halves
-    assert 0.18 < dropped.float().mean() < 0.32
-    assert torch.equal(drop_conditions(cond, none, 0.0, seed=7, position=40), cond)
-
-
-def test_windows_carry_their_pieces_conditions():
-    examples = [np.array([BOS, 3, 4, 5, EOS]), np.array([BOS, 6, 7, EOS])]
-    stream = WindowStream(examples, 8, seed=1, cond=[np.array([1]), np.array([2])])
-    b = stream.batch(range(0, 6), PAD)
-    first = {3: 1, 6: 2}
-    assert [first[int(x)] for x in b.x[:, 1]] == b.cond[:, 0].tolist()
 
 
 # ------------------------------------------------------------------- training and diagnostic
@@ -166,23 +125,6 @@ def test_diagnostic_shows_no_gap_where_the_condition_carries_nothing(tmp_path):
     assert abs(gap["shuffled_minus_correct"]["value"]) < 0.05
 
 
-def test_conditions_enter_the_run_identity():
-    from pipeline.training.loop import condition_identity
-
-    table = pd.DataFrame({"sha256": ["a", "b"], "split": ["train", "train"],
-                          "mode": ["major", "minor"]})
-    pc = piece_conditions(table, ["mode"])
-    cfg = tiny_config()
-    corpus = Corpus(train=[], val=[], conditions=pc)
-    plain = checkpoint_dir(tmp := __import__("pathlib").Path("m"), cfg, INFO, 1, 1)
-    assert plain == checkpoint_dir(tmp, cfg, INFO, 1, 1, None)
-    ident = condition_identity(corpus, 0.1)
-    with_cond = checkpoint_dir(tmp, cfg, INFO, 1, 1, ident)
-    assert with_cond != plain
-    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(corpus, 0.2)) != with_cond
-    swapped = piece_conditions(table.assign(mode=["minor", "major"]), ["mode"])
-    assert checkpoint_dir(tmp, cfg, INFO, 1, 1, condition_identity(
-        Corpus(train=[], val=[], conditions=swapped), 0.1)) != with_cond
 
 
 # ------------------------------------------------------------------ the stages, conditioned
@@ -290,188 +232,6 @@ def test_conditions_without_table_or_with_packing_are_refused(tmp_path):
             conditions=paths["conditions"])
 
 
-# ------------------------------------------------------------------------------ sampling
-class _ToyConditioned:
-    """A 'model' whose next id is the condition id + 5 when conditioned, uniform over 5..8
-    without a condition (id 0 of the slot)."""
-
-    vocab_size, eos_id = 10, 2
-
-    def next_logprobs(self, contexts, conds=None):
-        out = np.full((len(contexts), 10), -np.inf)
-        if conds is None:  # unconditioned: every slot "none"
-            conds = np.zeros((len(contexts), 1), dtype=np.int64)
-        for r, c in enumerate(conds):
-            if c[0] == 0:
-                out[r, 5:9] = np.log(0.25)
-            else:
-                out[r, 5:9] = np.log(0.02)
-                out[r, 5 + int(c[0])] = np.log(0.94)
-        return out
-
-
-@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # log(0) = -inf, on purpose
-def test_guidance_mixes_conditioned_and_unconditioned_log_probabilities():
-    from pipeline.inference.sampling import guided
-
-    c = np.log(np.array([[0.7, 0.2, 0.1, 0.0]]))
-    u = np.log(np.array([[0.25, 0.25, 0.5, 0.0]]))
-    assert np.allclose(guided(c, u, 1.0), c)
-    assert np.allclose(guided(c, u, 0.0), u)
-    strong = np.exp(guided(c, u, 3.0))
-    assert np.isclose(strong.sum(), 1.0) and strong[0, 3] == 0.0
-    assert strong[0, 0] > 0.7  # pushed further towards what the condition favours
-    # an id impossible under one side only is impossible under a positive-weight mix
-    c2 = np.log(np.array([[0.5, 0.5, 0.0]]))
-    u2 = np.log(np.array([[0.4, 0.3, 0.3]]))
-    assert np.exp(guided(c2, u2, 2.0))[0, 2] == 0.0
-
-
-def test_sampling_follows_each_prompts_condition():
-    from pipeline.inference.sampling import SamplingParams, sample_sequences
-
-    model = _ToyConditioned()
-    conds = np.array([[1], [3], [0]])
-    rngs = [np.random.default_rng(i) for i in range(3)]
-    out = sample_sequences(model, [np.array([], dtype=np.int64)] * 3, max_new_tokens=40,
-                           params=SamplingParams(), rngs=rngs, conds=conds)
-    assert np.mean(out[0] == 6) > 0.8 and np.mean(out[1] == 8) > 0.8
-    assert np.mean(out[2] == 6) < 0.5  # "none": no preference
-    strong = sample_sequences(model, [np.array([], dtype=np.int64)], max_new_tokens=40,
-                              params=SamplingParams(), rngs=[np.random.default_rng(0)],
-                              conds=conds[:1], guidance=3.0, none_ids=np.array([0]))
-    assert np.mean(strong[0] == 6) >= np.mean(out[0] == 6)
-    with pytest.raises(ValueError, match="none_ids"):
-        sample_sequences(model, [np.array([])], max_new_tokens=1, params=SamplingParams(),
-                         rngs=[np.random.default_rng(0)], conds=conds[:1], guidance=2.0)
-
-
-# ------------------------------------------------------------------------------ adherence
-def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
-    from pipeline.audit.adherence import adherence
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.conditions.table import measured_labels
-
-    cfg = ConditionConfig()
-    tonics = [0, 2, 4, 5, 7, 9] * 10
-    names = ["C", "D", "E", "F", "G", "A"]
-    requested = [{"key": f"{names[[0, 2, 4, 5, 7, 9].index(t)]} major"} for t in tonics]
-    follows = [measured_labels(scale_notes(t), cfg) for t in tonics]
-    ignores = [measured_labels(scale_notes(0), cfg) for _ in tonics]  # always C major
-    human = follows[:12]
-    common = {"requested": requested, "unconditioned": ignores, "human_own": requested[:12],
-              "human": human, "human_units": [f"p{i // 2}" for i in range(12)],
-              "measurable": {"key": True, "meter": False}, "n_boot": 500}
-    good = adherence(["key", "meter"], conditioned=follows, **common)
-    bad = adherence(["key", "meter"], conditioned=ignores, **common)
-    assert good["meter"] == {"measurable": False}
-    assert good["key"]["rate"]["value"] == 1.0 and good["key"]["ceiling"]["value"] == 1.0
-    assert good["key"]["floor"]["value"] == pytest.approx(1 / 6)
-    assert good["key"]["shuffled"]["ci_high"] < 0.5  # unrelated requests rarely match
-    assert bad["key"]["rate"]["value"] == pytest.approx(1 / 6)
-    assert bad["key"]["rate"]["ci_high"] < good["key"]["rate"]["ci_low"]
-    # the registrable differences: a model that follows clears the floor, one that ignores
-    # its request does not
-    assert good["key"]["minus_floor"]["ci_low"] > 0 and good["key"]["minus_shuffled"]["ci_low"] > 0
-    assert bad["key"]["minus_floor"]["ci_low"] <= 0 <= bad["key"]["minus_floor"]["ci_high"]
-    # a request for nothing does not count
-    none_req = adherence(["key"], **{**common, "requested": [{"key": None}] * 60},
-                         conditioned=follows)
-    assert none_req["key"]["rate"]["n"] == 0 and none_req["key"]["rate"]["value"] is None
-
-
-# ------------------------------------------------------------- generate and audit, conditioned
-class _ToyWithVocab(_ToyConditioned):
-    """The toy model as a conditioned transformer scorer presents itself: a ``condition`` entry
-    like model.json's. Slot ``key``: id 0 none, 1 "C major", 2 "D major", 3 "E major"."""
-
-    def __init__(self) -> None:
-        self.condition = {"names": ["key"], "vocab": {
-            "names": ["key"], "labels": [["C major", "D major", "E major"]]}}
-
-
-class _ScaleTokenizer:
-    """Decodes ids 5..8 as notes: the most frequent id picks the scale (5 C major, 6 C, 7 D,
-    8 E), so a sample that follows request "D major" decodes as D major."""
-
-    one_token_stream = True
-    config = None
-
-    def decode(self, ids):
-        import symusic
-
-        tonic = {5: 0, 6: 0, 7: 2, 8: 4}[max(set(ids), key=list(ids).count)]
-        notes = scale_notes(tonic)
-        score = symusic.Score(480)
-        track = symusic.Track()
-        for o, d, p in zip(notes["onset"], notes["duration"], notes["pitch"], strict=True):
-            track.notes.append(symusic.Note(int(o * 480), int(d * 480), int(p), 80))
-        score.tracks.append(track)
-        return score
-
-
-def test_generate_draws_conditioned_samples_under_held_out_requests():
-    from pipeline.inference.generation import (
-        CONDITIONED,
-        GenerateConfig,
-        generate_for_model,
-        select_requests,
-    )
-
-    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(6)],
-                          "split": ["val", "test", "val", "test", "train", "train"],
-                          "key": ["C major", "D major", "E major", "B minor", "D major", None]})
-    requests = select_requests(table, 12, seed=3)
-    assert len(requests) == 12 and {sha for sha, _ in requests} <= {"h0", "h1", "h2", "h3"}
-    assert requests == select_requests(table, 12, seed=3)
-    cfg = GenerateConfig(n_samples=4, n_continuations=0, max_new_tokens=20, n_conditioned=12)
-    rows = generate_for_model(_ToyWithVocab(), "transformer", cfg, [], forbid=[],
-                              requests=requests)
-    cond = [r for r in rows if r["kind"] == CONDITIONED]
-    assert len(cond) == 12 and len([r for r in rows if r["kind"] == "unconditional"]) == 4
-    import json
-
-    for r, (sha, req) in zip(cond, requests, strict=True):
-        asked = json.loads(r["condition"])
-        assert r["request_sha256"] == sha
-        # a label the model never learned (B minor) is asked as "none"
-        assert asked == {"key": req["key"] if req["key"] != "B minor" else None}
-        if asked["key"] is not None:
-            want = 5 + ["C major", "D major", "E major"].index(asked["key"]) + 1
-            assert np.mean(np.asarray(r["ids"]) == want) > 0.7
-    # an unconditioned model draws no conditioned samples, whatever the requests
-    plain = generate_for_model(_ToyConditioned.__new__(_ToyConditioned), "m", cfg, [],
-                               forbid=[], requests=requests)
-    assert not [r for r in plain if r["kind"] == CONDITIONED]
-
-
-def test_audit_adherence_on_generated_and_human_windows():
-    from pipeline.audit.adherence import audit_adherence
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.inference.generation import GenerateConfig, generate_for_model, select_requests
-
-    table = pd.DataFrame({"sha256": [f"h{i}" for i in range(9)], "split": ["val", "test"] * 4
-                          + ["val"], "key": ["C major", "D major", "E major"] * 3})
-    requests = select_requests(table, 30, seed=1)
-    cfg = GenerateConfig(n_samples=30, n_continuations=0, max_new_tokens=16, n_conditioned=30)
-    samples = pd.DataFrame(generate_for_model(_ToyWithVocab(), "transformer", cfg, [],
-                                              forbid=[], requests=requests))
-    samples["condition"] = samples.get("condition")
-    # human pieces: ids that decode to their own key
-    ids_of = {"C major": 6, "D major": 7, "E major": 8}
-    heldout = pd.DataFrame({"sha256": table["sha256"], "track": 0,
-                            "ids": [[ids_of[k]] * 32 for k in table["key"]]})
-    out = audit_adherence(samples, _ScaleTokenizer(), heldout, table, width=16, stride=16,
-                          max_windows=2, cfg=ConditionConfig(), seed=0, n_boot=300, level=0.95)
-    block = out["transformer"]
-    assert block["conditions"] == ["key"] and block["n_conditioned"] == 30
-    key = block["key"]
-    assert key["ceiling"]["value"] == 1.0 and key["ceiling"]["units"] == 9
-    assert key["rate"]["value"] > 0.8
-    assert key["rate"]["ci_low"] > key["floor"]["ci_high"]  # unconditioned samples do not follow
-    assert key["rate"]["value"] > key["shuffled"]["value"]
-
-
 # ------------------------------------------------------------------------ doctor's checks
 def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
     from pipeline.conditions.config import ConditionConfig
@@ -494,29 +254,3 @@ def test_doctor_runs_the_target_check_for_metadata_conditions_in_use(tmp_path):
                                                    **paths)}
     assert set(results) == {"cond_align", "cond_combo", "cond_target"}
     assert results["cond_target"].failed and "ending" in results["cond_target"].detail
-
-
-def test_meter_adherence_is_measured_when_the_tokenizer_writes_time_signatures():
-    from symusic import Note, Score, TimeSignature, Track
-
-    from pipeline.audit.adherence import measurable_conditions, window_labels
-    from pipeline.conditions.config import ConditionConfig
-    from pipeline.tokens.tokenizer import make_tokenizer
-
-    score = Score(480)
-    score.time_signatures.append(TimeSignature(0, 3, 4))
-    track = Track(program=0)
-    for i, pitch in enumerate([60, 64, 67, 72, 67, 64] * 4):  # C major, a beat each
-        track.notes.append(Note(i * 480, 480, pitch, 80))
-    score.tracks.append(track)
-    cfg = ConditionConfig()
-    plain = make_tokenizer("REMI", {"use_programs": True, "use_time_signatures": False})
-    writes = make_tokenizer("REMI", {"use_programs": True})  # as params.yaml: time signatures on
-    names = ["key", "meter", "tempo", "composer"]
-    assert measurable_conditions(names, plain) == {"key": True, "meter": False, "tempo": False,
-                                                   "composer": False}
-    assert measurable_conditions(names, writes) == {"key": True, "meter": True, "tempo": False,
-                                                    "composer": False}
-    ids = np.asarray(writes.encode(score).ids)
-    labels = window_labels(writes, ids, cfg)
-    assert labels["meter"] == "3/4" and labels["key"] == "C major"

@@ -1,15 +1,13 @@
-"""models.transformer (GPT, masked loss, scorer)."""
+"""models.transformer (GPT, masked loss, save and load)."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models.base import SequenceModel
 from models.transformer import (
     GPT,
     IGNORE_INDEX,
@@ -17,7 +15,6 @@ from models.transformer import (
     load_model,
     save_model,
 )
-from pipeline.inference.scorer import TransformerScorer, load_scorer
 
 V, T = 40, 16
 BOS, EOS, PAD = 1, 2, 0
@@ -100,7 +97,6 @@ def test_attention_is_causal():
     assert not torch.allclose(a[:, 10:], b[:, 10:])
 
 
-
 def test_packed_pieces_see_only_themselves():
     """Three pieces packed in one row (plus padding) get the logits each has alone, and the summed
     loss of the row is the sum of the pieces' losses: packing changes no number."""
@@ -127,77 +123,11 @@ def test_packed_pieces_see_only_themselves():
     same, _ = m(x, segments=torch.zeros((1, T), dtype=torch.long))
     assert torch.allclose(same, plain, atol=1e-5)
 
-# ------------------------------------------------------------------------------------------ scorer
-def _scorer(stride=None, batch_size=32) -> TransformerScorer:
-    return TransformerScorer(_trained(), bos_id=BOS, eos_id=EOS, pad_id=PAD, stride=stride,
-                             batch_size=batch_size)
 
-
-def _brute_nll(sc: TransformerScorer, seq: np.ndarray) -> np.ndarray:
-    """Every target with the longest possible left context, one forward per target."""
-    full = np.concatenate([[BOS], seq, [EOS]])
-    return np.array([-_lp(sc, full[max(0, i - T) : i])[full[i]] for i in range(1, len(full))])
-
-
-def _lp(sc: TransformerScorer, window: np.ndarray) -> np.ndarray:
-    return sc._logprobs([window])[0, len(window) - 1].double().numpy()
-
-
-def test_token_nll_counts_and_short_sequences():
-    sc = _scorer()
-    rng = np.random.default_rng(0)
-    seqs = [rng.integers(3, V, n) for n in (0, 1, 5, T - 1)]
-    out = sc.token_nll(seqs)
-    assert [len(o) for o in out] == [1, 2, 6, T]
-    for s, o in zip(seqs, out, strict=True):
-        assert np.allclose(o, _brute_nll(sc, s), atol=1e-5)
-    assert all(np.all(o > 0) for o in out)
-
-
-@pytest.mark.parametrize("stride", [1, 4, T], ids=lambda s: f"stride{s}")
-def test_sliding_windows_score_each_target_once(stride):
-    sc = _scorer(stride=stride, batch_size=3)
-    seq = np.random.default_rng(1).integers(3, V, 3 * T + 5)
-    nll = sc.token_nll([seq])[0]
-    assert nll.shape == (len(seq) + 1,)
-    brute = _brute_nll(sc, seq)
-    # the first window is exact; with stride 1 every target has the full context
-    assert np.allclose(nll[:T], brute[:T], atol=1e-5)
-    if stride == 1:
-        assert np.allclose(nll, brute, atol=1e-5)
-    else:
-        assert not np.allclose(nll, brute, atol=1e-5)  # shorter contexts do change values
-
-
-def test_batching_does_not_change_scores():
-    rng = np.random.default_rng(2)
-    seqs = [rng.integers(3, V, n) for n in (3, 40, 17, 0, 90)]
-    a = _scorer(batch_size=1).token_nll(seqs)
-    b = _scorer(batch_size=64).token_nll(seqs)
-    assert all(np.allclose(x, y, atol=1e-6) for x, y in zip(a, b, strict=True))
-
-
-def test_next_logprobs_is_a_distribution_consistent_with_token_nll():
-    sc = _scorer()
-    seq = np.random.default_rng(3).integers(3, V, 10)
-    lp = sc.next_logprobs([seq[:k] for k in range(6)])
-    assert lp.shape == (6, V)
-    assert np.allclose(np.exp(lp).sum(axis=1), 1.0)
-    assert np.all(np.isneginf(lp[:, BOS])) and np.all(np.isneginf(lp[:, PAD]))
-    nll = sc.token_nll([seq])[0]
-    assert np.allclose(-lp[np.arange(6), seq[:6]], nll[:6], atol=1e-5)
-    # contexts longer than max_seq_len keep their last tokens
-    long = np.random.default_rng(4).integers(3, V, 3 * T)
-    assert np.allclose(sc.next_logprobs([long])[0], _lp(sc, long[-T:]), atol=1e-6)
-
-
-def test_save_load_and_protocol(tmp_path):
+# ------------------------------------------------------------------------------------ save, load
+def test_save_load_round_trip(tmp_path):
     m = _trained()
     save_model(tmp_path, m, {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD, "vocab_size": V})
     loaded, _ = load_model(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(),
                                                  loaded.state_dict().values(), strict=True))
-    sc = load_scorer(tmp_path)
-    assert isinstance(sc, SequenceModel) and sc.vocab_size == V and sc.eos_id == EOS
-    with pytest.raises(FileNotFoundError, match="train-transformer"):
-        load_scorer(tmp_path / "missing")

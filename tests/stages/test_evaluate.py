@@ -195,51 +195,6 @@ def test_lossy_pieces_are_scored_and_stated(setup):
     assert val in set(per_piece["sha256"])  # still scored
 
 
-def test_load_models_reports_failures(setup):
-    paths, root = setup
-    info = TokenInfo.read(paths["info"])
-    stale = root / "data" / "stale"
-    _fit_and_save(paths, stale, order=2, tokenizer_hash="other")
-    empty = root / "data" / "empty"
-    empty.mkdir()
-    wider = root / "data" / "wider"
-    NGramLM(order=2, vocab_size=VOCAB + 1, bos_id=BOS, eos_id=EOS).fit([np.array([3, 4])]).save(
-        wider, metadata={"tokenizer_hash": "tok-hash", "split_hash": "split-hash"})
-
-    def broken(d, device):
-        raise RuntimeError("bad weights")
-
-    specs = [ModelSpec("ngram", root / "data" / "ngram", load_ngram),
-             ModelSpec("stale", stale, load_ngram), ModelSpec("empty", empty, load_ngram),
-             ModelSpec("broken", root / "data" / "unigram", broken),
-             ModelSpec("wider", wider, load_ngram)]
-    models, unavailable = load_models(specs, info=info)
-    assert list(models) == ["ngram"]
-    assert unavailable["stale"].startswith("stale: tokenizer_hash")
-    assert unavailable["empty"].startswith("missing")
-    assert unavailable["broken"] == "load failed: RuntimeError: bad weights"
-    assert unavailable["wider"].startswith("incompatible: vocab_size, eos_id = (13, 2)")
-    models, _ = load_models(specs[1:2])  # without info nothing is compared
-    assert list(models) == ["stale"]
-
-
-def test_any_split_accepts_another_split_never_another_tokenizer(setup):
-    """A model trained on another corpus or split with this tokenizer (a pretrained model scored
-    zero-shot) loads only when the caller asks for it; another tokenizer never does."""
-    paths, root = setup
-    info = TokenInfo.read(paths["info"])
-    elsewhere, other_tok = root / "data" / "elsewhere", root / "data" / "other_tok"
-    _fit_and_save(paths, elsewhere, order=2, split_hash="another-split")
-    _fit_and_save(paths, other_tok, order=2, split_hash="another-split", tokenizer_hash="other")
-    specs = [ModelSpec("elsewhere", elsewhere, load_ngram),
-             ModelSpec("other_tok", other_tok, load_ngram)]
-    models, unavailable = load_models(specs, info=info)
-    assert not models and unavailable["elsewhere"].startswith("stale: split_hash another-split")
-    models, unavailable = load_models(specs, info=info, any_split=True)
-    assert list(models) == ["elsewhere"]
-    assert unavailable["other_tok"].startswith("stale: tokenizer_hash other != tok-hash")
-
-
 def test_evaluate_params_fail_fast():
     with pytest.raises(ParamsError, match=r"evaluate\.splits"):
         parse_section("evaluate", {"splits": ["train"]}, EvaluateConfig)

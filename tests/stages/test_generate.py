@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from pipeline.core import artifacts
-from pipeline.core.config import ParamsError, parse_section
 from pipeline.stages.generate import GenerateConfig, run
 from pipeline.tokens.contract import tokens_table
 
@@ -213,42 +212,3 @@ def test_a_model_with_seeds_shares_its_samples_out_among_them(world, tmp_path, m
         assert [list(x) for x in mine["ids"]] == [list(x) for x in ref["ids"]]
     _, one = _run(world, tmp_path / "one", cfg, {"ngram": a}, seeds={"ngram": {7: a}})
     assert one["seed"].isna().all()  # a single seed is a model trained once
-
-
-def test_default_draws_enough_samples_for_an_interval():
-    assert GenerateConfig().n_samples >= 64
-
-
-@pytest.mark.parametrize(("raw", "key"), [
-    ({"models": ["ngram", "ngram"]}, "generate"),
-    ({"top_p": 0.0}, "generate.top_p"),
-    ({"temperature": -1.0}, "generate.temperature"),
-    ({"models": ["lstm"]}, "generate.models.0"),
-    ({"seeds": 1}, "generate.seeds"),
-    ({"n_continuations": -1}, "generate.n_continuations"),
-])
-def test_bad_params_name_the_key(raw, key):
-    with pytest.raises(ParamsError, match=rf"params.yaml: {key.replace('.', '[.]')}\b"):
-        parse_section("generate", raw, GenerateConfig)
-
-
-def test_a_continuations_prompt_notes_are_marked_as_a_multiset(monkeypatch):
-    """The prompt's notes decoded alone are matched to the whole sample's notes by (onset,
-    pitch, duration), each used once; a note the prompt's end cut (other duration) is the
-    model's."""
-    import numpy as np
-
-    from pipeline.stages import generate
-    from pipeline.tokens import spans
-
-    whole = {"onset": np.array([0.0, 0.0, 1.0, 1.0, 2.0]), "pitch": np.array([60, 60, 62, 64, 65]),
-             "duration": np.array([1.0, 1.0, 1.0, 2.0, 1.0])}
-    prompt = {"onset": np.array([0.0, 1.0, 1.0]), "pitch": np.array([60, 62, 64]),
-              "duration": np.array([1.0, 1.0, 1.0])}
-    monkeypatch.setattr(spans, "decode_ids", lambda tok, ids: ("score", None))
-    monkeypatch.setattr(spans, "score_notes", lambda score: prompt)
-    row = {"prompt_len": 3, "ids": [1, 2, 3, 4, 5]}
-    assert generate.prompt_notes(None, row, whole).tolist() == [True, False, True, False, False]
-    assert generate.prompt_notes(None, {**row, "prompt_len": 0}, whole) is None
-    monkeypatch.setattr(spans, "decode_ids", lambda tok, ids: (None, "bad"))
-    assert generate.prompt_notes(None, row, whole) is None

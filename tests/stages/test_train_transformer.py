@@ -1,9 +1,9 @@
-"""Stage ``train_transformer``: outputs, determinism, stop rules, fine-tuning, set-up decisions."""
+"""Stage ``train_transformer``: outputs, determinism, stop rules, fine-tuning, reading steps and
+packing, end to end."""
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 from pathlib import Path
@@ -17,21 +17,14 @@ import models.transformer as mt
 import pipeline.training.loop as loop
 from models.lora import param_counts
 from pipeline.cli import main as cli_main
-from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.core.config import ParamsError, RuntimeConfig
 from pipeline.inference.scorer import load_scorer
 from pipeline.stages.train_transformer import run
 from pipeline.training import checkpoint as ckpt
-from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import (
-    Shard,
     TokenInfo,
-    WindowStream,
     load_corpus,
-    make_batch,
-    val_windows,
 )
-from pipeline.training.device import DistInfo, make_device, resolve_device, resolve_precision
-from pipeline.training.setup import lr_factor, make_optimizer, make_scheduler
 from tests._transformer_data import (
     BOS,
     EOS,
@@ -142,22 +135,6 @@ def test_augmented_rows_are_used_when_asked(data, tmp_path):
     out = _run(tiny_config(data={"use_augmented": True}, train={"max_steps": 3}), data,
                tmp_path, augmented=True)
     assert out["n_augmented_examples"] == 8
-
-
-def test_bad_rows_are_counted_not_dropped_silently(tmp_path):
-    import pyarrow.parquet as pq
-
-    from pipeline.core.artifacts import write_parquet
-
-    paths = write_token_data(tmp_path, n_pieces=30, mean_len=40)
-    table = pq.read_table(paths["tokens"]).to_pandas()
-    train_rows = np.flatnonzero(table["split"] == "train")
-    table.at[train_rows[0], "ids"] = np.array([5, 999, 6], dtype=np.int32)
-    table.at[train_rows[1], "ids"] = np.array([5, EOS, 6], dtype=np.int32)
-    write_parquet(paths["tokens"], pq.read_table(paths["tokens"]).from_pandas(
-        table, schema=pq.read_schema(paths["tokens"]), preserve_index=False))
-    corpus = load_corpus(paths["tokens"], TokenInfo.read(paths["info"]))
-    assert corpus.skipped == {"train:id_out_of_range": 1, "train:special_id_inside_piece": 1}
 
 
 # ------------------------------------------------------------------------------------ stop rules
@@ -293,144 +270,14 @@ def test_init_from_a_model_of_another_tokenizer_is_refused(data, base_model, tmp
         _run(tiny_config(finetune={"init_from": str(ckpt)}), data, tmp_path / "run2")
 
 
-# ------------------------------------------------------------------------------------- params
-@pytest.mark.parametrize("raw", [
-    {"finetune": {"freeze": ["wte"]}},
-    {"finetune": {"lora_rank": 4}},
-    {"optim": {"warmup_steps": 5000}},
-    {"model": {"n_embd": 30, "n_head": 4}},
-    {"optim": {"lr": 0.001, "min_lr": 0.01}},
-    {"precision": "fp8"},
-    {"seed": "042"},
-], ids=lambda r: json.dumps(r))
-def test_bad_params_fail_fast(raw):
-    with pytest.raises(ParamsError, match="transformer"):
-        parse_section("transformer", raw, TransformerStageConfig)
-
-
-def test_params_yaml_section_is_valid():
-    from pipeline.core.config import load_section
-
-    cfg = load_section("transformer", Path(__file__).parents[2] / "params.yaml",
-                       TransformerStageConfig)
-    assert cfg.model.max_seq_len >= 128
-
-
-# ------------------------------------------------------------------- device / precision / schedule
-def test_device_resolution():
-    assert resolve_device("auto", cuda=True, mps=True, local_rank=1) == "cuda:1"
-    assert resolve_device("auto", cuda=False, mps=True) == "mps"
-    assert resolve_device("auto", cuda=False, mps=False) == "cpu"
-    with pytest.raises(ParamsError, match="no CUDA"):
-        resolve_device("cuda", cuda=False, mps=False)
-
-
-def test_precision_resolution():
-    assert resolve_precision("auto", "cuda", True) == (torch.bfloat16, False, "bf16")
-    assert resolve_precision("auto", "cuda", False) == (torch.float16, True, "fp16")
-    assert resolve_precision("auto", "cpu", False) == (None, False, "fp32")
-    assert resolve_precision("auto", "mps", False) == (None, False, "fp32")
-    assert resolve_precision("fp16", "cuda", True) == (torch.float16, True, "fp16")
-    assert resolve_precision("bf16", "cpu", False) == (torch.bfloat16, False, "bf16")
-    with pytest.raises(ParamsError, match="fp16"):
-        resolve_precision("fp16", "cpu", False)
-    with pytest.raises(ParamsError, match="bf16"):
-        resolve_precision("bf16", "cuda", False)
-
-
-def test_lr_schedule():
-    kw = {"warmup": 10, "max_steps": 100, "min_ratio": 0.1}
-    cos = [lr_factor(s, schedule="cosine", **kw) for s in range(100)]
-    assert cos[0] == pytest.approx(0.1) and cos[9] == 1.0
-    assert all(a >= b for a, b in itertools.pairwise(cos[9:]))
-    assert lr_factor(100, schedule="cosine", **kw) == pytest.approx(0.1)
-    assert lr_factor(55, schedule="linear", **kw) == pytest.approx(0.1 + 0.9 * 0.5)
-    assert lr_factor(80, schedule="constant", **kw) == 1.0
-
-
-def test_device_is_decided_once():
-    dev = make_device("cpu", "auto", DistInfo(rank=1, world_size=2, local_rank=1))
-    assert (dev.device, dev.device_type, dev.amp, dev.use_scaler, dev.precision) == (
-        "cpu", "cpu", None, False, "fp32")
-    assert dev.comm_device == "cpu" and dev.rng_devices == [] and dev.dist.rank == 1
-    with dev.autocast():  # fp32: no autocast
-        assert not torch.is_autocast_enabled("cpu")
-    with make_device("cpu", "bf16", DistInfo()).autocast():
-        assert torch.is_autocast_enabled("cpu")
-
-
-def test_scheduler_follows_lr_factor_and_saves_plain_state():
-    cfg = tiny_config(optim={"schedule": "linear"})
-    o = cfg.optim
-    opt = make_optimizer(torch.nn.Linear(3, 2), o, "cpu")
-    sched = make_scheduler(opt, o, cfg.train.max_steps)
-    lrs = []
-    for _ in range(cfg.train.max_steps):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    kw = {"warmup": o.warmup_steps, "max_steps": cfg.train.max_steps, "schedule": "linear",
-          "min_ratio": o.min_lr / o.lr}
-    assert lrs == [o.lr * lr_factor(s, **kw) for s in range(cfg.train.max_steps)]
-    assert [g["weight_decay"] for g in opt.param_groups] == [o.weight_decay, 0.0]
-    assert not opt.defaults["fused"] and opt.defaults["foreach"] is False  # the plain loop
-    assert make_optimizer(torch.nn.Linear(3, 2), o, "cuda").defaults["fused"] is True
-    # Checkpoints store this state as JSON: the factor must not add attributes to it.
-    assert sched.state_dict()["lr_lambdas"] == [None, None]
-
-
-# ------------------------------------------------------------------------------------------ data
-def _examples(n: int = 7) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    return [np.concatenate([[BOS], rng.integers(3, 50, rng.integers(3, 60)), [EOS]])
-            for _ in range(n)]
-
-
-def test_windows_keep_token_order_and_epochs_are_permutations():
-    ex = _examples()
-    s = WindowStream(ex, 16, seed=3)
-    for epoch in range(3):
-        assert sorted(s.position(epoch * 7 + j)[0] for j in range(7)) == list(range(7))
-    for k in range(40):
-        i, off = s.position(k)
-        w = s.window(k)
-        assert np.array_equal(w, ex[i][off : off + len(w)]) and len(w) <= 17
-    again = WindowStream(ex, 16, seed=3)
-    assert [again.position(k) for k in range(40)] == [s.position(k) for k in range(40)]
-    assert [WindowStream(ex, 16, 4).position(k) for k in range(40)] != [s.position(k)
-                                                                       for k in range(40)]
-
-
-def test_shards_tile_each_step():
-    one = Shard(0, 1, micro_batch=2, grad_accum=4)
-    two = [Shard(r, 2, micro_batch=2, grad_accum=2) for r in range(2)]
-    for step in range(3):
-        a = sorted(k for m in range(4) for k in one.micro_positions(step, m))
-        b = sorted(k for s in two for m in range(2) for k in s.micro_positions(step, m))
-        assert a == b == list(one.step_positions(step))
-
-
-def test_batches_pad_and_mask():
-    b = make_batch([np.array([1, 5, 6, 2]), np.array([1, 7])], 5, PAD)
-    assert b.x.tolist() == [[1, 5, 6, PAD, PAD], [1, PAD, PAD, PAD, PAD]]
-    assert b.y.tolist() == [[5, 6, 2, -100, -100], [7, -100, -100, -100, -100]]
-    assert b.n_valid == 4
-
-
-def test_val_windows_cover_every_target_once():
-    ex = _examples()
-    wins = val_windows(ex, 8)
-    assert sum(len(w) - 1 for w in wins) == sum(len(e) - 1 for e in ex)
-    assert len(val_windows(ex, 8, max_windows=5)) == 5
-
-
+# ------------------------------------------------------------------------------------------ gpu
 @pytest.mark.gpu
 def test_cuda_bf16_training(data, tmp_path):
     out = _run(tiny_config(device="cuda", precision="auto"), data, tmp_path)
     assert out["precision"] in {"bf16", "fp16"} and out["steps"] == 12
 
 
-# ------------------------------------------------------------------ reading steps, batches, packing
+# ----------------------------------------------------------------------- reading steps, packing
 def test_device_values_are_read_only_at_reading_steps(data, tmp_path, monkeypatch):
     """Losses and norms are read at step 1, multiples of log_every / eval_every /
     checkpoint.every, and the last step; the log still has every step's values."""
@@ -479,53 +326,6 @@ def test_nan_between_reading_steps_is_caught_and_never_saved(data, tmp_path, mon
     for f in (cdir / "step-00000002").glob("*.safetensors"):
         assert all(torch.isfinite(t).all() for t in load_file(f).values()), f
     assert not (tmp_path / "model" / "model.safetensors").exists()
-
-
-def test_stream_batches_equal_window_by_window_batches():
-    ex = _examples(9)
-    s = WindowStream(ex, 16, seed=5)
-    for ks in (range(0, 4), range(7, 12), range(16, 20), range(40, 41)):  # across epochs too
-        a, b = s.batch(ks, PAD), make_batch([s.window(k) for k in ks], 16, PAD)
-        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.mask, b.mask)
-        assert a.x.dtype == b.x.dtype == torch.long
-        assert s.n_targets(ks) == b.n_valid == sum(s.n_valid(k) for k in ks)
-
-
-def test_packed_rows_hold_consecutive_windows_each_as_itself():
-    from pipeline.training.data import PackedRows
-
-    rng = np.random.default_rng(1)
-    ex = [np.concatenate([[BOS], rng.integers(3, 50, n), [EOS]]) for n in rng.integers(1, 25, 9)]
-    s = WindowStream(ex, 16, seed=5)
-    p = PackedRows(s)
-    b = p.batch(range(0, 6), PAD)
-    k = 0
-    for r in range(6):
-        assert p.start(r) == k
-        segs = b.segments[r]
-        for seg in range(int(segs.max()) + 1):
-            w = s.window(k)
-            cols = (segs == seg).nonzero()[:, 0]
-            assert cols.tolist() == list(range(int(cols[0]), int(cols[0]) + len(w) - 1))
-            assert b.x[r, cols].tolist() == w[:-1].tolist()
-            assert b.y[r, cols].tolist() == w[1:].tolist()
-            k += 1
-        pad = segs == -1
-        assert (b.x[r, pad] == PAD).all() and not b.mask[r, pad].any()
-        assert int(b.mask[r].sum()) == p.n_targets(range(r, r + 1)) <= 16
-    assert p.start(6) == k and k > 6  # several short pieces share a row
-    # pieces longer than the row: one window a row, the same batch as unpacked
-    long = [np.arange(3, 3 + 40) for _ in range(5)]
-    s2 = WindowStream(long, 16, seed=5)
-    a, u = PackedRows(s2).batch(range(3, 8), PAD), s2.batch(range(3, 8), PAD)
-    assert torch.equal(a.x, u.x) and torch.equal(a.y, u.y) and (a.segments == 0).all()
-
-
-def test_pack_enters_the_run_identity_only_when_on():
-    from pipeline.training.config import result_config
-
-    assert "pack" not in result_config(tiny_config(), 1, 1)["data"]
-    assert result_config(tiny_config(data={"pack": True}), 1, 1)["data"]["pack"] is True
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,9 @@ from safetensors.torch import load_file
 
 import pipeline.stages.train_transformer as stage
 from pipeline.core.artifacts import atomic_dir
-from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
+from pipeline.core.config import RuntimeConfig
 from pipeline.tokens.contract import TokenInfo
-from pipeline.training.config import TransformerStageConfig, result_config
-from pipeline.training.outputs import Replicate, stage_summary
+from pipeline.training.config import result_config
 from pipeline.training.resume import checkpoint_dir
 from tests._transformer_data import tiny_config, write_token_data
 
@@ -185,37 +184,6 @@ def test_fewer_replicates_leave_no_stale_seed(data, tmp_path):
                                                           "train.json"]  # no temp folders
     env = _json(tmp_path / "env.json")
     assert sorted(env["replicates"]) == ["7"] and env["steps_this_run"] == 0
-
-
-@pytest.mark.parametrize("value", [0, -1, 1.5, "2"], ids=repr)
-def test_bad_replicates_is_refused_by_name(value):
-    with pytest.raises(ParamsError, match=r"transformer\.replicates = "):
-        parse_section("transformer", {"replicates": value}, TransformerStageConfig)
-
-
-def test_seeds_follow_the_first():
-    cfg = tiny_config(seed=1234, replicates=3)
-    assert cfg.seeds == [1234, 1235, 1236]
-    assert [cfg.replicate(s).seed for s in cfg.seeds] == cfg.seeds
-    assert cfg.replicate(1235).model_dump() == {**cfg.model_dump(), "seed": 1235}
-    assert TransformerStageConfig().replicates == 3
-
-
-def _rep(seed: int, best: float | None) -> Replicate:
-    summary = {"steps": 5, "best_step": 5, "best_val_loss": best, "final_train_loss": 1.0,
-               "stop_reason": "max_steps", "epochs": 1.0, "config_hash": f"h{seed}"}
-    return Replicate(seed=seed, model=torch.nn.Linear(1, 1), meta={}, summary=summary, log=[],
-                     timing={}, device="cpu", precision="fp32", reproducible=True)
-
-
-def test_spread_of_best_val_loss():
-    s = stage_summary([_rep(1, 2.0), _rep(2, 4.0), _rep(3, 3.0)])
-    assert s["best_val_loss_spread"] == {"mean": 3.0, "sd": 1.0, "min": 2.0, "max": 4.0}
-    assert s["seeds"] == [1, 2, 3] and s["best_val_loss"] == 2.0 and s["config_hash"] == "h1"
-    s = stage_summary([_rep(1, None), _rep(2, 4.0)])  # a seed without validation is left out
-    assert s["best_val_loss_spread"] == {"mean": 4.0, "sd": None, "min": 4.0, "max": 4.0}
-    s = stage_summary([_rep(1, None)])
-    assert s["best_val_loss_spread"] == {"mean": None, "sd": None, "min": None, "max": None}
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])

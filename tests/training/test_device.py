@@ -1,5 +1,6 @@
-"""DistributedDataParallel on CPU (gloo, 2 processes) matches one process with the same
-effective batch: the data shards tile each step and the loss is weighted by global token count."""
+"""Where training runs: device and precision resolved once, and DistributedDataParallel on CPU
+(gloo, 2 processes) matching one process with the same effective batch: the data shards tile
+each step and the loss is weighted by global token count."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import torch.distributed as tdist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
+from pipeline.core.config import ParamsError
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training import checkpoint as ckpt
 from pipeline.training.data import load_corpus
-from pipeline.training.device import DistInfo
+from pipeline.training.device import DistInfo, make_device, resolve_device, resolve_precision
 from pipeline.training.loop import train
 from tests._transformer_data import tiny_config, write_token_data
 
@@ -67,3 +69,36 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     losses = [r["train_loss"] for r in single.state.log]
     assert [r["train_loss"] for r in last.state["train_state"]["log"]] == pytest.approx(
         losses, rel=1e-5)
+
+
+def test_device_resolution():
+    assert resolve_device("auto", cuda=True, mps=True, local_rank=1) == "cuda:1"
+    assert resolve_device("auto", cuda=False, mps=True) == "mps"
+    assert resolve_device("auto", cuda=False, mps=False) == "cpu"
+    with pytest.raises(ParamsError, match="no CUDA"):
+        resolve_device("cuda", cuda=False, mps=False)
+
+
+def test_precision_resolution():
+    assert resolve_precision("auto", "cuda", True) == (torch.bfloat16, False, "bf16")
+    assert resolve_precision("auto", "cuda", False) == (torch.float16, True, "fp16")
+    assert resolve_precision("auto", "cpu", False) == (None, False, "fp32")
+    assert resolve_precision("auto", "mps", False) == (None, False, "fp32")
+    assert resolve_precision("fp16", "cuda", True) == (torch.float16, True, "fp16")
+    assert resolve_precision("bf16", "cpu", False) == (torch.bfloat16, False, "bf16")
+    with pytest.raises(ParamsError, match="fp16"):
+        resolve_precision("fp16", "cpu", False)
+    with pytest.raises(ParamsError, match="bf16"):
+        resolve_precision("bf16", "cuda", False)
+
+
+def test_device_is_decided_once():
+    dev = make_device("cpu", "auto", DistInfo(rank=1, world_size=2, local_rank=1))
+    assert (dev.device, dev.device_type, dev.amp, dev.use_scaler, dev.precision) == (
+        "cpu", "cpu", None, False, "fp32")
+    assert dev.comm_device == "cpu" and dev.rng_devices == [] and dev.dist.rank == 1
+    with dev.autocast():  # fp32: no autocast
+        assert not torch.is_autocast_enabled("cpu")
+    with make_device("cpu", "bf16", DistInfo()).autocast():
+        assert torch.is_autocast_enabled("cpu")
+

@@ -1,4 +1,10 @@
-"""Pre-registration, deviations, and the report as a pure function of its input files."""
+"""The report stage (pipeline.stages.report): the decision under the registration, and the report
+as a pure function of its input files.
+
+:func:`make_inputs`, :func:`register` and :func:`report` build a small, complete set of stage
+outputs and run the registration and the report on them as `dvc repro` would; the tests of the
+registration (tests/decision/, tests/tools/test_preregister.py) and of the report's sections
+(tests/report/) use them too."""
 
 from __future__ import annotations
 
@@ -23,7 +29,6 @@ from pipeline.decision import ledger
 from pipeline.decision.ledger import AlreadyScored
 from pipeline.render.audio import notes_to_midi
 from pipeline.render.figures import piano_roll_png
-from pipeline.report.sections.nll_distributions import piece_nll
 from pipeline.stages.audit import SPANS_SCHEMA
 from pipeline.stages.report import ReportConfig, ReportPaths, run
 from pipeline.tools.preregister import run as preregister
@@ -196,24 +201,6 @@ def test_registered_report_passes_and_is_a_pure_function_of_its_inputs(tmp_path)
     assert "deadbeef" not in md and "compute time" not in md
 
 
-def test_the_rendering_machine_s_kernel_and_cores_stay_out_of_the_report(tmp_path):
-    """Re-rendering on another kernel or core count keeps the report's bytes; the machine's
-    architecture, Python and package versions are shown."""
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    runs = []
-    for kernel, cores in (("Linux-6.1-x86_64-with-glibc2.36", 2), ("Linux-6.18-x86_64", 64)):
-        env = artifacts.read_json(p.env)
-        env["environment"].update(python="3.11.7", platform=kernel, machine="x86_64",
-                                  cpu_count=cores)
-        artifacts.write_json(p.env, env)
-        report(tmp_path, params, p, look=not runs)
-        runs.append(outputs(p))
-    assert runs[0] == runs[1]
-    md = p.md_out.read_text()
-    assert "| machine | x86_64 |" in md and "| python | 3.11.7 |" in md and "Linux" not in md
-
-
 def test_missing_registration_is_not_registered(tmp_path):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
@@ -369,86 +356,6 @@ def test_long_metric_names_may_wrap_in_html_only():
     assert "<wbr>" not in md and "memorisation.transformer.flag_excess" in md
 
 
-def test_training_seeds_are_shown_with_their_spread(tmp_path):
-    """Three training seeds: one row each with its figures, a mean and an sd row, one loss curve
-    per seed (a folder of seed-<s>.tsv), and per-piece NLL averaged over seeds for the plot."""
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    train = artifacts.read_json(p.train)
-    seeds = [11, 12, 13]
-    artifacts.write_json(p.train, {**train, "seeds": seeds, "replicates": {
-        str(s): {"best_val_loss": 1.4 + k / 10} for k, s in enumerate(seeds)}})
-    ev = artifacts.read_json(p.eval)
-    ev["models"]["transformer"]["test"]["per_seed"] = {
-        str(s): {"nats_per_note": 1.8 + k / 10} for k, s in enumerate(seeds)}
-    ev["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
-        "value": 0.05, "ci_low": 0.01, "ci_high": 0.09,
-        "per_seed": {"11": 0.1, "12": 0.05, "13": 0.0}, "per_seed_of": "b"}
-    artifacts.write_json(p.eval, ev)
-    p.train_log.unlink()
-    for s in seeds:
-        artifacts.write_text(p.train_log / f"seed-{s}.tsv",
-                             f"step\ttrain_loss\tval_loss\n1\t3.{s}\t\n2\t2.{s}\t2.5\n")
-    per_piece = artifacts.read_parquet(p.per_piece)
-    tr = per_piece[per_piece["model"] == "transformer"]
-    replicated = pd.concat([per_piece[per_piece["model"] == "ngram"].assign(seed=pd.NA),
-                            *(tr.assign(seed=s) for s in seeds)], ignore_index=True)
-    artifacts.write_parquet(p.per_piece, replicated.astype({"seed": "Int64"}))
-    report(tmp_path, params, p)
-    md = p.md_out.read_text()
-    section = md[md.index("Training seeds"):md.index("NLL distributions")]
-    assert "seeds 11, 12, 13" in section and "first seed's model (seed 11)" in section
-    audit = artifacts.read_json(p.audit)  # an audit over every seed says so instead
-    audit.setdefault("judged", {}).setdefault("transformer", {})["seeds"] = seeds
-    artifacts.write_json(p.audit, audit)
-    report(tmp_path, params, p)
-    section = p.md_out.read_text()
-    section = section[section.index("Training seeds"):section.index("NLL distributions")]
-    assert "The audit judges every seed as well" in section
-    assert "first seed's model" not in section
-    rows = {line.split("|")[1].strip(): line for line in section.splitlines()
-            if line.startswith("|")}
-    assert {"11", "12", "13", "mean", "sd"} <= set(rows)
-    assert "0.1" in rows["11"] and "1.5" in rows["12"]  # gain of seed 11, best val of seed 12
-    assert "0.05" in rows["mean"] and "0.05" in rows["sd"]  # gains 0.1, 0.05, 0: mean, sd .05
-    assert "per training seed" in md
-    nll = piece_nll(artifacts.read_parquet(p.per_piece), "test", "n_notes")
-    assert len(nll["transformer"]) == 10  # each piece once, not once per seed
-    np.testing.assert_allclose(nll["transformer"], tr.sort_values("sha256")["nll_nats"] / 40)
-
-
-def test_one_training_seed_says_what_the_interval_leaves_out(tmp_path):
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    artifacts.write_json(p.train, {**artifacts.read_json(p.train), "seeds": [5]})
-    report(tmp_path, params, p)
-    assert "trained once (seed 5)" in p.md_out.read_text()
-
-
-# ---- the first screen -------------------------------------------------------------------------
-def test_first_screen_names_the_experiment_the_decision_and_why(tmp_path):
-    p = make_inputs(tmp_path)
-    ev = artifacts.read_json(p.eval)
-    ev["paired"]["ngram_minus_transformer"]["test"]["rel_improvement"] = {
-        "value": 0.05, "ci_low": 0.02, "ci_high": 0.08}
-    artifacts.write_json(p.eval, ev)
-    params = write_params(tmp_path)
-    register(tmp_path, params, p, force=True)
-    report(tmp_path, params, p)
-    md = p.md_out.read_text()
-    first = md[:md.index("## The criteria")]
-    # identity, then the decision sentence, then the table of verdicts with words
-    assert first.index("| split | train 2 / val 1 / test 10 pieces in 1 / 1 / 5 groups") < \
-        first.index("Decision: FOLLOWED AFTER 1 LOOK.") < \
-        first.index("| criterion | verdict | evidence |")
-    assert "The registered rules give PASS." in first
-    row = next(line for line in first.splitlines() if line.startswith("| transformer_beats"))
-    assert "The transformer's NLL per note is 5.0% lower than the n-gram's" in row
-    assert "test.nll_per_note.rel_improvement is" not in row  # words, not a dotted key
-    # the headline figure has its alt text and caption in HTML
-    html = p.html_out.read_text()
-    assert re.search(r'<img alt="The transformer&#x27;s NLL per note, relative to', html)
-
 
 def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
     p = make_inputs(tmp_path)
@@ -462,76 +369,6 @@ def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
     assert "Dedupe tier note (the same notes saved differently): the most similar pair" in md
     html = p.html_out.read_text()
     assert html.count("<details>") == md.count("<details>") >= 3
-
-
-def test_plain_evidence_for_each_kind_of_criterion():
-    from pipeline.decision.criteria import Verdict
-    from pipeline.report.headline import decision_sentence, plain_evidence
-
-    m = {"ngram.best_order": 5, "eval.seeds.transformer.0": 1, "eval.seeds.transformer.1": 2,
-         "eval.paired.ngram_minus_transformer.test.n_pieces": 52,
-         "eval.models.transformer.test.n_groups": 36,
-         "eval.paired.ngram_minus_transformer.test.rel_improvement.per_seed.1": 0.1,
-         "eval.paired.ngram_minus_transformer.test.rel_improvement.per_seed.2": 0.08,
-         "leakage.independent.test_pieces": 52,
-         "audit.judged.transformer.membership_auc.n_train": 64,
-         "audit.judged.transformer.membership_auc.n_test": 52,
-         "audit.judged.transformer.quality.n_stats": 7,
-         "audit.judged.transformer.quality.stats.polyphony.inside": False}
-
-    def v(metric, value, status, op=">=", threshold=0.02, lo=None, hi=None):
-        return Verdict("r", status, metric, value, op, threshold, metric, lo, hi, "generic.")
-
-    gain = plain_evidence(v("test.nll_per_note.rel_improvement", 0.09, "INCONCLUSIVE",
-                            lo=0.01, hi=0.12), m, {}, 0.95)
-    assert gain == ("The transformer's NLL per note is 9.0% lower than the 5-gram's (95% CI "
-                    "1.0% to 12.0%) on 52 test pieces in 36 groups, 2 training seeds (each "
-                    "seed: 10.0%, 8.0%); the rule asks for a gain of at least 2%: the interval "
-                    "straddles the threshold, so the data cannot tell.")
-    assert "6 of 52 test pieces" in plain_evidence(
-        v("leakage.test_near_train", 6, "FAIL", "==", 0), m, {}, 0.95)
-    assert "The rule allows none: it fails the rule." in plain_evidence(
-        v("leakage.test_near_train", 6, "FAIL", "==", 0), m, {}, 0.95)
-    auc = plain_evidence(v("memorisation.transformer.membership_auc", 0.94, "FAIL", "<=", 0.6,
-                           0.89, 0.98), m, {}, 0.95)
-    assert "64 training pieces from 52 unseen test pieces with AUC 0.94" in auc
-    assert "at most 0.6: no value in the interval meets the rule" in auc
-    held = {**m, "audit.judged.transformer.membership_auc.n_heldout": 72,
-            "audit.judged.transformer.membership_auc.tpr.value": 0.71,
-            "audit.judged.transformer.membership_auc.tpr.fpr": 0.1}
-    auc = plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
-                           0.81, 0.9), held, {}, 0.95)
-    assert "from 72 unseen val and test pieces with AUC 0.86" in auc
-    assert "calling at most 10% of the unseen pieces members, it picks out 71%" in auc
-    seeds = {**held, **{f"audit.judged.transformer.per_seed.{s}.membership_auc.value": a
-                        for s, a in ((1234, 0.86), (1235, 0.84), (1236, 0.88))}}
-    assert "its 3 training seeds give AUC 0.86, 0.84 and 0.88 (the first is judged)" in \
-        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
-                         0.81, 0.9), seeds, {}, 0.95)
-    pooled = {**seeds, "audit.judged.transformer.membership_auc.seed_half_width": 0.05}
-    assert "0.84 and 0.88 (their mean is judged, the seeds' term ±0.05 in its interval)" in \
-        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
-                         0.75, 0.97), pooled, {}, 0.95)
-    tpr = plain_evidence(v("memorisation.transformer.membership_tpr", 0.71, "FAIL", "<=", 0.3,
-                           0.55, 0.79), held, {}, 0.95)
-    assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")
-    gap = plain_evidence(v("generalisation.gap_per_note.transformer", 0.66, "INCONCLUSIVE",
-                           "<=", 0.5, 0.35, 1.0),
-                         {**m, "eval.gap.transformer.n_pieces_heldout": 72,
-                          "eval.gap.transformer.n_pieces_train": 256}, {}, 0.95)
-    assert gap.startswith("Held-out music costs 0.66 nats per note more than training music (72 "
-                          "held-out (val and test) against 256 training pieces; 95% CI 0.35 to "
-                          "1.00)")
-    quality = plain_evidence(v("quality.transformer.score", 4 / 7, "FAIL", ">=", 0.7), m, {},
-                             0.95)
-    assert quality.startswith("4 of 7 music statistics") and "(outside: polyphony)" in quality
-    assert "needs at least 5" in quality
-    assert plain_evidence(v("some.other.metric", 1.0, "PASS"), m, {}, 0.95) == "generic."
-    assert plain_evidence(v("test.nll_per_note.rel_improvement", None, "INCONCLUSIVE"), m, {},
-                          0.95) == "generic."
-    verdicts = [v("a", 1, "PASS"), v("b", 1, "FAIL"), v("c", 1, "INCONCLUSIVE")]
-    assert decision_sentence("FAIL", verdicts).endswith(
-        "Of 3 criteria, 1 pass, 1 fail and 1 is inconclusive.")
 
 
 def test_report_md_links_figure_files_that_html_embeds(tmp_path):
@@ -548,78 +385,6 @@ def test_report_md_links_figure_files_that_html_embeds(tmp_path):
     embedded = {base64.b64decode(d) for d in re.findall(r"base64,([^\"]+)\"", html)}
     assert all((p.md_out.parent / rel).read_bytes() in embedded for rel in links)
     assert "(embedded in report.html)" not in md
-
-
-def test_samples_have_a_piano_roll_and_a_player_per_model_and_kind(tmp_path):
-    from pipeline.report.sections.samples import pick_samples
-
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    raw = yaml.safe_load(params.read_text())
-    params.write_text(yaml.safe_dump({**raw, "audit": {"flag_quantile": 0.95}}, sort_keys=False))
-    report(tmp_path, params, p)
-    md, html = p.md_out.read_text(), p.html_out.read_text()
-    assert "### ngram, unconditional sample 0" in md
-    link = re.search(r"\[Listen: the ngram, unconditional sample 0, at most its first 10 s\]"
-                     r"\((figures/report/[^)]+\.flac)\)", md)
-    assert link and (p.md_out.parent / link.group(1)).read_bytes()[:4] == b"fLaC"
-    assert "the longest run of ids this sample shares with any training piece is 30 ids (4 " \
-        "bars), with training piece a;" in md
-    assert "The audit flags a run longer than 20 ids (the 0.95 quantile of the runs of " \
-        "held-out val windows); this one is flagged." in md
-    assert "The nearest training piece by shingle Jaccard is a (0.1), the same piece." in md
-    assert "[Listen: training piece a from beat 3 (2 beats before the shared run), at most " \
-        "10 s]" in md
-    assert html.count('<audio controls preload="metadata"') == 2
-    names = [Path(f"{m}_{k}_{i}.png") for m in ("ngram", "transformer")
-             for k in ("continuation", "unconditional") for i in (0, 1, 2, 10)]
-    assert [q.stem for q in pick_samples(sorted(names), 6)] == [
-        "ngram_continuation_0", "ngram_unconditional_0", "transformer_continuation_0",
-        "transformer_unconditional_0", "ngram_continuation_1", "ngram_unconditional_1"]
-
-
-def test_tokenisation_and_ngram_orders_have_readable_tables():
-    from pipeline.report.sections.data_card import tokenisation_table
-    from pipeline.report.sections.models import ngram_table
-
-    (tok,) = tokenisation_table({"tokenizer": "REMI", "model": "BPE", "vocab_size": 1000,
-                                 "base_vocab_size": 486, "model_trained_on_pieces": 268,
-                                 "tokens_by_split": {"train": 10, "test": 3},
-                                 "pieces_by_split": {"train": 2, "test": 1}}, 4)
-    rows = dict(map(tuple, tok.rows))
-    assert rows["trained vocabulary"] == "BPE, 1000 tokens (base 486), learned on 268 train pieces"
-    assert rows["tokens per split"] == "train 10 (2 pieces), test 3 (1 piece)"
-    (ng,) = ngram_table({"best_order": 3, "orders": {"10": {"val_nats_per_token": 4.0},
-                                                     "3": {"val_nats_per_token": 3.5}}}, 4)
-    assert [r[0] for r in ng.rows] == ["3", "10"] and ng.rows[0][3] == "chosen"
-    assert tokenisation_table(None, 4) == [] and ngram_table({}, 4) == []
-
-
-def test_contamination_section_says_what_was_checked_and_found(tmp_path):
-    from pipeline.report.sections.data_card import contamination
-
-    (note,) = contamination({"references": [], "by_split": {"test": {"pieces": 4}}}, tmp_path, 4)
-    assert "No reference corpus declared" in note.text
-    assert "not available" in contamination(None, tmp_path, 4)[0].text
-    summary = {"references": [{"reference": "../lakh", "files": 9, "by_status": {
-        "ok": 7, "quarantined": 1, "duplicate": 1}, "by_reason": {"corrupt": 1},
-        "pieces_matched": 1}], "tiers": ["note", "transposed", "melody", "near"],
-        "by_split": {"test": {"pieces": 4, "in_reference": 2, "by_tier": {
-            "note": 1, "transposed": 0, "melody": 0, "near": 1}}}}
-    artifacts.write_parquet(tmp_path / "matches.parquet", pd.DataFrame({
-        "split": ["test", "test", "test"], "sha256": ["q1", "q1", "q2"],
-        "path": ["a.mid", "a.mid", "b.mid"], "reference": ["../lakh"] * 3,
-        "ref_sha256": ["r1", "r2", "r3"], "ref_path": ["x.mid", "y.mid", "z.mid"],
-        "tier": ["note", "near", "near"], "rule": [None, "jaccard", "excerpt"],
-        "similarity": [1.0, 0.7, 0.2], "alignment": [np.nan, np.nan, 0.91]}))
-    what, refs, per_split, matches, more = contamination(summary, tmp_path, 4)
-    assert "compared with every piece" in what.text
-    assert refs.rows[0][:4] == ["../lakh", "9", "7", "1 (corrupt 1)"]
-    assert per_split.rows == [["test", "4", "2", "1", "0", "0", "1"]]
-    # one row per held-out piece, its strongest match first
-    assert [r[1:4] for r in matches.rows] == [["a.mid", "note", "1"],
-                                              ["b.mid", "near (excerpt)", "0.91"]]
-    assert "matches.parquet" in more.text
 
 
 def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_path):
@@ -649,34 +414,3 @@ def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_
     artifacts.write_json(p.preregistration, rec)
     report(tmp_path, params, p)
     assert "Power at registration: not stated" in p.md_out.read_text()
-
-
-def test_conditioning_section_only_for_a_conditioned_model(tmp_path):
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    report(tmp_path, params, p)
-    assert "## Conditioning" not in p.md_out.read_text()
-    iv = {"value": 2.0, "ci_low": 1.9, "ci_high": 2.1}
-    ev = artifacts.read_json(p.eval)
-    ev["conditioning"] = {"transformer": {
-        "conditions": ["key", "density"], "groups": 5, "split": "val",
-        "nll_per_note": {"correct": iv, "shuffled": {**iv, "value": 2.3},
-                         "removed": {**iv, "value": 2.2}},
-        "shuffled_minus_correct": {"value": 0.3, "ci_low": 0.2, "ci_high": 0.4,
-                                   "verdict": "follows"},
-        "removed_minus_correct": {"value": 0.2, "ci_low": -0.1, "ci_high": 0.4,
-                                  "verdict": "no gap shown"}}}
-    artifacts.write_json(p.eval, ev)
-    audit = artifacts.read_json(p.audit)
-    audit["adherence"] = {"transformer": {
-        "conditions": ["density", "key"], "n_conditioned": 240, "window": 128,
-        "density": {"measurable": True, "rate": {"value": 0.61, "ci_low": 0.55, "ci_high": 0.67},
-                    "floor": iv, "shuffled": iv, "ceiling": iv},
-        "key": {"measurable": False}}}
-    artifacts.write_json(p.audit, audit)
-    report(tmp_path, params, p)
-    md = p.md_out.read_text()
-    assert "## Conditioning" in md
-    assert "| shuffled − correct | 0.3 [0.2, 0.4] | follows |" in md
-    assert "| density | 0.61 [0.55, 0.67] |" in md
-    assert "| key | not measurable from a sample |" in md

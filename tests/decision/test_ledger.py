@@ -1,8 +1,9 @@
-"""The test-access ledger (pipeline.decision.ledger), ``symkit ledger`` and what the registration's
-status makes of earlier looks: refused registrations, FOLLOWED AFTER n LOOKS, DEVIATED when the
-rules changed after a look, and ``symkit ledger --spent`` (the pieces ever scored, for
-``split.exclude_test``). The pieces bound to the registration and the commit order in its status
-are tested with the registration (tests/decision/test_preregistration.py)."""
+"""The test-access ledger (pipeline.decision.ledger) and what the registration's status makes of
+earlier looks: refused registrations, FOLLOWED AFTER n LOOKS, DEVIATED when the rules changed
+after a look; looks found in git history and the DVC cache. The pieces bound to the registration
+and the commit order in its status are tested with the registration
+(tests/decision/test_preregistration.py), the ``symkit ledger`` command in
+tests/tools/test_ledger.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from pipeline.core import artifacts
 from pipeline.decision import ledger
 from pipeline.decision.history import registration_order
 from pipeline.decision.ledger import AlreadyScored
-from pipeline.stages.split import read_exclude_test
 from tests.stages.test_report import (
     TEST_PIECES,
     make_inputs,
@@ -79,25 +79,6 @@ def test_earlier_looks_are_other_scores_or_other_registrations_of_these_pieces(t
     earlier, this = ledger.earlier_looks([*recs, recs[1]], TEST_PIECES, current)
     assert this is not None and this.index == 2
     assert [lk.index for lk in earlier] == [1, 3]
-
-
-def test_spent_writes_the_sorted_union_of_every_look_the_same_bytes_each_time(tmp_path, capsys):
-    a, b, c = ("a" * 64, "b" * 64, "c" * 64)
-    book = tmp_path / "ledger.jsonl"
-    book.write_text("".join(ledger.line(r) for r in (
-        {"pieces": [c, a]}, {"pieces": [b, a]}, {"source": "git"})))
-    out = tmp_path / "data" / "spent.txt"
-    args = ["ledger", "--ledger", str(book), "--splits", str(tmp_path / "none.parquet"),
-            "--per-piece", str(tmp_path / "none.parquet"), "--spent", str(out)]
-    assert cli(args) == 0
-    first = out.read_bytes()
-    assert "3 pieces scored in 3 looks written to" in capsys.readouterr().out
-    assert cli(args) == 0 and out.read_bytes() == first
-    lines = first.decode().splitlines()
-    assert lines[0].startswith("# ") and "symkit ledger --spent" in first.decode()
-    assert [x for x in lines if not x.startswith("#")] == [a, b, c]
-    assert str(tmp_path) not in first.decode() and read_exclude_test(out) == [a, b, c]
-    assert list(tmp_path.glob("data/.*")) == []  # no temp file left beside it
 
 
 # ---- registration and looks -------------------------------------------------------------------

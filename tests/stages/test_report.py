@@ -26,7 +26,6 @@ from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
 from pipeline.core.splits import split_hash
 from pipeline.decision import ledger
-from pipeline.decision.ledger import AlreadyScored
 from pipeline.render.audio import notes_to_midi
 from pipeline.render.figures import piano_roll_png
 from pipeline.stages.audit import SPANS_SCHEMA
@@ -247,43 +246,6 @@ def test_a_criterion_loosened_after_registration_is_deviated_and_not_used(tmp_pa
         < md.index("## Deviations from the registration") < md.index("## The criteria")
 
 
-def test_preregistering_after_test_scores_is_refused_unless_forced(tmp_path):
-    p = make_inputs(tmp_path)  # the per-piece table and eval.json hold test scores
-    params = write_params(tmp_path)
-    with pytest.raises(AlreadyScored, match="--force"):
-        register(tmp_path, params, p)
-    assert not p.preregistration.exists()
-    # scores of other pieces do not block a registration of these
-    table = pd.read_parquet(p.per_piece)
-    artifacts.write_parquet(p.per_piece, table.assign(sha256="other-" + table["sha256"]))
-    artifacts.write_json(p.eval, {**artifacts.read_json(p.eval),
-                                  "protocol": {"split_hash": "old-split"}})
-    p.ledger.unlink()
-    assert not register(tmp_path, params, p)["forced"]
-    p = make_inputs(tmp_path / "forced")
-    params = write_params(tmp_path / "forced")
-    rec = register(tmp_path / "forced", params, p, force=True)
-    assert rec["forced"] and [r["source"] for r in rec["looks_before"]] == ["workspace"]
-    assert register(tmp_path / "forced", params, p, force=True) == rec  # stable
-    s = report(tmp_path / "forced", params, p)
-    assert s.decision == "FOLLOWED AFTER 1 LOOK" and s.n_deviations == 0
-    md = p.md_out.read_text()
-    assert "## Earlier looks at the test pieces" in md and "This test set is spent" in md
-    metrics = artifacts.read_json(p.metrics_out)
-    assert metrics["decision.rules"] == "PASS" and metrics["decision.earlier_looks"] == 1
-
-
-def test_registration_before_scores_can_be_replaced_freely(tmp_path):
-    p = make_inputs(tmp_path)
-    params = write_params(tmp_path)
-    without_test_scores(p)
-    first = register(tmp_path, params, p, before_scores=True)
-    params = write_params(tmp_path, rules=RULES[:2])
-    second = register(tmp_path, params, p, before_scores=True)
-    assert first["identity_hash"] != second["identity_hash"]
-    assert len(second["identity"]["params"]["criteria"]["rules"]) == 2
-
-
 def test_cli_preregister_and_report(tmp_path, monkeypatch, capsys):
     p = make_inputs(tmp_path)
     params = write_params(tmp_path)
@@ -385,32 +347,3 @@ def test_report_md_links_figure_files_that_html_embeds(tmp_path):
     embedded = {base64.b64decode(d) for d in re.findall(r"base64,([^\"]+)\"", html)}
     assert all((p.md_out.parent / rel).read_bytes() in embedded for rel in links)
     assert "(embedded in report.html)" not in md
-
-
-def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_path):
-    """`symkit preregister` simulates each rule's controls at the registered sizes (nothing
-    trained, nothing scored) and the report shows the same rates; without it, it says so."""
-    p = make_inputs(tmp_path)
-    interval = {**RULES[0], "judge": "interval"}
-    interval.pop("ci"), interval.pop("ci_metric")
-    params = write_params(tmp_path, rules=[interval, *RULES[1:]])
-    rec = register(tmp_path, params, p, before_scores=True, power_draws=40)
-    power = rec["power"]
-    assert power["draws"] == 40 and "stated" in power["assumptions"]
-    # the registered split's sizes, not the default experiment's
-    counts = SPLITS.groupby("split")["sha256"].nunique()
-    assert power["sizes"]["human_pieces"] == counts["test"]
-    assert power["sizes"]["extraction_test"] == min(counts["test"], 256)
-    gain = next(r for r in power["rules"] if r["metric"] == "test.nll_per_note.rel_improvement")
-    assert gain["controls"] and gain["resolved_at_80_percent"] > 0.02 + 2.8 * 0.0082  # 1 group
-    report(tmp_path, params, p)
-    md = p.md_out.read_text()
-    assert "### Power at registration" in md
-    first = gain["controls"][0]
-    assert f"| {gain['name']} | {first['case']} | {first['truth']} | " \
-           f"{first['pass_rate']:.1%} |" in md
-    # the same registration without the statement: the report says it is missing
-    rec.pop("power")
-    artifacts.write_json(p.preregistration, rec)
-    report(tmp_path, params, p)
-    assert "Power at registration: not stated" in p.md_out.read_text()

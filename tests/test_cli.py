@@ -33,17 +33,6 @@ def test_bad_params_exit_2_naming_the_key(tmp_path: Path, capsys):
     assert "ingest.max_notes = '100'" in err
 
 
-def test_unknown_section_is_refused(tmp_path: Path, capsys):
-    params = tmp_path / "params.yaml"
-    params.write_text("ingset:\n  max_notes: 5\n")
-    assert main(["check-params", "--params", str(params)]) == 2
-    assert "unknown section 'ingset'" in capsys.readouterr().err
-
-
-def test_shipped_params_are_valid(capsys):
-    assert main(["check-params"]) == 0
-
-
 def test_workers_override_is_validated(tmp_path: Path, capsys):
     from pipeline.core.config import load_runtime
 

@@ -96,14 +96,6 @@ def test_the_rates_are_reproducible(shipped):
     assert again == shipped
 
 
-def test_cli_prints_a_table_and_fails_while_a_rule_misses(capsys):
-    assert cli(["controls", "--params", str(REPO_PARAMS), "--draws", "50"]) == 1
-    out = capsys.readouterr().out
-    assert out.startswith("| criterion | control | planted truth | passes (of 50) |")
-    assert "transformer_membership_near_chance | good | true AUC 0.5 (chance)" in out
-    assert "MISSED" in out
-
-
 def test_design_sizes_follow_the_registered_split_and_params():
     from pipeline.core.config import read_params
     from pipeline.decision.criteria_controls import Sizes, design_sizes, gap_se_for, resolved_effect

@@ -1,7 +1,9 @@
-"""The test-access ledger (pipeline.decision.ledger), ``symkit ledger`` and what the registration's
-status makes of earlier looks: refused registrations, FOLLOWED AFTER n LOOKS, DEVIATED when the
-rules changed after a look, pieces bound to the registration, commit order in the status, and
-``symkit ledger --spent`` (the pieces ever scored, for ``split.exclude_test``)."""
+"""The test-access ledger (pipeline.decision.ledger) and what the registration's status makes of
+earlier looks: refused registrations, FOLLOWED AFTER n LOOKS, DEVIATED when the rules changed
+after a look; looks found in git history and the DVC cache. The pieces bound to the registration
+and the commit order in its status are tested with the registration
+(tests/decision/test_preregistration.py), the ``symkit ledger`` command in
+tests/tools/test_ledger.py."""
 
 from __future__ import annotations
 
@@ -19,9 +21,7 @@ from pipeline.core import artifacts
 from pipeline.decision import ledger
 from pipeline.decision.history import registration_order
 from pipeline.decision.ledger import AlreadyScored
-from pipeline.stages.split import read_exclude_test
 from tests.stages.test_report import (
-    GIT_SHOWS_ORDER,
     TEST_PIECES,
     make_inputs,
     register,
@@ -81,25 +81,6 @@ def test_earlier_looks_are_other_scores_or_other_registrations_of_these_pieces(t
     assert [lk.index for lk in earlier] == [1, 3]
 
 
-def test_spent_writes_the_sorted_union_of_every_look_the_same_bytes_each_time(tmp_path, capsys):
-    a, b, c = ("a" * 64, "b" * 64, "c" * 64)
-    book = tmp_path / "ledger.jsonl"
-    book.write_text("".join(ledger.line(r) for r in (
-        {"pieces": [c, a]}, {"pieces": [b, a]}, {"source": "git"})))
-    out = tmp_path / "data" / "spent.txt"
-    args = ["ledger", "--ledger", str(book), "--splits", str(tmp_path / "none.parquet"),
-            "--per-piece", str(tmp_path / "none.parquet"), "--spent", str(out)]
-    assert cli(args) == 0
-    first = out.read_bytes()
-    assert "3 pieces scored in 3 looks written to" in capsys.readouterr().out
-    assert cli(args) == 0 and out.read_bytes() == first
-    lines = first.decode().splitlines()
-    assert lines[0].startswith("# ") and "symkit ledger --spent" in first.decode()
-    assert [x for x in lines if not x.startswith("#")] == [a, b, c]
-    assert str(tmp_path) not in first.decode() and read_exclude_test(out) == [a, b, c]
-    assert list(tmp_path.glob("data/.*")) == []  # no temp file left beside it
-
-
 # ---- registration and looks -------------------------------------------------------------------
 def _registered(root: Path):
     p = make_inputs(root)
@@ -157,34 +138,6 @@ def test_a_registration_after_a_look_with_the_same_rules_reads_followed_after_lo
     metrics = artifacts.read_json(p.metrics_out)
     assert metrics["decision.overall"] == "FOLLOWED AFTER 1 LOOK"
     assert metrics["decision.rules"] == "PASS"
-
-
-def test_scored_pieces_are_compared_with_the_registered_ones(tmp_path):
-    p, params = _registered(tmp_path)
-    table = pd.read_parquet(p.per_piece)
-    artifacts.write_parquet(p.per_piece, table[table["sha256"] != "0003"])
-    s = report(tmp_path, params, p)
-    assert s.decision == "DEVIATED"
-    assert ("test pieces: 10 registered, 9 scored in reports/eval/per_piece.parquet, 0 of them "
-            "not registered and 1 registered ones not scored") in p.md_out.read_text()
-
-
-def test_scores_missing_from_the_ledger_deviate(tmp_path):
-    p, params = _registered(tmp_path)
-    s = report(tmp_path, params, p, look=False)  # evaluate never recorded these scores
-    assert s.decision == "DEVIATED"
-    assert "holds no record of the test scores" in p.md_out.read_text()
-
-
-def test_the_order_git_shows_is_part_of_the_status(tmp_path):
-    p, params = _registered(tmp_path)
-    env = artifacts.read_json(p.env)
-    for facts, status in ((GIT_SHOWS_ORDER, "PASS"),
-                          ({"git": False}, "FOLLOWED, ORDER NOT SHOWN"),
-                          ({**GIT_SHOWS_ORDER, "registration_precedes_results": False},
-                           "FOLLOWED, ORDER NOT SHOWN")):
-        artifacts.write_json(p.env, {**env, "git": facts})
-        assert report(tmp_path, params, p).decision == status
 
 
 # ---- git history and the DVC cache ------------------------------------------------------------

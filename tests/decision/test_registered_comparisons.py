@@ -1,6 +1,6 @@
 """Registered comparisons (pipeline.decision.registered_comparisons): the ``compare`` section, its
-registration
-by ``symkit preregister``, and ``symkit compare``'s verdicts on it.
+record, and ``symkit compare``'s verdicts on it (``symkit preregister --comparisons-only``, which
+writes the record, is tested in tests/tools/test_preregister.py).
 
 Arms are folders in ``tmp_path`` built from synthetic per-piece scores (the helpers of
 tests/tools/test_compare.py): never the repository's own ``reports/``.
@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from pipeline.cli import main
 from pipeline.core import artifacts
@@ -120,33 +119,6 @@ def test_the_repository_plans_comparisons_its_registration_freezes():
     assert reg.raw == params["compare"], "params.yaml's compare section differs from its " \
         "registration: run `symkit preregister --comparisons-only` and commit both"
     assert all(r.rationale for r in section.rules)
-
-
-# ---- registration -----------------------------------------------------------------------------
-def test_preregister_writes_the_comparisons_alone_and_stably(tmp_path, monkeypatch, capsys):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(SECTION)))
-    monkeypatch.chdir(tmp_path)
-    assert main(["preregister", "--comparisons-only"]) == 0
-    assert "1 planned comparison (tsd_beats_remi)" in capsys.readouterr().out
-    rec = artifacts.read_json(tmp_path / REGISTRATION)
-    assert rec == record(SECTION) and rec["hash"] == artifacts.sha256_json(SECTION)
-    assert not (tmp_path / "reports" / "preregistration.json").exists()
-    before = (tmp_path / REGISTRATION).read_bytes()
-    assert main(["preregister", "--comparisons-only"]) == 0
-    assert (tmp_path / REGISTRATION).read_bytes() == before
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(None)))
-    assert main(["preregister", "--comparisons-only"]) == 1
-    assert "no compare section" in capsys.readouterr().out
-
-
-def test_preregister_refuses_a_rule_naming_a_missing_param(tmp_path, monkeypatch, capsys):
-    bad = {**SECTION, "rules": [{**RULE, "baseline": {"tokenize.nope": 1},
-                                 "arm": {"tokenize.nope": 2}}]}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params_with(bad)))
-    monkeypatch.chdir(tmp_path)
-    assert main(["preregister", "--comparisons-only"]) == 2
-    assert "'tokenize.nope' is not a param" in capsys.readouterr().err
-    assert not (tmp_path / REGISTRATION).exists()
 
 
 # ---- judging ----------------------------------------------------------------------------------

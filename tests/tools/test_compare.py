@@ -1,6 +1,6 @@
-"""``symkit compare`` (pipeline.tools.compare), its words and figures
-(pipeline.report.compare_document); the statistics alone (pipeline.stats.paired) are tested in
-tests/stats/test_paired.py.
+"""``symkit compare`` (pipeline.tools.compare) and what it writes; the statistics alone
+(pipeline.stats.paired) are tested in tests/stats/test_paired.py, and
+pipeline.report.compare_document's own functions in tests/report/test_compare_document.py.
 
 Arms are built in ``tmp_path`` from synthetic per-piece scores (tests/stats/test_paired.py's):
 never from the repository's own ``reports/``, which a pipeline run may be rewriting.
@@ -23,10 +23,8 @@ import pytest
 import yaml
 
 from pipeline.cli import main
-from pipeline.report.compare_document import forest_rows, scatter_panels, seed_effects
-from pipeline.stats.paired import arm_scores, compare_pair, pair
 from pipeline.tools.runs import RunSource, read_curves, resolve_source
-from tests.stats.test_paired import PARAMS, PER_NOTE, pieces, scored, simulate
+from tests.stats.test_paired import PARAMS, pieces, scored, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -506,50 +504,3 @@ def test_learning_curves_from_directory_and_git_arms(tmp_path, monkeypatch):
     assert "](figures/learning_curves.png)" in md
     assert "reports/plots/train_log.tsv) in ../nologs: not drawn" in md  # relative, not absolute
     assert png_size((tmp_path / "out" / "figures" / "learning_curves.png").read_bytes())
-
-
-def _arms_with_gains(tmp_path: Path, n_arms: int) -> None:
-    """base/ and arm1/ .. arm<n-1>/, arm k 1·k% better, 3 training seeds each."""
-    rng = np.random.default_rng(13)
-    p = pieces(rng, 12, 2)
-    write_arm(tmp_path / "base", scored(p, np.ones(len(p)), [1, 2, 3], rng, 0.01))
-    for k in range(1, n_arms):
-        write_arm(tmp_path / f"arm{k}", scored(p, np.full(len(p), 1 - 0.01 * k), [1, 2, 3], rng,
-                                               0.01))
-
-
-def test_forest_rows_and_scatter_panels_follow_the_comparisons(tmp_path, monkeypatch):
-    _arms_with_gains(tmp_path, 5)
-    heights = {}
-    for n in (2, 4, 5):
-        arms = ["base", *(f"arm{k}" for k in range(1, n))]
-        assert run_cli(tmp_path, monkeypatch, *arms, "--out", f"out{n}") == 0
-        out = result(tmp_path, f"out{n}")
-        rows = forest_rows(out, {})
-        assert len(rows) == len(out["comparisons"]) == n - 1
-        assert (rows[0].arm, rows[0].design) == ("arm1", "identical")
-        assert scatter_panels(out) == (arms[1:] if n <= 4 else ["arm1"])
-        figures = tmp_path / f"out{n}" / "figures"
-        heights[n] = png_size((figures / "forest.png").read_bytes())[1]
-        width = png_size((figures / "scatter.png").read_bytes())[0]
-        assert width > 600 if 2 < n <= 4 else width < 600
-    assert heights[2] < heights[4] < heights[5]  # one row more per comparison
-    assert "only the first, arm1, is drawn" in (tmp_path / "out5" / "compare.md").read_text()
-
-
-def test_seed_effects_paired_and_against_the_baseline_mean():
-    rng = np.random.default_rng(14)
-    p0 = pieces(rng)
-    a = scored(p0, np.ones(len(p0)), [1, 2, 3], rng, 0.02)
-    gains = {1: 0.01, 2: 0.02, 3: 0.04}
-    b = pd.concat([a[a["seed"] == s].assign(nll_nats=lambda d, g=g: d["nll_nats"] * (1 - g))
-                   for s, g in gains.items()])
-    sa, sb = arm_scores(a, "A"), arm_scores(b, "B")
-    # paired: seed s against seed s recovers each seed's planted gain
-    assert seed_effects(sa, sb, paired=True) == pytest.approx(list(gains.values()))
-    # unpaired: against A's mean over seeds; their mean is the comparison's point estimate
-    unpaired = seed_effects(sa, sb, paired=False)
-    st = compare_pair(pair(sa, sb, "A", "B", "val"), PER_NOTE, n_boot=50, level=0.95,
-                      rng=np.random.default_rng(0), margin=0.005)["nats_per_note"]
-    assert np.mean(unpaired) == pytest.approx(st["rel_improvement"]["value"], rel=1e-12)
-    assert seed_effects(sb, arm_scores(a[a["seed"] == 1], "A1"), paired=False) == []

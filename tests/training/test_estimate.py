@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from models.transformer import GPT, TransformerConfig
-from pipeline.cli import main as cli_main
 from pipeline.training.estimate import count_params, estimate, peak_tflops, saved_activation_bytes
 
 
@@ -57,14 +56,6 @@ def test_activation_estimate_is_close_to_what_autograd_saves(dropout, attn_dropo
     est = estimate(vocab_size=200, seq_len=64, n_layer=2, n_head=4, n_embd=64, micro_batch=8,
                    dropout=dropout, attn_dropout=attn_dropout, device="cpu")
     assert 0.8 < est.activations_bytes / measured < 1.25, (est.activations_bytes, measured)
-
-
-def test_cli(tmp_path, monkeypatch, capsys):
-    (tmp_path / "params.yaml").write_text("transformer: {}\n")
-    monkeypatch.chdir(tmp_path)
-    assert cli_main(["estimate", "--vocab-size", "300", "--precision", "bf16"]) == 0
-    out = capsys.readouterr().out
-    assert "parameters           864,512" in out and "precision bf16" in out
 
 
 @pytest.mark.parametrize("finetune", [

@@ -29,15 +29,8 @@ from pipeline.report.compare_document import (
 )
 from pipeline.stats.paired import ArmScores, arm_scores, compare_pair, pair
 from pipeline.tools.compare import Settings
-from tests.tools.test_compare import (
-    PER_NOTE,
-    pieces,
-    png_size,
-    result,
-    run_cli,
-    scored,
-    write_arm,
-)
+from tests.stats.test_paired import PER_NOTE, pieces, scored
+from tests.tools.test_compare import png_size, result, run_cli, write_arm
 
 CFG = Settings(split="val", ci_level=0.95, equivalence_margin=0.005)
 

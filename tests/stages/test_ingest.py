@@ -182,3 +182,31 @@ def test_the_fixture_folder_under_default_limits(midi_fixtures: Path, midi_expec
             for name, e in midi_expected["files"].items()}
     assert m["reason"].to_dict() == want
     assert set(m["status"]) == {"ok", "quarantined"}
+
+
+def test_the_stage_command_runs_the_folder_and_prints_its_counts(midi_fixtures, tmp_path,
+                                                                   capsys):
+    """``symkit ingest`` (pipeline.stages.ingest) on the fixture folder: one manifest row per
+    file, the counts printed by status and reason, the same manifest with and without cache."""
+    import argparse
+
+    from pipeline.stages import ingest as stage
+
+    params = tmp_path / "params.yaml"
+    params.write_text("runtime:\n  workers: 1\n  progress: false\n", encoding="utf-8")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--params", type=Path)
+    stage.add_arguments(parser)
+    out = {}
+    for cache in ("--no-cache", f"--cache-dir={tmp_path / 'cache'}"):
+        d = tmp_path / cache.strip("-").split("=")[0]
+        args = parser.parse_args([
+            "--params", str(params), "--raw", str(midi_fixtures), "--index", str(d / "none"),
+            "--metadata", str(d / "none.csv"), "--manifest", str(d / "manifest.parquet"),
+            "--notes", str(d / "notes.parquet"), "--report", str(d / "ingest.json"), cache])
+        assert stage.main(args) == 0
+        out[cache] = (d / "manifest.parquet").read_bytes()
+    printed = capsys.readouterr().out
+    n_files = len(list(midi_fixtures.glob("*.mid")))
+    assert f"ingest: {n_files} files: ok" in printed and "quarantined" in printed
+    assert len(set(out.values())) == 1

@@ -50,3 +50,25 @@ def test_a_miditok_that_needs_pytorch_data_is_imported_plainly(tmp_path):
         "m = import_miditok()\n"
         "print(m.VALUE, m.pytorch_data.LOADED, m.__file__.startswith(sys.path[0]))\n")
     assert out == "1 True True"
+
+
+def test_a_built_tokenizer_hashes_its_config_and_decodes_its_own_ids():
+    """The hash follows the configuration; decode_ids gives back the notes of encoded ids, and a
+    malformed sequence becomes a message, never an exception."""
+    from symusic import Score
+
+    from pipeline.tokens.tokenizer import decode_ids, make_tokenizer, tokenizer_hash
+
+    tok = make_tokenizer("REMI", {})
+    assert tokenizer_hash(tok) == tokenizer_hash(make_tokenizer("REMI", {}))
+    assert tokenizer_hash(tok) != tokenizer_hash(make_tokenizer("TSD", {}))
+    score = Score(str(Path(__file__).resolve().parents[1] / "fixtures/midi/mono_melody.mid"))
+    seqs = tok.encode(score)
+    ids = (seqs if not isinstance(seqs, list) else seqs[0]).ids
+    decoded, error = decode_ids(tok, ids)
+    assert error is None
+    assert sum(len(tr.notes) for tr in decoded.tracks) == sum(len(tr.notes) for tr in score.tracks)
+    empty, error = decode_ids(tok, [])
+    assert error is None and sum(len(tr.notes) for tr in empty.tracks) == 0
+    broken, error = decode_ids(tok, [len(tok) + 7])
+    assert broken is None and error

@@ -504,3 +504,23 @@ def test_learning_curves_from_directory_and_git_arms(tmp_path, monkeypatch):
     assert "](figures/learning_curves.png)" in md
     assert "reports/plots/train_log.tsv) in ../nologs: not drawn" in md  # relative, not absolute
     assert png_size((tmp_path / "out" / "figures" / "learning_curves.png").read_bytes())
+
+
+def test_run_writes_the_same_result_as_the_command_and_records_its_settings(
+        tmp_path, monkeypatch, two_arms):
+    """pipeline.tools.compare.run, called directly, writes what ``symkit compare`` writes; its
+    Settings are recorded, and a settings change (the bootstrap seed) is seen in the output."""
+    from pipeline.tools import compare as tool
+
+    monkeypatch.chdir(tmp_path)
+    result = tool.run(["a", "b"], tool.Settings(n_boot=200), Path("direct"), figures=False)
+    assert (tmp_path / "direct" / "compare.json").is_file()
+    assert [a["kind"] for a in result["arms"]] == ["directory", "directory"]
+    assert len(result["comparisons"]) == 1
+    assert tool.Settings(ci_level=0.9).alpha == 0.1
+    other = tool.run(["a", "b"], tool.Settings(n_boot=200, seed=1), Path("seeded"),
+                     figures=False)
+    assert (tmp_path / "direct" / "compare.json").read_bytes() != (
+        tmp_path / "seeded" / "compare.json").read_bytes()
+    assert result["comparisons"][0]["design"] == other["comparisons"][0]["design"]
+    assert result["settings"]["seed"] == 0 and other["settings"]["seed"] == 1

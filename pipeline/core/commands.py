@@ -29,7 +29,7 @@ PIPELINE = Path(__file__).resolve().parents[1]
 """The ``pipeline`` package folder."""
 FOLDERS = ("stages", "tools")
 """Where commands live, in the order ``symkit --help`` lists them."""
-_HELP = re.compile(r'^HELP = ("(?:[^"\\\n]|\\.)*")[ \t]*$', re.MULTILINE)
+_HELP = re.compile(r'^HELP = ("(?:[^"\\\n]|\\.)*")[ \t]*(?:#[^\n]*)?$', re.MULTILINE)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ def test_a_module_without_help_is_a_library_and_a_clash_is_refused(tmp_path: Pat
     ('def f():\n    HELP = "inside a function"\n', None),  # not at the top level
     ('HELP_TEXT = "another name"\n', None),
     ('# HELP = "a comment"\n', None),
+    ('HELP = "with a comment after it"  # shown by symkit --help\n', "with a comment after it"),
     ("", None),
 ])
 def test_read_help_reads_the_top_level_line_as_text(tmp_path: Path, text: str, expected):

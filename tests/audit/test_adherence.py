@@ -17,6 +17,7 @@ from pipeline.audit.adherence import (
     shuffled_requests,
 )
 from pipeline.conditions.config import ConditionConfig
+from tests.conditions._planted import scale_notes as _scale_notes
 from tests.inference.test_generation import ToyWithVocab
 
 
@@ -68,17 +69,6 @@ def test_no_conditioned_samples_no_adherence_block():
 
 
 # ---------------------------------------------------------------------- planted scales, samples
-def _scale_notes(tonic: int, mode: str = "major", per_beat: int = 1) -> dict[str, np.ndarray]:
-    """Two octaves of a scale with its tonic triad stressed, ``per_beat`` notes per beat."""
-    steps = [0, 2, 4, 5, 7, 9, 11] if mode == "major" else [0, 2, 3, 5, 7, 8, 10]
-    pitch = [60 + tonic + s for s in steps] + [72 + tonic + s for s in steps]
-    pitch += [60 + tonic, 64 + tonic - (mode == "minor"), 67 + tonic] * 4
-    n = len(pitch)
-    return {"onset": np.arange(n) / per_beat, "duration": np.full(n, 1.0 / per_beat),
-            "pitch": np.asarray(pitch)}
-
-
-
 def test_adherence_tells_a_following_model_from_one_that_ignores_its_request():
     from pipeline.audit.adherence import adherence
     from pipeline.conditions.config import ConditionConfig

@@ -10,29 +10,7 @@ import torch
 from models.base import SequenceModel
 from models.transformer import GPT, TransformerConfig, save_model
 from pipeline.inference.scorer import TransformerScorer, load_scorer
-
-V, T = 40, 16
-BOS, EOS, PAD = 1, 2, 0
-
-
-def _model(seed: int = 0, **kw) -> GPT:
-    cfg = TransformerConfig(vocab_size=V, max_seq_len=T, n_layer=2, n_head=2, n_embd=16, **kw)
-    return GPT(cfg, torch.Generator().manual_seed(seed)).eval()
-
-
-def _trained(seed: int = 0) -> GPT:
-    """A model with non-trivial weights (a few random steps), so tests can tell positions apart."""
-    m = _model(seed).train()
-    opt = torch.optim.AdamW(m.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(seed)
-    with torch.enable_grad():  # also when called from a no_grad test
-        for _ in range(5):
-            x = torch.randint(3, V, (4, T), generator=g)
-            _, loss = m(x[:, :-1], x[:, 1:])
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-    return m.eval()
+from tests.models.test_transformer import BOS, EOS, PAD, T, V, _model, _trained
 
 
 def _cfg(**kw) -> TransformerConfig:

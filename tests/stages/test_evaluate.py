@@ -35,17 +35,8 @@ from pipeline.stats.bootstrap import (
 )
 from pipeline.stats.power import detectable_effect, power_summary
 from pipeline.tokens.contract import TokenInfo, tokens_table
+from tests.inference.test_loading import _fit_and_save
 from tests.stages.test_train_ngram import BOS, EOS, PAD, VOCAB, write_corpus
-
-
-def _fit_and_save(paths: dict[str, Path], out: Path, order: int, smoothing: str = "kneser_ney",
-                  **meta) -> NGramLM:
-    train = [np.array(r["ids"], dtype=np.int64)
-             for r in pq.read_table(paths["tokens"]).to_pylist() if r["split"] == "train"]
-    model = NGramLM(order=order, smoothing=smoothing, vocab_size=VOCAB, bos_id=BOS,
-                    eos_id=EOS, pad_id=PAD).fit(train)
-    model.save(out, metadata={"tokenizer_hash": "tok-hash", "split_hash": "split-hash", **meta})
-    return model
 
 
 @pytest.fixture

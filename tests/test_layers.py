@@ -48,7 +48,7 @@ ACYCLIC = "No import cycle between the modules or sub-packages of a package"
 def test_the_repository_keeps_every_contract() -> None:
     result = lint(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 3 kept, 0 broken." in result.stdout
+    assert "Contracts: 4 kept, 0 broken." in result.stdout
 
 
 def test_an_import_running_up_a_floor_breaks_the_floors(copy: Path) -> None:
@@ -86,3 +86,14 @@ def test_a_function_level_import_that_closes_a_cycle_breaks_the_acyclic_contract
             "\n\ndef _late():\n    from pipeline.core import parallel\n\n    return parallel\n")
     result = lint(copy)
     assert broken(result) == {ACYCLIC}
+
+
+def test_reading_test_rows_outside_the_gate_breaks_the_test_rows_contract(copy: Path) -> None:
+    """The audit reading test token rows itself, without recording the look."""
+    _append(copy / "pipeline" / "audit" / "judging.py",
+            "\nfrom pipeline.core.sealed import test_token_rows  # noqa\n")
+    result = lint(copy)
+    assert "pipeline.audit.judging -> pipeline.core.sealed" in result.stdout
+    assert result.returncode == 1
+    # import-linter wraps the contract's name: "... each look" / "first BROKEN"
+    assert "first BROKEN (1 ignored import)" in result.stdout.splitlines(), result.stdout

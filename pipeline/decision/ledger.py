@@ -33,7 +33,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -81,6 +81,7 @@ def registration_summary(registered: Any) -> dict[str, Any] | None:
         "criteria": {str(r.get("name")): artifacts.sha256_json(r) for r in rules
                      if isinstance(r, dict)},
         "forced": bool(registered.get("forced") or registered.get("registered_after_scoring")),
+        "amendments": len(registered.get("amendments") or []),
     }
 
 
@@ -138,9 +139,48 @@ def look_record(per_piece: pd.DataFrame, registered: Any, *, source: str, commit
 
 
 def look_key(record: Mapping[str, Any]) -> tuple[str, str | None]:
-    """One look = one set of scores under one registration."""
+    """What makes a record new: a look (:mod:`pipeline.decision.looks`) by its hash; scores
+    by their digest under one registration."""
     reg = record.get("registration") or {}
+    if record.get("kind") == "look":
+        return f"look:{record.get('look')}", reg.get("identity_hash")
     return str(record.get("results_sha256")), reg.get("identity_hash")
+
+
+def group_of(record: Mapping[str, Any]) -> str:
+    """The look a record belongs to: a look and the scores it computed are one look (they share
+    ``look``); a record written before looks were named is a look of its own scores."""
+    return str(record.get("look") or "|".join(map(str, look_key(record))))
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the current run is: a look under this registration (and its amendments), with this
+    judging code, whose scores (when it recorded them) are the current ones, is this run's own."""
+
+    key: tuple[str, str | None]
+    """:func:`look_key` of the current test scores under the current registration."""
+    identity: str | None = None
+    amendments: int = 0
+    code: str | None = None
+    results: Mapping[str, str] = field(default_factory=dict)
+    """kind (``scores``, ``audit``) -> the current digest of what that kind of record holds."""
+
+    def owns(self, records: Sequence[Mapping[str, Any]]) -> bool:
+        """Are the records of one look this run's?"""
+        if any(look_key(r) == self.key for r in records):
+            return True
+        for r in records:
+            reg = r.get("registration") or {}
+            if r.get("code") is None or r.get("code") != self.code \
+                    or reg.get("identity_hash") != self.identity \
+                    or int(reg.get("amendments") or 0) != self.amendments:
+                return False
+            want = self.results.get(str(r.get("kind")))
+            if r.get("results_sha256") is not None and want is not None \
+                    and r["results_sha256"] != want:
+                return False
+        return True
 
 
 def now_utc() -> str:
@@ -254,22 +294,41 @@ def looks_at(records: Sequence[Mapping[str, Any]], pieces: Iterable[str]) -> lis
 
 
 def earlier_looks(records: Sequence[Mapping[str, Any]], pieces: Iterable[str],
-                  current: tuple[str, str | None] | None) -> tuple[list[Look], Look | None]:
+                  current: tuple[str, str | None] | Run | None) -> tuple[list[Look], Look | None]:
     """(earlier, this): ``this`` is the record of the current scores under the current
-    registration (``current`` = :func:`look_key`), ``earlier`` every other look at ``pieces``:
-    other scores, or the same scores under another registration or none. Duplicate records of
-    one look (one from evaluate, one from git history) count once."""
+    registration (``current``: a :class:`Run`, or the :func:`look_key` of those scores),
+    ``earlier`` one record per other look at ``pieces``: other scores, the same scores under
+    another registration or none, or another command's look under other code or registration.
+    The records of one look (:func:`group_of`: the look and its scores; one from evaluate, one
+    from git history) count once."""
+    run = current if isinstance(current, Run) else Run(current or ("", None))
+    groups: dict[str, list[Look]] = {}
+    for look in looks_at(records, pieces):
+        groups.setdefault(group_of(look.record), []).append(look)
+    # a look's scores found again in git history (a record of its own) belong to the same look
+    first: dict[tuple[str, str | None], str] = {}
+    parent = {g: g for g in groups}
+    for g, xs in groups.items():
+        for x in xs:
+            other = first.setdefault(look_key(x.record), g)
+            parent[_root(parent, g)] = _root(parent, other)
+    merged: dict[str, list[Look]] = {}
+    for g, xs in groups.items():
+        merged.setdefault(_root(parent, g), []).extend(xs)
     earlier: list[Look] = []
     this = None
-    seen: set[tuple[str, str | None]] = set()
-    for look in looks_at(records, pieces):
-        key = look_key(look.record)
-        if key == current:
-            this = this or look
-        elif key not in seen:
-            earlier.append(look)
-        seen.add(key)
+    for xs in merged.values():
+        if run.owns([x.record for x in xs]):
+            this = this or next((x for x in xs if look_key(x.record) == run.key), xs[0])
+        else:
+            earlier.append(xs[0])
     return earlier, this
+
+
+def _root(parent: dict[str, str], g: str) -> str:
+    while parent[g] != g:
+        g = parent[g]
+    return g
 
 
 def changes_since(look: Look, registered: Any) -> dict[str, list[str]]:

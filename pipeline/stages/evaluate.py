@@ -50,10 +50,14 @@ notes, see :func:`fidelity_block`; ``conditioning`` for a conditioned model only
 the timing sidecar ``reports/eval.env.json``. A model whose folder is missing or does not load is
 listed under ``unavailable`` with the reason; the stage still scores the others.
 
-Every scoring of test pieces is a *look*, appended to the test-access ledger
-``reports/ledger.jsonl`` with the registration in force (:mod:`pipeline.decision.ledger`). The
-ledger is a log kept in git, not an output: it holds the time and commit of the event, and a
-look already recorded (the same scores under the same registration) is not appended again.
+Every scoring of test pieces is a *look*: the test rows are read through
+:func:`pipeline.decision.looks.test_tokens`, which appends the look to the test-access ledger
+``reports/ledger.jsonl`` with the registration in force and the judging code's digest before
+returning them; the digest of the test scores follows once they are computed. The ledger is a
+log kept in git, not an output: it holds the time and commit of the event, and a look already
+recorded (the same rows, registration and code) is not appended again. Called as a library
+without ``ledger_path`` the look is recorded nowhere (tests); ``symkit evaluate`` always passes
+it.
 """
 
 from __future__ import annotations
@@ -76,7 +80,6 @@ from pipeline.conditions.diagnostics import gap_summary, variant_sums
 from pipeline.conditions.table import read_conditions
 from pipeline.core.artifacts import (
     read_json,
-    read_json_or_none,
     read_parquet,
     write_json,
     write_parquet,
@@ -89,7 +92,7 @@ from pipeline.core.config import (
     load_section,
     parse_section,
 )
-from pipeline.decision import ledger
+from pipeline.decision import ledger, looks
 from pipeline.inference.loading import (
     ModelSpec,
     add_model_arguments,
@@ -213,8 +216,15 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     A conditioned model reads its pieces' conditions from ``conditions``."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
-    all_rows = read_tokens(tokens, ["sha256", "split", "track", "ids", "flags"],
-                           splits=[*cfg.splits, "train"])
+    columns = ["sha256", "split", "track", "ids", "flags"]
+    all_rows = read_tokens(tokens, columns, splits=[*(s for s in cfg.splits if s != "test"),
+                                                    "train"])
+    look = None
+    if "test" in cfg.splits:  # a look: recorded in the ledger before the rows are read
+        test, look = looks.test_tokens("evaluate", tokens, columns, ledger_path=ledger_path,
+                                       registration=preregistration)
+        all_rows = pd.concat([all_rows, test], ignore_index=True).sort_values(
+            ["sha256", "track"], kind="stable").reset_index(drop=True)
     is_train = all_rows["split"] == "train"
     fidelity = fidelity_block(all_rows[~is_train])
     rows, excluded = clean_sequences(all_rows[~is_train].reset_index(drop=True), tok_info)
@@ -251,9 +261,8 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     names = sorted(set(table["model"]))
     write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
                                                   preserve_index=False))
-    if ledger_path is not None:  # a look at the test pieces, before anyone reads the scores
-        ledger.record_look(table, read_json_or_none(preregistration)
-                           if preregistration is not None else None, ledger_path)
+    if look is not None:  # the scores of the look, before anyone reads them
+        look.scored(ledger.results_digest(ledger.test_rows(table)))
     agg, paired = aggregate(table, cfg, names)
     train_metrics, gap = generalisation(table, cfg, names)
     for name, block in train_metrics.items():

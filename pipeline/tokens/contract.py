@@ -120,14 +120,24 @@ def never_sampled(info: TokenInfo, tokenizer: Any | None = None) -> list[int]:
     return sorted(ids)
 
 
+NOT_HERE = ("test rows are read through pipeline.decision.looks (test_tokens), which records "
+            "the look in the test-access ledger first")
+
+
 def read_tokens(path: Path | str, columns: Iterable[str] | None = None,
                 splits: Iterable[str] | None = None) -> pd.DataFrame:
-    """Rows of ``tokens.parquet`` (optionally some columns and splits), sorted by
-    (sha256, track) so that file order never matters."""
+    """Rows of ``tokens.parquet`` of ``splits`` (train and val when None; optionally some
+    columns), sorted by (sha256, track) so that file order never matters. The test split is
+    refused: scoring test pieces is a look, and :func:`pipeline.decision.looks.test_tokens`
+    records it before reading them."""
+    wanted = ["train", "val"] if splits is None else list(splits)
+    if "test" in wanted:
+        raise ValueError(f"read_tokens: {NOT_HERE}")
     cols = list(columns) if columns is not None else None
-    df = read_parquet(path, columns=cols)
-    if splits is not None:
-        df = df[df["split"].isin(list(splits))]
+    df = read_parquet(path, columns=None if cols is None else sorted({*cols, "split"}))
+    df = df[df["split"].isin(wanted)]
+    if cols is not None:
+        df = df[cols]
     keys = [c for c in ("sha256", "track") if c in df.columns]
     if keys:
         df = df.sort_values(keys, kind="stable")

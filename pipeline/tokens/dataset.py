@@ -84,7 +84,8 @@ class Experiment:
         return read_parquet(self.root / "data" / "splits.parquet")
 
     def tokens(self, split: str | None = None) -> pd.DataFrame:
-        """Rows of ``tokens.parquet`` (all, or one split); ``ids`` are int32 arrays."""
+        """Rows of ``tokens.parquet`` (train and val, or one of them); ``ids`` are int32 arrays.
+        Test rows are refused here (see :func:`_check_split`)."""
         if split is not None:
             _check_split(split)
         return read_tokens(self.tokens_dir / "tokens.parquet",
@@ -130,6 +131,10 @@ def collate(batch: list[tuple[Any, Any, Any]]) -> tuple[Any, Any, Any]:
 
 
 def _check_split(split: str) -> None:
+    if split == "test":
+        raise ValueError("split = 'test': scoring test pieces spends the test set; read them "
+                         "with pipeline.decision.looks.test_tokens(command, tokens_path), which "
+                         "records the look in reports/ledger.jsonl, or use `symkit evaluate`")
     if split not in SPLIT_NAMES:
         raise ValueError(f"split = {split!r}: use one of {', '.join(SPLIT_NAMES)}")
 

@@ -30,91 +30,15 @@ import ast
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from pipeline.core.code import PACKAGES, Module, closure, code_files, scan
 from pipeline.core.commands import commands
 
 HELP = "check that dvc.yaml lists exactly the code each stage runs"
-
-PACKAGES = ("pipeline", "models")
-"""Top-level packages whose modules count as the repository's code."""
-
-
-@dataclass(frozen=True)
-class Module:
-    name: str  # dotted, e.g. pipeline.stages.ingest
-    path: Path  # relative to the repository root
-    imports: frozenset[str]  # repository modules it imports, anywhere in the file
-
-
-def _module_name(path: Path) -> str:
-    parts = list(path.with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def _resolve(name: str, known: Mapping[str, Path]) -> str | None:
-    """The longest prefix of ``name`` that is a repository module (``a.b.func`` -> ``a.b``)."""
-    parts = name.split(".")
-    for i in range(len(parts), 0, -1):
-        candidate = ".".join(parts[:i])
-        if candidate in known:
-            return candidate
-    return None
-
-
-def _imported_names(tree: ast.AST, current: str, is_package: bool) -> Iterable[str]:
-    """Dotted names a module imports; ``from x import y`` yields ``x.y`` (a module or not)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            yield from (a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative import
-                anchor = current.split(".") if is_package else current.split(".")[:-1]
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            yield base
-            yield from (f"{base}.{a.name}" for a in node.names)
-
-
-def scan(root: Path) -> dict[str, Module]:
-    """Every module of :data:`PACKAGES` under ``root`` with the repository modules it imports."""
-    files = sorted(p.relative_to(root) for pkg in PACKAGES for p in (root / pkg).rglob("*.py"))
-    known = {_module_name(p): p for p in files}
-    modules = {}
-    for name, path in known.items():
-        tree = ast.parse((root / path).read_text(encoding="utf-8"), filename=str(path))
-        found = set()
-        for imported in _imported_names(tree, name, path.name == "__init__.py"):
-            target = _resolve(imported, known)
-            if target is not None and target != name:
-                found.add(target)
-        modules[name] = Module(name, path, frozenset(found))
-    return modules
-
-
-def closure(modules: Mapping[str, Module], start: str) -> set[str]:
-    """``start`` and every repository module it imports, directly or not."""
-    seen, todo = set(), [start]
-    while todo:
-        m = todo.pop()
-        if m in seen:
-            continue
-        seen.add(m)
-        todo.extend(modules[m].imports)
-    return seen
-
-
-def code_files(modules: Mapping[str, Module], names: Iterable[str]) -> set[str]:
-    """POSIX paths of the non-package modules among ``names``."""
-    return {modules[n].path.as_posix() for n in names if modules[n].path.name != "__init__.py"}
-
 
 def _is_docstring_only(root: Path, path: Path) -> bool:
     tree = ast.parse((root / path).read_text(encoding="utf-8"))

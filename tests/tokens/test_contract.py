@@ -77,12 +77,13 @@ def test_read_tokens_sorts_by_piece_and_track_and_picks_splits(tmp_path):
             for s, p, t in [("c", "test", 0), ("a", "train", 1), ("b", "val", 0),
                             ("a", "train", 0)]]
     write_parquet(tmp_path / "tokens.parquet", tokens_table(rows))
-    df = read_tokens(tmp_path / "tokens.parquet")
-    assert list(zip(df["sha256"], df["track"], strict=True)) == [
-        ("a", 0), ("a", 1), ("b", 0), ("c", 0)]
-    assert list(df.index) == [0, 1, 2, 3]
-    some = read_tokens(tmp_path / "tokens.parquet", ["sha256", "split", "ids"], ["val", "test"])
-    assert list(some.columns) == ["sha256", "split", "ids"]
-    assert some["sha256"].tolist() == ["b", "c"]
+    df = read_tokens(tmp_path / "tokens.parquet")  # train and val: test rows are a look
+    assert list(zip(df["sha256"], df["track"], strict=True)) == [("a", 0), ("a", 1), ("b", 0)]
+    assert list(df.index) == [0, 1, 2]
+    some = read_tokens(tmp_path / "tokens.parquet", ["sha256", "ids"], ["val"])
+    assert list(some.columns) == ["sha256", "ids"]
+    assert some["sha256"].tolist() == ["b"]
+    with pytest.raises(ValueError, match="pipeline.decision.looks"):
+        read_tokens(tmp_path / "tokens.parquet", ["sha256", "split"], ["val", "test"])
     with pytest.raises(ArtifactError, match="has no column 'notes'"):
         read_tokens(tmp_path / "tokens.parquet", ["notes"])

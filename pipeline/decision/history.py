@@ -57,6 +57,17 @@ def commits_touching(path: Path | str) -> list[tuple[str, int]]:
     return found
 
 
+def unreadable() -> str | None:
+    """Why history cannot be checked here (None when it can): no git repository, or a shallow
+    clone (its history stops short, so earlier versions cannot be read)."""
+    if head_commit() is None:
+        return "no git history (not a git repository, e.g. a tarball, or no commit yet)"
+    rc, out = _git("rev-parse", "--is-shallow-repository")
+    if rc != 0 or out == "true":
+        return "a shallow clone: history before its first commit cannot be read"
+    return None
+
+
 def head_commit() -> str | None:
     rc, out = _git("rev-parse", "HEAD")
     return out or None if rc == 0 else None

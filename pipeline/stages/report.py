@@ -27,7 +27,8 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import read_json_or_none, read_table_or_none
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash_of
-from pipeline.decision import ledger
+from pipeline.decision import ledger, looks, trail
+from pipeline.decision.bound_code import bound_code
 from pipeline.decision.criteria import CriteriaConfig, evaluate_all, overall
 from pipeline.decision.history import head_commit, registration_order
 from pipeline.decision.metrics import build_metrics
@@ -35,6 +36,7 @@ from pipeline.decision.preregistration import (
     COMPARISON_METRIC,
     Check,
     Evidence,
+    chain_head,
     check,
     identity,
     power_note,
@@ -151,7 +153,8 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     current = identity(params, split_hash_of(reports["split"]), packages)
     git = env.get("git") or {}
     reg = check(registered, current, reports["eval"],
-                scoring_evidence(read_table_or_none(paths.per_piece), paths.ledger, git))
+                scoring_evidence(read_table_or_none(paths.per_piece), paths.ledger, git,
+                                 env.get("history"), reports["audit"]))
     criteria = reg.criteria or parse_section("criteria", params.get("criteria"), CriteriaConfig)
     verdicts = evaluate_all(criteria, metrics, ci_level(params))
     rules = overall(verdicts)
@@ -181,7 +184,8 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
             Table(["criterion", "verdict", "evidence"],
                   [[v.name, v.status, plain_evidence(v, metrics, params, level)]
                    for v in verdicts], status_col=1),
-            Para(_registration_sentence(reg, registered, git), "note"))
+            Para(_registration_sentence(reg, registered, git), "note"),
+            Para(rests_on(reg, registered, git, env.get("history")), "note"))
     if reg.deviations:
         doc.add(Heading("Deviations from the registration"),
                 Para(f"{len(reg.deviations)} deviation(s). The verdicts above use the registered "
@@ -190,6 +194,10 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                 *[Para(d, "warn") for d in reg.deviations])
     if reg.n_looks:
         doc.add(*looks_section(reg, registered))
+    if reg.amendments:
+        doc.add(*amendments_section(reg))
+    if reg.test_sets:
+        doc.add(*test_sets_section(reg))
     doc.add(*headline_figures(criteria, metrics, paths, level))
     power = power_note(criteria, reports["eval"], level)
     doc.add(Heading("The criteria"),
@@ -319,16 +327,73 @@ def headline_figures(criteria: CriteriaConfig, metrics: Mapping[str, Any], paths
     return out
 
 
-def scoring_evidence(per_piece: Any, ledger_path: Path, git: Mapping[str, Any]) -> Evidence:
+def scoring_evidence(per_piece: Any, ledger_path: Path, git: Mapping[str, Any],
+                     history: Mapping[str, Any] | None = None, audit: Any = None,
+                     code: Mapping[str, Any] | None = None) -> Evidence:
     """What the registration is checked against beside params: the pieces the per-piece table
-    scored, the digest of its test scores, the ledger and git's facts."""
+    scored, the digest of its test scores, the ledger, git's facts, what history holds
+    (:func:`pipeline.decision.trail.scan`, from the sidecar), the audit's judgements (whose
+    digest its look recorded) and the code that runs."""
     scored, results = None, None
     if per_piece is not None and {"sha256", "split"} <= set(per_piece.columns):
         scored = {s: sorted(set(per_piece.loc[per_piece["split"] == s, "sha256"].astype(str)))
                   for s in ("val", "test")}
         rows = ledger.test_rows(per_piece)
         results = ledger.results_digest(rows) if len(rows) else None
-    return Evidence(scored, results, ledger.read(ledger_path), git)
+    judged = audit.get("judged") if isinstance(audit, dict) else None
+    return Evidence(scored, results, ledger.read(ledger_path), git,
+                    code if code is not None else bound_code(), history,
+                    {"audit": looks.digest_of(judged)} if judged is not None else {})
+
+
+def rests_on(reg: Check, registered: Any, git: Mapping[str, Any],
+             history: Mapping[str, Any] | None) -> str:
+    """One line: what the registration status rests on, and what a reader can check outside
+    the repository."""
+    if not reg.registered or not isinstance(registered, dict):
+        return "The status rests on nothing: there is no registration."
+    head = chain_head(registered)
+    parts = [f"the registration hash {head} (compare it with the hash published outside the "
+             "repository when it was registered)"]
+    if reg.unverified:
+        parts.append(f"not on git history, which cannot be checked here ({reg.unverified})")
+    else:
+        h = history or {}
+        n_regs = len(h.get("registrations") or [])
+        parts.append(f"the ledger containing each of its {h.get('ledger_versions', 0)} "
+                     f"committed versions, and {n_regs} committed registration"
+                     f"{'s' * (n_regs != 1)} read for earlier ones of these test pieces")
+        if git.get("registration_precedes_results"):
+            parts.append(f"git showing the registration committed in "
+                         f"{str(git.get('registration_commit'))[:12]} before the results")
+    parts.append("the judging code, training recipe and stopping rule compared file by file "
+                 "with the registered digests")
+    return "The status rests on " + "; ".join(parts) + "."
+
+
+def amendments_section(reg: Check) -> list[Any]:
+    """The registered amendments: why, what changed, and the looks before each."""
+    rows = [[str(a.get("n")), str(a.get("why")), "; ".join(a.get("changes") or []),
+             str(len(a.get("looks_before") or []))] for a in reg.amendments]
+    return [Heading("Amendments to the registration"),
+            Para(f"{len(rows)} amendment(s) registered after the registration, each naming the "
+                 "code it changed and hashed onto the one before; the looks before an amendment "
+                 "were taken under the code it replaced.", "warn"),
+            Table(["amendment", "why", "what changed", "looks before it"], rows)]
+
+
+def test_sets_section(reg: Check) -> list[Any]:
+    """Earlier test sets of this experiment: other test pieces looked at or registered."""
+    rows = [[str(t["pieces_sha256"])[:12], str(t.get("n_pieces")), str(t.get("looks")),
+             ", ".join(str(r)[:12] for r in t.get("registrations") or []) or "none",
+             ", ".join(t.get("shared_criteria") or []) or "none known"] for t in reg.test_sets]
+    return [Heading("Earlier test sets"),
+            Para(f"Before this test set, {len(rows)} other test set(s) of this experiment were "
+                 "looked at or registered. A hypothesis tried on several test sets is tested "
+                 "more than once, whichever test set is reported: read the decision with them "
+                 "in mind.", "warn"),
+            Table(["test pieces (hash)", "pieces", "looks", "registrations",
+                   "criteria shared with this registration"], rows)]
 
 
 def looks_section(reg: Check, registered: Any) -> list[Any]:
@@ -405,6 +470,13 @@ def _registration_sentence(reg: Check, registered: Any, git: Mapping[str, Any]) 
                  "these test pieces (see below). ")
     elif not reg.deviations:
         head += "The ledger shows no earlier look at these test pieces. "
+    if reg.test_sets:
+        n = len(reg.test_sets)
+        head += (f"{n} earlier test set{'s' * (n != 1)} of this experiment "
+                 f"{'were' if n != 1 else 'was'} looked at or registered (see below). ")
+    if reg.unverified and not reg.deviations:
+        head += (f"History cannot be checked ({reg.unverified}), so earlier looks and "
+                 "registrations that only git would show are unknown: UNVERIFIED. ")
     return head + _order_sentence(git)
 
 
@@ -438,7 +510,8 @@ def main(args: argparse.Namespace) -> int:
     artifacts.write_sidecar(paths.env, {
         "git_commit": head_commit(), "params_sha256": artifacts.sha256_json(params),
         "git": {**registration_order(paths.preregistration, paths.eval),
-                "ledger_rewritten": ledger.rewritten(paths.ledger)}})
+                "ledger_rewritten": ledger.rewritten(paths.ledger)},
+        "history": trail.scan(paths.preregistration, paths.ledger)})
     s = run(cfg, params, paths)
     print(f"report: decision {s.decision}, {s.n_deviations} deviation(s), {s.n_metrics} metrics "
           f"-> {paths.html_out}")

@@ -56,13 +56,17 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import load_section, parse_section, read_params
 from pipeline.core.splits import split_hash, split_hash_of
-from pipeline.decision import ledger
+from pipeline.decision import ledger, trail
 from pipeline.decision import registered_comparisons as comparisons
+from pipeline.decision.bound_code import bound_code
 from pipeline.decision.criteria import CriteriaConfig
 from pipeline.decision.criteria_controls import design_sizes, power_block, power_lines
 from pipeline.decision.preregistration import (
     BOUND_SPLITS,
+    NothingToAmend,
+    amend,
     build,
+    chain_head,
     identity,
     power_note,
     test_scores_exist,
@@ -106,7 +110,8 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
     (:func:`design_power`), stated before any training."""
     criteria = load_section("criteria", params, CriteriaConfig)  # valid rules only are frozen
     digest, pieces = split_pieces(splits, split_report)
-    ident = identity(read_params(params), digest, artifacts.package_versions(), pieces)
+    ident = identity(read_params(params), digest, artifacts.package_versions(), pieces,
+                     bound_code())
     old = artifacts.read_json_or_none(out)
     if isinstance(old, dict) and old.get("identity") == ident:
         return old  # the same registration again: nothing to change
@@ -115,21 +120,55 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
                                   registration=out)
     ledger.append(looks, ledger_path)  # looks found elsewhere are looks: the ledger keeps them
     eval_scored = test_scores_exist(artifacts.read_json_or_none(eval_report), digest)
-    if (looks or eval_scored) and not force:
-        n = len(looks) or 1
+    replaced = earlier_registrations(out, ident)
+    if (looks or eval_scored or replaced) and not force:
+        n = len(looks) or int(eval_scored)
+        why = [f"{n} look{'s' * (n != 1)}: {_where(looks, eval_scored, eval_report)}"] \
+            if n else []
+        why += [f"a different registration of them committed in {r['commit'][:12]} "
+                f"(identity {str(r['identity_hash'])[:12]})" for r in replaced[:3]]
         raise ledger.AlreadyScored(
-            f"test scores of these {len(pieces['test'])} test pieces already exist ({n} "
-            f"look{'s' * (n != 1)}: {_where(looks, eval_scored, eval_report)}): a registration "
-            "made now would not precede them. Register a fresh test split (`symkit ledger` "
-            "says which test pieces were scored), or pass --force (the report will read "
-            "FOLLOWED AFTER n LOOKS at best)")
+            f"these {len(pieces['test'])} test pieces were already scored or registered ("
+            + "; ".join(why) + "): a registration made now would not precede them. Register "
+            "a fresh test split (`symkit ledger` says which test pieces were scored), or pass "
+            "--force (the report will read FOLLOWED AFTER n LOOKS or REPLACING n "
+            "REGISTRATIONS at best, and name what it registered over)")
     if eval_scored and not looks:
         looks = [{"source": "workspace", "commit": None, "time": None,
                   "n_pieces": len(pieces["test"]),
                   "results_sha256": artifacts.sha256_file(eval_report)}]
-    record = build(ident, looks)
+    record = build(ident, looks, replaced)
     if power_draws > 0:
         record["power"] = design_power(criteria, read_params(params), splits, power_draws)
+    artifacts.write_json(out, record)
+    return record
+
+
+def earlier_registrations(out: Path, ident: dict[str, Any]) -> list[dict[str, Any]]:
+    """The committed registrations of ``out`` (any ref) that registered these test pieces with
+    another identity, oldest first (none without git history)."""
+    pieces = ((ident.get("pieces") or {}).get("test")) or []
+    mine = trail.test_pieces_sha256({"identity": ident})
+    found, seen = [], set()
+    for v in trail.registrations(out) if pieces else []:
+        h = v.get("identity_hash")
+        if v.get("test_pieces_sha256") == mine and h != artifacts.sha256_json(ident) \
+                and h not in seen:
+            seen.add(h)
+            found.append(v)
+    return found
+
+
+def amend_registration(out: Path, why: str, ledger_path: Path) -> dict[str, Any]:
+    """Append an amendment to the registration at ``out``: the code that runs now, with the
+    looks at its test pieces the ledger holds. Refuses (:class:`NothingToAmend`) without a
+    registration, for a registration that binds no code, or when the code is unchanged."""
+    registered = artifacts.read_json_or_none(out)
+    if not isinstance(registered, dict):
+        raise NothingToAmend(f"{out} does not exist: there is nothing to amend; register first")
+    pieces = ((registered.get("identity") or {}).get("pieces") or {}).get("test") or []
+    looks = [x.record for x in ledger.looks_at(ledger.read(ledger_path), pieces)]
+    record = amend(registered, why, bound_code(), looks)
     artifacts.write_json(out, record)
     return record
 
@@ -176,7 +215,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated experiments per control for the power statement "
                              "(0: none; default 400)")
     parser.add_argument("--force", action="store_true",
-                        help="register although test scores exist (recorded as a deviation)")
+                        help="register although test scores or an earlier registration of the "
+                             "test pieces exist (recorded, and named in the report)")
+    parser.add_argument("--amend", metavar="WHY", default=None,
+                        help="register a fix to the code that judges, trains or stops training "
+                             "as an amendment, with the reason; the report reads FOLLOWED WITH "
+                             "n AMENDMENTS and names the change and the looks before it")
     parser.add_argument("--compare-out", type=Path,
                         default=Path(comparisons.REGISTRATION),
                         help="where the planned comparisons (params.yaml's compare section) "
@@ -193,6 +237,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.amend is not None:
+        try:
+            rec = amend_registration(args.out, args.amend, args.ledger)
+        except NothingToAmend as e:
+            print(f"symkit preregister: --amend: {e}", file=sys.stderr)
+            return 1
+        a = rec["amendments"][-1]
+        print(f"preregister: amendment {a['n']} ({'; '.join(a['changes'])}), after "
+              f"{len(a['looks_before'])} look(s) -> {args.out} (commit it before the results)")
+        print(f"preregister: publish this hash outside the repository: {chain_head(rec)}")
+        return 0
     if adapt_registration.is_adaptation(args.params):
         return _register_adaptation(args)
     if not args.comparisons_only:
@@ -256,6 +311,8 @@ def _register_experiment(args: argparse.Namespace) -> int:
     print(f"preregister: {len(rules)} criteria, split {ident['split_hash'][:12]} ({counts} "
           f"pieces), identity {rec['identity_hash'][:12]} -> {args.out} (commit it before the "
           "results)")
+    print(f"preregister: publish this hash outside the repository (a post, an e-mail, a "
+          f"registry), so no later edit of the file can pass for it: {chain_head(rec)}")
     for line in power_lines(rec.get("power") or {}):
         print(f"preregister: power: {line}")
     criteria = load_section("criteria", args.params, CriteriaConfig)
@@ -264,8 +321,9 @@ def _register_experiment(args: argparse.Namespace) -> int:
     print(f"preregister: {note}" if note else "preregister: the power of the comparison rule is "
           "stated in the report once val is scored (from val's per-group spread)")
     if rec["forced"]:
-        n = len(rec["looks_before"])
+        n, r = len(rec["looks_before"]), len(rec.get("supersedes") or [])
         print(f"preregister: warning: registered over {n} earlier look{'s' * (n != 1)} at these "
-              "test pieces (--force); the report will read FOLLOWED AFTER "
-              f"{n} LOOK{'S' * (n != 1)} at best", file=sys.stderr)
+              f"test pieces and {r} earlier registration{'s' * (r != 1)} of them (--force); the "
+              "report names them and reads FOLLOWED AFTER n LOOKS or REPLACING n "
+              "REGISTRATIONS at best", file=sys.stderr)
     return 0

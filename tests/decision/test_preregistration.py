@@ -31,6 +31,7 @@ from pipeline.decision.preregistration import (
 )
 from tests.stages.test_report import (
     GIT_SHOWS_ORDER,
+    HISTORY_CHECKED,
     RULES,
     SPLIT,
     make_inputs,
@@ -88,18 +89,27 @@ def test_the_record_hashes_its_identity_and_states_the_looks_it_was_forced_over(
 def test_the_status_is_the_strictest_that_applies():
     assert check(None, _current()).status == "NOT REGISTERED"
     assert Check(True, None, ["x"], n_looks=2, order_shown=True).status == "DEVIATED"
+    assert Check(True, None, ["x"], unverified="no git").status == "DEVIATED"
+    assert Check(True, None, n_looks=2, order_shown=True, unverified="no git").status == \
+        "UNVERIFIED"
     assert Check(True, None, n_looks=1, order_shown=True).status == "FOLLOWED AFTER 1 LOOK"
-    assert Check(True, None, n_looks=3).status == "FOLLOWED AFTER 3 LOOKS"
+    assert Check(True, None, n_looks=3).status == "FOLLOWED AFTER 3 LOOKS, ORDER NOT SHOWN"
     assert Check(True, None).status == "FOLLOWED, ORDER NOT SHOWN"
     assert Check(True, None, order_shown=True).status == "FOLLOWED"
+    assert Check(True, None, n_looks=1, order_shown=True, amendments=[{}]).status == \
+        "FOLLOWED AFTER 1 LOOK WITH 1 AMENDMENT"
+    assert Check(True, None, order_shown=True, replaced=[{}, {}], test_sets=[{}]).status == \
+        "FOLLOWED, REPLACING 2 REGISTRATIONS, AFTER 1 EARLIER TEST SET"
 
 
 def test_an_unchanged_experiment_follows_its_registration_and_is_judged_by_its_rules():
     rec = build(_current())
-    followed = check(rec, _current())
+    assert check(rec, _current()).status == "UNVERIFIED"  # history not checked
+    followed = check(rec, _current(), evidence=Evidence(history=HISTORY_CHECKED))
     assert followed.deviations == [] and followed.status == "FOLLOWED, ORDER NOT SHOWN"
     assert [r.name for r in followed.criteria.rules] == [r["name"] for r in RULES]
-    shown = check(rec, _current(), evidence=Evidence(git={"registration_precedes_results": True}))
+    shown = check(rec, _current(), evidence=Evidence(git={"registration_precedes_results": True},
+                                                     history=HISTORY_CHECKED))
     assert shown.status == "FOLLOWED"
     # the registered rules judge, not params.yaml's: a rule removed now is still judged
     loosened = check(rec, _current(criteria={"rules": RULES[:1]}))
@@ -113,8 +123,8 @@ def test_an_unchanged_experiment_follows_its_registration_and_is_judged_by_its_r
 
 
 @pytest.mark.parametrize(("record", "named"), [
-    ({"schema": 1}, "has schema 1, not 3"),
-    ("not a record", "has schema None, not 3"),
+    ({"schema": 1}, "has schema 1, not 4"),
+    ("not a record", "has schema None, not 4"),
     ({"schema": SCHEMA_VERSION}, "has no identity block"),
 ])
 def test_an_unusable_record_is_a_deviation_with_no_rules(record, named):
@@ -167,8 +177,9 @@ def test_earlier_looks_are_counted_and_rules_changed_after_one_deviate():
         "the criteria changed after look 1 (time unknown, no commit) scored 2 of these test "
         f"pieces under registration {old['identity_hash'][:12]}: 'no_crossing_groups' changed"]
     unregistered = ledger.look_record(table, None, source="git", commit=None, time=None)
-    after = check(rec, _current(), evidence=Evidence(records=[unregistered]))
-    assert after.deviations == [] and after.status == "FOLLOWED AFTER 1 LOOK"
+    after = check(rec, _current(), evidence=Evidence(records=[unregistered],
+                                                     history=HISTORY_CHECKED))
+    assert after.deviations == [] and after.status == "FOLLOWED AFTER 1 LOOK, ORDER NOT SHOWN"
     # a forced record counts the looks it was registered over, if the ledger shows fewer
     assert check(build(_current(), [unregistered, then]), _current()).n_looks == 2
 
@@ -318,7 +329,7 @@ def test_an_old_schema_registration_is_deviated(tmp_path):
     artifacts.write_json(p.preregistration, {"schema": 1, "criteria": RULES})
     s = report(tmp_path, params, p)
     assert s.decision == "DEVIATED"
-    assert "has schema 1, not 3" in p.md_out.read_text()
+    assert "has schema 1, not 4" in p.md_out.read_text()
 
 
 def test_power_note_states_the_mde_above_the_threshold(tmp_path):
@@ -404,9 +415,10 @@ def test_scores_missing_from_the_ledger_deviate(tmp_path):
 def test_the_order_git_shows_is_part_of_the_status(tmp_path):
     p, params = _registered(tmp_path)
     env = artifacts.read_json(p.env)
-    for facts, status in ((GIT_SHOWS_ORDER, "PASS"),
-                          ({"git": False}, "FOLLOWED, ORDER NOT SHOWN"),
-                          ({**GIT_SHOWS_ORDER, "registration_precedes_results": False},
-                           "FOLLOWED, ORDER NOT SHOWN")):
-        artifacts.write_json(p.env, {**env, "git": facts})
+    no_git = {"checked": False, "why_not": "no git history"}
+    for facts, hist, status in ((GIT_SHOWS_ORDER, HISTORY_CHECKED, "PASS"),
+                                ({"git": False}, no_git, "UNVERIFIED"),
+                                ({**GIT_SHOWS_ORDER, "registration_precedes_results": False},
+                                 HISTORY_CHECKED, "FOLLOWED, ORDER NOT SHOWN")):
+        artifacts.write_json(p.env, {**env, "git": facts, "history": hist})
         assert report(tmp_path, params, p).decision == status

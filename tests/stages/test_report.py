@@ -61,6 +61,9 @@ GIT_SHOWS_ORDER = {"git": True, "registration_commit": "c0ffee" * 6 + "0000",
                    "results_uncommitted": True, "registration_precedes_results": True,
                    "ledger_rewritten": None}
 """git's facts (the report stage's sidecar) for a registration committed before the results."""
+HISTORY_CHECKED = {"checked": True, "why_not": None, "ledger_versions": 0, "ledger_problems": [],
+                   "registrations": []}
+"""What :func:`pipeline.decision.trail.scan` says of a history with nothing in it to object to."""
 
 
 def paths_in(root: Path) -> ReportPaths:
@@ -131,7 +134,7 @@ def make_inputs(root: Path) -> ReportPaths:
         "pitch": [[60, 62], [60, 62]]}))
     artifacts.write_json(p.env, {"git_commit": "deadbeef", "params_sha256": "0" * 64,
                                  "environment": {"packages": artifacts.package_versions()},
-                                 "git": GIT_SHOWS_ORDER})
+                                 "git": GIT_SHOWS_ORDER, "history": HISTORY_CHECKED})
     return p
 
 
@@ -251,7 +254,8 @@ def test_cli_preregister_and_report(tmp_path, monkeypatch, capsys):
     params = write_params(tmp_path)
     monkeypatch.chdir(tmp_path)  # CLI defaults are relative to the repository root
     assert cli(["preregister", "--params", str(params)]) == 1  # test scores exist
-    assert "test scores of these 10 test pieces already exist" in capsys.readouterr().err
+    assert "these 10 test pieces were already scored or registered (1 look" in \
+        capsys.readouterr().err
     without_test_scores(p)
     p.per_piece.unlink()
     p.ledger.unlink()  # preregister recorded the look it found: start again before it
@@ -263,9 +267,11 @@ def test_cli_preregister_and_report(tmp_path, monkeypatch, capsys):
     env = artifacts.read_json(p.env)
     assert "environment" in env and "params_sha256" in env
     assert env["git"] == {"git": False, "ledger_rewritten": None}
-    # followed, but without git nothing shows the registration came first
+    assert env["history"]["checked"] is False and "no git history" in env["history"]["why_not"]
+    # without git history nothing shows the looks and registrations git would hold
     metrics = artifacts.read_json(p.metrics_out)
-    assert metrics["decision.overall"] == "FOLLOWED, ORDER NOT SHOWN"
+    assert metrics["decision.overall"] == "UNVERIFIED"
+    assert "The status rests on the registration hash" in p.md_out.read_text()
     assert metrics["decision.rules"] == "PASS"
 
 

@@ -81,9 +81,12 @@ def test_the_command_says_what_it_froze_and_when_power_is_stated(tmp_path, monke
     assert out[0] == (f"preregister: 3 criteria, split {SPLIT[:12]} (1 val, 10 test pieces), "
                       f"identity {rec['identity_hash'][:12]} -> reports/preregistration.json "
                       "(commit it before the results)")
-    assert out[1] == ("preregister: the power of the comparison rule is stated in the report "
+    assert out[1] == ("preregister: publish this hash outside the repository (a post, an "
+                      "e-mail, a registry), so no later edit of the file can pass for it: "
+                      f"{rec['identity_hash']}")
+    assert out[2] == ("preregister: the power of the comparison rule is stated in the report "
                       "once val is scored (from val's per-group spread)")
-    assert out[2] == f"preregister: no compare section in {params}: no comparison registered"
+    assert out[3] == f"preregister: no compare section in {params}: no comparison registered"
     assert "power" not in rec and not rec["forced"]
 
 

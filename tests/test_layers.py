@@ -91,7 +91,7 @@ def test_a_function_level_import_that_closes_a_cycle_breaks_the_acyclic_contract
 def test_reading_test_rows_outside_the_gate_breaks_the_test_rows_contract(copy: Path) -> None:
     """The audit reading test token rows itself, without recording the look."""
     _append(copy / "pipeline" / "audit" / "judging.py",
-            "\nfrom pipeline.core.sealed import test_token_rows  # noqa\n")
+            "\nfrom pipeline.core.sealed import read_test_tokens  # noqa\n")
     result = lint(copy)
     assert "pipeline.audit.judging -> pipeline.core.sealed" in result.stdout
     assert result.returncode == 1

@@ -19,13 +19,13 @@ from pipeline.core.artifacts import read_parquet
 TEST = "test"
 
 
-def test_rows(table: pd.DataFrame) -> pd.DataFrame:
+def select_test(table: pd.DataFrame) -> pd.DataFrame:
     """The rows of ``table`` whose ``split`` is test, sorted by (sha256, track) where present."""
     rows = table[table["split"] == TEST]
     keys = [c for c in ("sha256", "track") if c in rows.columns]
     return (rows.sort_values(keys, kind="stable") if keys else rows).reset_index(drop=True)
 
 
-def test_token_rows(path: Path | str, columns: Iterable[str] | None = None) -> pd.DataFrame:
+def read_test_tokens(path: Path | str, columns: Iterable[str] | None = None) -> pd.DataFrame:
     """The test rows of a token table (``columns`` must include ``split``)."""
-    return test_rows(read_parquet(path, columns=list(columns) if columns is not None else None))
+    return select_test(read_parquet(path, columns=list(columns) if columns is not None else None))

@@ -35,6 +35,15 @@ def file_at(commit: str, path: Path | str) -> bytes | None:
     return out if rc == 0 else None
 
 
+def project_path(path: Path) -> Path:
+    """``path`` as git and dvc.lock name it: relative to the project root (the working
+    directory, where every symkit command runs)."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()) if path.is_absolute() else path
+    except ValueError:
+        return path
+
+
 def committed_version(path: Path) -> bytes | None:
     """``path`` as HEAD holds it (None: not committed, or no git)."""
     return file_at("HEAD", path) if head_commit() is not None else None
@@ -83,18 +92,21 @@ def _uncommitted(path: Path) -> bool:
     return rc == 0 and bool(out)
 
 
-def registration_order(registration: Path, results: Path) -> dict[str, Any]:
+def registration_order(registration: Path, results: Path,
+                       registered_in: str | None = None) -> dict[str, Any]:
     """Facts for the report: the commit that last changed the registration, the commit that last
     changed the results (``reports/eval.json``), and whether the first precedes the second.
 
     ``registration_precedes_results`` is True when the registration is committed and the results
     are either uncommitted (so newer) or committed in a later commit that descends from it; False
     when the results were committed first or in the same commit; None without git history or
-    without a committed registration.
+    without a committed registration. ``registered_in``: the commit that first held the
+    registration's identity, when later commits only amended it (the order that matters is
+    the registration's, not its amendment's).
     """
     if head_commit() is None:
         return {"git": False}
-    reg, res = _last_commit(registration), _last_commit(results)
+    reg, res = registered_in or _last_commit(registration), _last_commit(results)
     reg_dirty = not registration.exists() or reg is None or _uncommitted(registration)
     res_dirty = results.exists() and (res is None or _uncommitted(results))
     facts: dict[str, Any] = {"git": True, "registration_commit": reg, "results_commit": res,

@@ -358,15 +358,6 @@ def _table(data: bytes) -> pd.DataFrame | None:
         return None
 
 
-def _project_path(path: Path) -> Path:
-    """``path`` as git and dvc.lock name it: relative to the project root (the working
-    directory, where every symkit command runs)."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve()) if path.is_absolute() else path
-    except ValueError:
-        return path
-
-
 def _registration_at(commit: str) -> Any:
     data = history.file_at(commit, REGISTRATION)
     try:
@@ -392,7 +383,7 @@ def scan_git(per_piece: Path = PER_PIECE, eval_report: Path = EVAL) -> list[dict
     holds test scores in both, oldest first; its registration is the one committed beside it.
     Commits that change neither scores nor registration give the same look, recorded once."""
     out, seen = [], set()
-    per_piece, eval_report = _project_path(per_piece), _project_path(eval_report)
+    per_piece, eval_report = history.project_path(per_piece), history.project_path(eval_report)
     commits = sorted(set(history.commits_touching(per_piece))
                      | set(history.commits_touching(eval_report)), key=lambda c: c[1])
     for commit, when in commits:
@@ -459,7 +450,7 @@ def scan_dvc_cache(per_piece: Path = PER_PIECE, cache: Path = Path(".dvc/cache")
     holds (symkit's dvc.yaml keeps it out of the cache, ``cache: false``, but a changed
     dvc.yaml or ``dvc add`` would put it there)."""
     out = []
-    for md5, commit in _cached_md5s(_project_path(per_piece), _cache_entries(cache)):
+    for md5, commit in _cached_md5s(history.project_path(per_piece), _cache_entries(cache)):
         for where in (cache / "files" / "md5" / md5[:2] / md5[2:], cache / md5[:2] / md5[2:]):
             table = _table(where.read_bytes()) if where.is_file() else None
             if table is not None:

@@ -99,7 +99,7 @@ def test_tokens(command: str, tokens: Path, columns: Iterable[str] | None = None
                 ) -> tuple[pd.DataFrame, Look]:
     """The test rows of the token table ``tokens`` (sorted by sha256, track), after recording the
     look. ``columns`` must include ``sha256`` and ``split``."""
-    rows = sealed.test_token_rows(tokens, columns)
+    rows = sealed.read_test_tokens(tokens, columns)
     look = record(command, rows["sha256"].astype(str), artifacts.sha256_file(tokens),
                   ledger_path=ledger_path, registration=registration)
     return rows, look
@@ -111,7 +111,7 @@ def test_scores(command: str, table: pd.DataFrame, *,
                 ) -> tuple[pd.DataFrame, Look | None]:
     """The test rows of a per-piece score table (``symkit compare --split test`` reads the arms'
     scores of test pieces), after recording the look; no look when it holds none."""
-    rows = sealed.test_rows(table)
+    rows = sealed.select_test(table)
     if rows.empty:
         return rows, None
     look = record(command, rows["sha256"].astype(str),
@@ -143,7 +143,7 @@ def registered_test_pieces(registration: Path = ledger.REGISTRATION,
         found.update(map(str, ((ident.get("pieces") or {}).get("test") or [])))
     if splits is not None and splits.is_file():
         table = artifacts.read_parquet(splits, columns=["sha256", "split"])
-        found.update(sealed.test_rows(table)["sha256"].astype(str))
+        found.update(sealed.select_test(table)["sha256"].astype(str))
     return sorted(found)
 
 

@@ -45,6 +45,7 @@ def _lines(data: bytes) -> list[str]:
 def ledger_problems(path: Path) -> tuple[int, list[str]]:
     """(committed versions read, one sentence per version not kept in the current ledger)."""
     now = _lines(path.read_bytes()) if path.exists() else []
+    path = history.project_path(path)
     versions = history.commits_touching(path)
     out = []
     for commit, _ in versions:
@@ -73,7 +74,7 @@ def registrations(path: Path) -> list[dict[str, Any]]:
     """Every committed version of the registration at ``path``, oldest first: commit, time,
     identity hash, test pieces (their hash and count), criteria names, amendments and whether
     it was forced, and what it declares it supersedes."""
-    out = []
+    out, path = [], history.project_path(path)
     for commit, when in history.commits_touching(path):
         data = history.file_at(commit, path)
         try:
@@ -136,3 +137,16 @@ def scan(registration: Path, ledger: Path) -> dict[str, Any]:
         block["code_at_registration"] = code_at(commit) if commit else None
         block["registration_commit"] = commit
     return block
+
+
+def first_commit(block: dict[str, Any], registration: Path) -> str | None:
+    """The first commit that held the current registration's identity (later ones may only
+    have amended it); None without history or a committed registration."""
+    try:
+        current = json.loads(registration.read_bytes()) if registration.exists() else None
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(current, dict):
+        return None
+    return next((r["commit"] for r in block.get("registrations") or []
+                 if r.get("identity_hash") == current.get("identity_hash")), None)

@@ -507,11 +507,13 @@ def main(args: argparse.Namespace) -> int:
     load_section("criteria", args.params, CriteriaConfig)  # invalid rules fail fast
     params = read_params(args.params)
     paths = ReportPaths(**{f.name: getattr(args, f"path_{f.name}") for f in fields(ReportPaths)})
+    hist = trail.scan(paths.preregistration, paths.ledger)
     artifacts.write_sidecar(paths.env, {
         "git_commit": head_commit(), "params_sha256": artifacts.sha256_json(params),
-        "git": {**registration_order(paths.preregistration, paths.eval),
+        "git": {**registration_order(paths.preregistration, paths.eval,
+                                     trail.first_commit(hist, paths.preregistration)),
                 "ledger_rewritten": ledger.rewritten(paths.ledger)},
-        "history": trail.scan(paths.preregistration, paths.ledger)})
+        "history": hist})
     s = run(cfg, params, paths)
     print(f"report: decision {s.decision}, {s.n_deviations} deviation(s), {s.n_metrics} metrics "
           f"-> {paths.html_out}")

@@ -12,14 +12,22 @@ split) and before ``evaluate`` has scored the test split, then commit
 - ``identity.params``: the params sections that shape results, as written (``tokenize``,
   ``ngram``, ``transformer``, ``evaluate``, ``generate``, ``audit``, ``criteria``);
 - ``identity.packages``: the installed versions of the packages results depend on;
+- ``identity.code``: a digest of each file of the code that judges, trains and stops training
+  (:mod:`pipeline.decision.bound_code`);
 - ``identity_hash``: the hash of ``identity`` (the report recomputes it);
 - ``power``: before any training, each rule's pass rates under its planted good and bad
   controls at the registered sizes (split counts, audit and generate params; spreads stated,
   :mod:`pipeline.decision.criteria_controls`), and for the gain and the gap the true value each
   resolves at
   80% power; the report repeats it;
-- ``forced`` and ``looks_before``: set only by ``--force``, which registers although test scores
-  of these pieces exist; the report then reads ``FOLLOWED AFTER n LOOKS`` at best.
+- ``forced``, ``looks_before`` and ``supersedes``: set only by ``--force``, which registers
+  although test scores of these pieces, or an earlier registration of them in git, exist; the
+  report then reads ``FOLLOWED AFTER n LOOKS`` or ``REPLACING n REGISTRATIONS`` at best;
+- ``amendments``: appended by ``--amend "why"``, a fix to the bound code after a look
+  (:func:`pipeline.decision.preregistration.amend`).
+
+It prints the hash to publish outside the repository (the identity hash, or the last
+amendment's), so that no later rewrite of the file and its history can pass for it.
 
 It refuses when test scores of any of the test pieces exist anywhere symkit can see: the
 test-access ledger (``reports/ledger.jsonl``), the workspace's per-piece table and eval.json,

@@ -234,7 +234,12 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig,
     is judged over every seed: its samples, drawn from every seed, are pooled and the flag rate
     gets the seeds' t term; membership is the seeds' mean AUC with that term; extraction counts
     a piece when any seed reproduces it (:func:`union_extraction`); quality judges the pooled
-    samples. ``seeds`` then lists them."""
+    samples. ``seeds`` then lists them.
+
+    ``per_seed.<seed>`` holds every seed's own judgement, each with its own interval: its
+    membership and extraction (:func:`per_seed_checks`) and, for samples drawn by two or more
+    seeds, its flag rate (:func:`per_seed_flag_rates`). The criteria judge the memorisation
+    guards on these, since a guard must hold for every seed."""
     human = df[df["source"] == "human"]
     val, test = human[human["kind"] == "val"], human[human["kind"] == "test"]
     samp = df[df["source"] == "sample"]
@@ -250,6 +255,7 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig,
         by_seed = dict((seed_checks or {}).get(name) or {})
         keys = sorted(by_seed, key=int) if len(by_seed) > 1 else []
         part = samp[samp["model"] == name]
+        per_seed: dict[str, dict[str, Any]] = {}
         if len(part):
             drawn_by = part["seed"].to_numpy() if "seed" in part.columns else None
             if drawn_by is not None and pd.isna(drawn_by).any():
@@ -258,6 +264,10 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig,
                 part["flagged"].to_numpy(), part["kind"].to_numpy(), test["flagged"].to_numpy(),
                 test["sha256"].astype(str).to_numpy(), rng=_rng(cfg, "flag_rate", name),
                 sample_seeds=None if drawn_by is None else drawn_by.astype(np.int64), **boot)
+            if drawn_by is not None:
+                for seed, rate in per_seed_flag_rates(part, drawn_by.astype(np.int64), test,
+                                                      cfg, name).items():
+                    per_seed.setdefault(seed, {})["flag_rate"] = rate
             block["quality"] = {
                 **quality_guard(stats(part), stats(test), stats(val),
                                 rng=_rng(cfg, "quality", name), bins=cfg.quality_bins,
@@ -277,6 +287,8 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig,
                     union_extraction([x.extraction_test for x in cs]), level=cfg.ci_level)
                 block["extraction_rate"]["over_seeds"] = "any"
                 block["seeds"] = [int(k) for k in keys]
+                for seed, own in per_seed_checks(by_seed, cfg).items():
+                    per_seed.setdefault(seed, {}).update(own)
             else:
                 block["membership_auc"] = judge_membership(
                     c.nll_train, c.nll_heldout, rng=_rng(cfg, "membership_auc", name),
@@ -284,15 +296,37 @@ def judge(df: pd.DataFrame, checks: Mapping[str, ModelCheck], cfg: AuditConfig,
                     fpr=cfg.membership_fpr, **boot)
                 block["extraction_rate"] = judge_extraction(
                     c.extraction_train, c.extraction_test, level=cfg.ci_level)
+        if per_seed:
+            block["per_seed"] = {k: per_seed[k] for k in sorted(per_seed, key=int)}
         out[name] = block
+    return out
+
+
+def per_seed_flag_rates(part: pd.DataFrame, drawn_by: np.ndarray, test: pd.DataFrame,
+                        cfg: AuditConfig, name: str) -> dict[str, dict[str, Any]]:
+    """Each training seed's own flag rate against the same human test windows, for a model
+    whose samples (``part``) were drawn by two or more seeds (``drawn_by``, one a sample):
+    :func:`judge_flag_rate` on that seed's samples alone, so its interval is the samples' and
+    the windows' (no seed term: one seed), from a generator of its own. Empty for one seed."""
+    seeds = sorted(np.unique(drawn_by).tolist())
+    if len(seeds) < 2:
+        return {}
+    boot = {"n_boot": cfg.n_boot, "level": cfg.ci_level}
+    out = {}
+    for seed in seeds:
+        mine = part[drawn_by == seed]
+        out[str(seed)] = judge_flag_rate(
+            mine["flagged"].to_numpy(), mine["kind"].to_numpy(), test["flagged"].to_numpy(),
+            test["sha256"].astype(str).to_numpy(),
+            rng=_rng(cfg, "flag_rate", f"{name}@seed-{seed}"), **boot)
     return out
 
 
 def per_seed_checks(checks: Mapping[str, ModelCheck], cfg: AuditConfig
                     ) -> dict[str, dict[str, Any]]:
     """Membership and extraction of every training seed of one model (``checks``, by seed), on
-    the same pieces, each with its own interval: how much the memorisation verdicts depend on
-    the seed. The judged block pools the seeds (:func:`judge`)."""
+    the same pieces, each with its own interval: what the criteria judge the memorisation
+    guards on, every seed on its own (the judged block beside them pools the seeds)."""
     boot = {"n_boot": cfg.n_boot, "level": cfg.ci_level}
     out = {}
     for key in sorted(checks, key=int):
@@ -380,8 +414,6 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     checks.update({name: by_seed[min(by_seed, key=int)] for name, by_seed in seed_checks.items()})
     result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
     result["judged"] = judge(df, checks, cfg, seed_checks)
-    for name, by_seed in seed_checks.items():
-        result["judged"][name]["per_seed"] = per_seed_checks(by_seed, cfg)
     if "kind" in gen and (gen["kind"] == "conditioned").any():
         from pipeline.audit.adherence import audit_adherence
         from pipeline.conditions.config import ConditionConfig

@@ -26,12 +26,22 @@ apart). A rule with
 requirement. A missing metric or interval is INCONCLUSIVE. Each verdict carries one plain sentence
 of evidence. Overall: FAIL if any criterion fails, PASS if all pass, otherwise INCONCLUSIVE.
 
+A guard must hold for every training seed: a rule on a metric the metric table judges per seed
+(:func:`pipeline.decision.metrics.judged_per_seed`: membership, the generalisation gap, copying,
+extraction), whose metrics hold each seed's own block, is judged on each seed's block with the
+rule's own judge. It FAILs when any seed fails, PASSes only when every seed passes, and is
+INCONCLUSIVE otherwise; its value and interval are the deciding seed's (the first failing one,
+else the one nearest to failing). Judging the seeds' mean instead, its interval widened by the
+seeds' spread, would let more disagreement between seeds make a FAIL *less* likely. Without
+seed blocks (a model trained once, older reports) the rule is judged on the metric itself.
+
 The metrics a rule may name, and how ``reports/metrics.json`` is built from the stage reports,
 are in :mod:`pipeline.decision.metrics` (its table :data:`~pipeline.decision.metrics.METRICS`).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -40,7 +50,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from pipeline.core.config import StageConfig
-from pipeline.decision.metrics import number
+from pipeline.decision.metrics import number, seed_blocks
 
 Op = Literal["<", "<=", ">", ">=", "=="]
 CiRule = Literal["lower>0", "upper<0", "excludes_zero"]
@@ -106,6 +116,17 @@ def unique_rule_names(rules: list[Any]) -> None:
 
 
 @dataclass(frozen=True)
+class SeedVerdict:
+    """One training seed's verdict on a rule judged per seed."""
+
+    seed: str
+    status: Literal["PASS", "FAIL", "INCONCLUSIVE"]
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+@dataclass(frozen=True)
 class Verdict:
     name: str
     status: Literal["PASS", "FAIL", "INCONCLUSIVE"]
@@ -121,6 +142,10 @@ class Verdict:
     """One plain sentence: the value, its interval when used, and why that gives ``status``."""
     judge: str = "point"
     """The rule's ``judge`` (point, interval or refute)."""
+    seeds: tuple[SeedVerdict, ...] = ()
+    """Judged per training seed: every seed's verdict, in seed order (empty otherwise)."""
+    seed: str | None = None
+    """Judged per training seed: the seed whose value and interval the verdict carries."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,7 +161,75 @@ def evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float = 0.95
     ``judge: point`` compares the value with the threshold (then checks ``ci`` if set);
     ``judge: interval`` compares the metric's whole interval with it: PASS when every value in the
     interval meets the rule, FAIL when none does, INCONCLUSIVE when it straddles the threshold.
+    A rule on a metric judged per seed, with seed blocks in ``metrics``, is judged on each seed
+    (:func:`evaluate_per_seed`).
     """
+    seeds = seed_blocks(metrics, rule.metric)
+    if seeds:
+        return evaluate_per_seed(rule, metrics, seeds, ci_level)
+    return _evaluate(rule, metrics, ci_level)
+
+
+_RANK = {"PASS": 0, "INCONCLUSIVE": 1, "FAIL": 2}
+
+
+def _toward_failure(rule: Criterion, v: Verdict) -> float:
+    """How near ``v`` (one seed's verdict) is to failing ``rule``, larger nearer: the bound a
+    FAIL is read from (an interval rule's, a refute rule's) or the value (a point rule); -inf
+    when missing."""
+    upper = rule.op in ("<", "<=")
+    x = v.value if rule.judge == "point" else (v.ci_low if upper else v.ci_high)
+    if x is None:
+        return -math.inf
+    return x if upper or rule.op == "==" else -x
+
+
+def evaluate_per_seed(rule: Criterion, metrics: Mapping[str, Any],
+                      seeds: Mapping[str, Mapping[str, Any]], ci_level: float = 0.95) -> Verdict:
+    """Judge ``rule`` on every training seed's block of its metric (``seeds``: seed -> its
+    ``value``/``ci_low``/``ci_high``, as :func:`pipeline.decision.metrics.seed_blocks` gives
+    them), each with the rule's own judge: FAIL when any seed fails, PASS when every seed
+    passes, INCONCLUSIVE otherwise. A guard must hold for every seed, so more disagreement
+    between seeds can only add FAILs. The verdict's value and interval are the deciding seed's:
+    the first failing seed, else the one nearest to failing; the evidence names every seed's
+    value, interval and verdict. A ``ci_metric`` judged per seed is read seed by seed too."""
+    ci_key = rule.ci_metric or rule.metric
+    by_key = {rule.metric: seeds}
+    if ci_key != rule.metric and seed_blocks(metrics, ci_key):
+        by_key[ci_key] = seed_blocks(metrics, ci_key)  # else its one interval serves every seed
+    own: list[tuple[str, Verdict]] = []
+    for seed in seeds:
+        view = dict(metrics)
+        for key, blocks in by_key.items():
+            mine = blocks.get(seed) or {}
+            for suffix, part in (("", "value"), (".ci_low", "ci_low"), (".ci_high", "ci_high")):
+                view[key + suffix] = mine.get(part)
+        own.append((seed, _evaluate(rule, view, ci_level)))
+    statuses = [v.status for _, v in own]
+    status = ("FAIL" if "FAIL" in statuses
+              else "PASS" if set(statuses) == {"PASS"} else "INCONCLUSIVE")
+    if status == "FAIL":
+        seed, decider = next((s, v) for s, v in own if v.status == "FAIL")
+    else:
+        seed, decider = max(own, key=lambda x: (_RANK[x[1].status],
+                                                 _toward_failure(rule, x[1])))
+    listed = ", ".join(f"seed {s} {_fmt(v.value)} ({_fmt(v.ci_low)} to {_fmt(v.ci_high)}) "
+                       f"{v.status}" for s, v in own)
+    why = {"FAIL": f"seed {seed} fails, so the rule fails",
+           "PASS": "every seed passes, so the rule passes",
+           "INCONCLUSIVE": f"no seed fails, but seed {seed} does not pass, so the data cannot "
+                           "tell"}[status]
+    evidence = (f"{rule.metric} judged on each of {len(own)} training seeds alone, every one of "
+                f"which must meet {rule.op} {_fmt(rule.threshold)} ({ci_level:.0%} CI): "
+                f"{listed}; {why}.")
+    return Verdict(rule.name, status, rule.metric, decider.value, rule.op, rule.threshold,
+                   decider.ci_metric, decider.ci_low, decider.ci_high, evidence, rule.judge,
+                   tuple(SeedVerdict(s, v.status, v.value, v.ci_low, v.ci_high) for s, v in own),
+                   seed)
+
+
+def _evaluate(rule: Criterion, metrics: Mapping[str, Any], ci_level: float) -> Verdict:
+    """:func:`evaluate` on the metric itself (no seed blocks)."""
     value = number(metrics.get(rule.metric))
     ci_key = rule.ci_metric or rule.metric
     lo, hi = number(metrics.get(f"{ci_key}.ci_low")), number(metrics.get(f"{ci_key}.ci_high"))

@@ -11,6 +11,17 @@ is there to catch), simulates the evidence the stages would produce at the sampl
 least 80% of the time and its bad control at most 5% (:data:`GOOD_AT_LEAST`,
 :data:`BAD_AT_MOST`).
 
+The guards that must hold for every training seed (the metrics the metric table judges per
+seed, :func:`pipeline.decision.metrics.judged_per_seed`: membership, the gap, copying and
+extraction) are simulated seed by seed, as the audit and evaluate measure them: with
+``seeds`` > 1 a draw gives each seed's own block (``seeds``), written into the metrics as the
+report writes them (:func:`pipeline.decision.metrics.seed_metrics`), and the rule judges every
+seed and combines them as the report does (:func:`pipeline.decision.criteria.evaluate`). Where
+the seeds are drawn independently, the good controls meet their hardest case (every seed must
+pass: a seed's pass rate to the power ``seeds``) and the bad ones their easiest (any seed
+failing fails the rule); seeds sharing the pieces' noise fall between those rates and one
+seed's.
+
 How each metric's evidence is simulated:
 
 - ``test.nll_per_note.rel_improvement``: a normal estimate around the truth with a group term
@@ -18,25 +29,25 @@ How each metric's evidence is simulated:
   per-seed gains over ``seeds`` training seeds); the seeds' spread is itself estimated from
   ``seeds`` draws (a chi-square), and the interval is what evaluate judges: ``z`` times the
   group term and ``t_{seeds-1}`` times the estimated seed term, added in quadrature;
-- ``generalisation.gap[_per_note].transformer``: a normal estimate around the truth with the
-  experiment's own standard error (the width of the committed gap interval), its interval the
-  estimate plus and minus ``z · se`` (what the group bootstrap gives for a statistic this close
-  to normal);
+- ``generalisation.gap[_per_note].transformer``: for each of ``seeds`` training seeds, drawn
+  independently, a normal estimate around the truth with the experiment's own standard error
+  (the width of the committed gap interval), its interval the estimate plus and minus
+  ``z · se`` (what the group bootstrap gives for a statistic this close to normal);
 - ``memorisation.<m>.membership_auc``: losses of train and held-out pieces from two normals
   whose separation gives the true AUC, in as many groups as the split has, for each of
-  ``seeds`` training seeds, judged by :func:`pipeline.audit.memorisation.judge_membership`
-  (the audit's group bootstrap of the seeds' mean AUC with their t term; pieces of one group
-  drawn independently, so a corpus whose tune families share their difficulty gives wider
-  intervals than these, and each seed's losses drawn afresh, the widest seed spread the pieces
-  allow: real seeds share the pieces' difficulty and agree more);
+  ``seeds`` training seeds, each judged alone by
+  :func:`pipeline.audit.memorisation.judge_membership` (the audit's group bootstrap of one
+  seed's AUC; pieces of one group drawn independently, so a corpus whose tune families share
+  their difficulty gives wider intervals than these, and each seed's losses drawn afresh: real
+  seeds share the pieces' difficulty and agree more);
 - ``memorisation.<m>.extraction_excess``: binomial exact-extraction counts on train and test
-  pieces, a piece counted when any seed reproduces it, judged by
+  pieces for each seed, each judged alone by
   :func:`~pipeline.audit.memorisation.judge_extraction` (Newcombe): the seeds reproduce the
   same pieces (what makes a greedy continuation exact is mostly the piece, a repeated
-  section), and one control draws them independently, the worst case for the union;
+  section), and one control draws them independently;
 - ``memorisation.<m>.flag_excess``: binomial flags of the samples, shared out among the seeds
-  as generate does, and of human windows grouped in pieces, judged by
-  :func:`~pipeline.audit.memorisation.judge_flag_rate` with the seeds' term;
+  as generate does, and of human windows grouped in pieces; each seed's own samples judged
+  against the same windows by :func:`~pipeline.audit.memorisation.judge_flag_rate`;
 - ``quality.<m>.score`` and ``quality.<m>.margin``: each of the statistics outside its band
   independently (probability ``quality_alpha`` for human-like music; the band's calibration
   assumes no more), the band's low score the ``1 - quality_alpha`` quantile of that count;
@@ -61,10 +72,9 @@ from pipeline.audit.memorisation import (
     judge_extraction,
     judge_flag_rate,
     judge_membership,
-    union_extraction,
 )
 from pipeline.decision.criteria import CriteriaConfig, Criterion, evaluate
-from pipeline.decision.metrics import MODELS
+from pipeline.decision.metrics import MODELS, judged_per_seed, seed_metrics
 from pipeline.stats.power import seed_t_half_width
 
 GOOD_AT_LEAST = 0.80
@@ -132,8 +142,9 @@ class Control:
     """``good`` (should pass) or ``bad`` (should fail)."""
     truth: str
     """The planted truth, in words."""
-    draw: Callable[[np.random.Generator, Sizes], dict[str, float]]
-    """Flat metrics of one simulated experiment (the metric, and its interval)."""
+    draw: Callable[[np.random.Generator, Sizes], dict[str, Any]]
+    """One simulated experiment: the metric's ``value``, its ``ci_low``/``ci_high``, and for a
+    metric judged per seed with ``seeds`` > 1, ``seeds``: each seed's own block."""
     side: str = "both"
     """Which rules the control is for: ``upper`` (ops < and <=, a bound from above), ``lower``
     (> and >=) or ``both``. A gap of -0.5 is the failure a "not negative" rule must catch, not
@@ -144,22 +155,36 @@ class Control:
         return self.side == "both" or (self.side == "upper") == (rule.op in ("<", "<="))
 
 
-def good(truth: str, draw: Callable[..., dict[str, float]], side: str = "both") -> Control:
+def good(truth: str, draw: Callable[..., dict[str, Any]], side: str = "both") -> Control:
     """A model the rule should pass, at least :data:`GOOD_AT_LEAST` of the time."""
     return Control("good", truth, draw, side)
 
 
-def bad(truth: str, draw: Callable[..., dict[str, float]], side: str = "both") -> Control:
+def bad(truth: str, draw: Callable[..., dict[str, Any]], side: str = "both") -> Control:
     """A model the rule should fail: it may pass at most :data:`BAD_AT_MOST` of the time."""
     return Control("bad", truth, draw, side)
 
 
-def _normal(truth: float, se_of: Callable[[Sizes], float]) -> Callable[..., dict[str, float]]:
-    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
+def _over_seeds(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One experiment's evidence from each training seed's own block: the block itself for one
+    seed; else ``seeds`` (label -> block, labels 0, 1, ...) and their mean as ``value`` (no
+    interval: a metric judged per seed is judged on the seeds' blocks)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    return {"value": float(np.mean([b["value"] for b in blocks])),
+            "seeds": {str(i): b for i, b in enumerate(blocks)}}
+
+
+def _normal(truth: float, se_of: Callable[[Sizes], float]) -> Callable[..., dict[str, Any]]:
+    """Each seed's estimate drawn independently around ``truth``, its interval ``± z · se``."""
+    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
         se = se_of(s)
         z = NormalDist().inv_cdf(0.5 + s.level / 2)
-        est = float(rng.normal(truth, se))
-        return {"value": est, "ci_low": est - z * se, "ci_high": est + z * se}
+        blocks = []
+        for _ in range(max(s.seeds, 1)):
+            est = float(rng.normal(truth, se))
+            blocks.append({"value": est, "ci_low": est - z * se, "ci_high": est + z * se})
+        return _over_seeds(blocks)
     return draw
 
 
@@ -178,39 +203,43 @@ def _gain(truth: float) -> Callable[..., dict[str, float]]:
     return draw
 
 
-def _membership(auc: float) -> Callable[..., dict[str, float]]:
+def _membership(auc: float) -> Callable[..., dict[str, Any]]:
     shift = math.sqrt(2) * NormalDist().inv_cdf(auc)  # AUC of N(-shift, 1) below N(0, 1)
 
-    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
-        k = max(s.seeds, 1)
-        train = rng.normal(-shift, 1.0, (k, s.membership_train))
-        held = rng.normal(0.0, 1.0, (k, s.membership_test))
-        return judge_membership(train if k > 1 else train[0], held if k > 1 else held[0],
-                                n_boot=s.n_boot, level=s.level, rng=rng,
-                                train_groups=np.arange(s.membership_train)
-                                % s.membership_train_groups,
-                                heldout_groups=np.arange(s.membership_test)
-                                % s.membership_test_groups)
+    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
+        blocks = []
+        for _ in range(max(s.seeds, 1)):
+            train = rng.normal(-shift, 1.0, s.membership_train)
+            held = rng.normal(0.0, 1.0, s.membership_test)
+            got = judge_membership(
+                train, held, n_boot=s.n_boot, level=s.level, rng=rng,
+                train_groups=np.arange(s.membership_train) % s.membership_train_groups,
+                heldout_groups=np.arange(s.membership_test) % s.membership_test_groups)
+            blocks.append({k: got[k] for k in ("value", "ci_low", "ci_high")})
+        return _over_seeds(blocks)
     return draw
 
 
 def _extraction(train_rate: float, test_rate: float,
-                shared: bool = True) -> Callable[..., dict[str, float]]:
-    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
-        def over_seeds(n: int, rate: float) -> Extraction:
-            k = max(s.seeds, 1)
-            hits = rng.random((1 if shared else k, n)) < rate
-            hits = np.repeat(hits, k, axis=0) if shared else hits
-            return union_extraction([Extraction(n, x.mean(), x.mean(), tuple(x)) for x in hits])
+                shared: bool = True) -> Callable[..., dict[str, Any]]:
+    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
+        k = max(s.seeds, 1)
 
-        out = judge_extraction(over_seeds(s.extraction_train, train_rate),
-                               over_seeds(s.extraction_test, test_rate), level=s.level)
-        return out["excess"]
+        def hits(n: int, rate: float) -> np.ndarray:
+            x = rng.random((1 if shared else k, n)) < rate
+            return np.repeat(x, k, axis=0) if shared else x
+
+        def extraction(x: np.ndarray) -> Extraction:
+            return Extraction(x.size, x.mean(), x.mean(), tuple(x))
+
+        train, test = hits(s.extraction_train, train_rate), hits(s.extraction_test, test_rate)
+        return _over_seeds([judge_extraction(extraction(a), extraction(b), level=s.level)["excess"]
+                            for a, b in zip(train, test, strict=True)])
     return draw
 
 
-def _flags(sample_rate: float) -> Callable[..., dict[str, float]]:
-    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
+def _flags(sample_rate: float) -> Callable[..., dict[str, Any]]:
+    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
         samples = rng.random(s.samples) < sample_rate
         kinds = np.array(["unconditional"] * (s.samples * 4 // 5)
                          + ["continuation"] * (s.samples - s.samples * 4 // 5))
@@ -218,8 +247,10 @@ def _flags(sample_rate: float) -> Callable[..., dict[str, float]]:
                                 np.arange(s.samples - s.samples * 4 // 5)]) % max(s.seeds, 1)
         human = rng.random(s.human_windows) < s.human_flag_rate
         pieces = np.arange(s.human_windows) % s.human_pieces
-        return judge_flag_rate(samples, kinds, human, pieces, n_boot=s.n_boot, level=s.level,
-                               rng=rng, sample_seeds=seeds)["excess"]
+        return _over_seeds([judge_flag_rate(samples[seeds == k], kinds[seeds == k], human,
+                                            pieces, n_boot=s.n_boot, level=s.level,
+                                            rng=rng)["excess"]
+                            for k in range(max(s.seeds, 1))])
     return draw
 
 
@@ -336,9 +367,15 @@ def pass_rate(rule: Criterion, control: Control, draws: int, seed: int,
     passed = 0
     for _ in range(draws):
         got = control.draw(rng, sizes)
-        metrics: Mapping[str, Any] = {rule.metric: got["value"],
-                                      **{f"{rule.metric}.{k}": got[k]
-                                         for k in ("ci_low", "ci_high") if k in got}}
+        metrics: dict[str, Any] = {rule.metric: got["value"],
+                                   **{f"{rule.metric}.{k}": got[k]
+                                      for k in ("ci_low", "ci_high") if k in got}}
+        if "seeds" in got and rule.metric not in judged_per_seed():
+            raise ValueError(f"control {control.truth!r} draws every seed of {rule.metric}, "
+                             "which the metric table does not judge per seed (no per_seed in "
+                             "pipeline.decision.metrics.METRICS)")
+        for seed, block in (got.get("seeds") or {}).items():
+            metrics.update(seed_metrics(rule.metric, seed, block))
         passed += evaluate(rule, metrics, sizes.level).status == "PASS"
     return passed / draws
 
@@ -372,7 +409,8 @@ ASSUMPTIONS = (
     "per token, 0.165 per note, measured at 27 val and 128 train pieces, scaled by the pieces' "
     "spreads over the held-out and train-subset counts) of the default experiment's committed "
     "scores, and held-out human windows flagged "
-    "at 5.3%")
+    "at 5.3%; the guards (membership, gap, copying, extraction) judged on every seed alone, "
+    "the seeds drawn independently")
 
 
 GAP_PIECE_SD = {"token": (0.256, 0.318), "note": (0.555, 0.536)}
@@ -438,14 +476,20 @@ def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float 
     reaches its verdict with probability ``power``: the smallest true gain an ``interval`` rule
     ``>= t`` passes, the largest true value an ``interval`` rule ``<= t`` passes, and for a
     ``refute`` rule the value beyond which it FAILs (``t`` minus the margin for ``>=``). None for
-    other metrics and judges (their pass rates are in :func:`rates`)."""
+    other metrics and judges (their pass rates are in :func:`rates`).
+
+    A metric judged per seed, simulated as ``seeds`` independent seeds, reaches a PASS when
+    every seed does and a FAIL when any seed does: each seed must pass with ``power ** (1 /
+    seeds)``, or fail with ``1 - (1 - power) ** (1 / seeds)``."""
     attr = SE_OF.get(rule.metric)
     if attr is None or rule.judge not in ("interval", "refute"):
         return None
     se = getattr(sizes, attr)
     half = (sizes.gain_half_width if attr == "gain_se"
             else NormalDist().inv_cdf(0.5 + sizes.level / 2) * se)
-    margin = half + NormalDist().inv_cdf(power) * se
+    k = max(sizes.seeds, 1) if rule.metric in judged_per_seed() else 1
+    each = power ** (1 / k) if rule.judge == "interval" else 1 - (1 - power) ** (1 / k)
+    margin = half + NormalDist().inv_cdf(each) * se
     above = rule.op in (">", ">=")
     if rule.judge == "interval":
         return rule.threshold + margin if above else rule.threshold - margin

@@ -9,11 +9,19 @@ report's metrics table. From that table alone come the metric's key in metrics.j
 (:func:`build_metrics`), the aliases criteria are judged through (:func:`metric_aliases`) and
 the report's metrics table (:func:`labelled`). Add a metric that evaluate or audit already
 writes by adding its entry here (CONTRIBUTING.md, "How to add a metric").
+
+A guard that must hold for every training seed (membership, the generalisation gap, copying,
+extraction) also names, in ``per_seed``, where one seed's own block is: ``build_metrics`` then
+writes each seed's block beside the metric as ``<key>.seed.<seed>`` (with ``.ci_low`` and
+``.ci_high``), and the criteria judge a rule on that metric on every seed
+(:func:`pipeline.decision.criteria.evaluate`). That field is the one place declaring which
+metrics are judged per seed (:func:`seed_blocks` reads only those).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +52,17 @@ class Metric:
     """Said after the label, in parentheses ("" where the label or the row above says it)."""
     digits: int | None = None
     """Significant digits in the metrics table (None: ``report.digits``)."""
+    per_seed: str | None = None
+    """For a guard every training seed must meet: the flattened stage-report key of one seed's
+    own block (``value``, ``ci_low``, ``ci_high``), ``{seed}`` standing for the seed, e.g.
+    ``audit.judged.transformer.per_seed.{seed}.membership_auc``. A metric with it is judged
+    seed by seed wherever its stage report has such blocks (a model trained over several
+    seeds), and on the value above otherwise (None: always on that value)."""
+
+    def __post_init__(self) -> None:
+        if self.per_seed is not None and (not self.interval or "{seed}" not in self.per_seed):
+            raise ValueError(f"metric {self.key!r}: per_seed needs interval=True and a pattern "
+                             f"with {{seed}} in it, got {self.per_seed!r}")
 
     @property
     def sources(self) -> tuple[str, ...]:
@@ -84,16 +103,19 @@ def _margin(model: str) -> Callable[[Mapping[str, Any]], float | None]:
 
 
 def _judged(model: str) -> tuple[Metric, ...]:
-    """Per-model audit judgements (audit.json ``judged.<model>``), each with its interval."""
+    """Per-model audit judgements (audit.json ``judged.<model>``), each with its interval; the
+    memorisation guards also with every training seed's own judgement (``per_seed.<seed>``)."""
     judged = f"audit.judged.{model}"
+    seed = f"{judged}.per_seed.{{seed}}"
     return (
-        Metric(f"memorisation.{model}.flag_excess", f"{judged}.flag_rate.excess", interval=True),
+        Metric(f"memorisation.{model}.flag_excess", f"{judged}.flag_rate.excess", interval=True,
+               per_seed=f"{seed}.flag_rate.excess"),
         Metric(f"memorisation.{model}.membership_auc", f"{judged}.membership_auc",
-               interval=True),
+               interval=True, per_seed=f"{seed}.membership_auc"),
         Metric(f"memorisation.{model}.membership_tpr", f"{judged}.membership_auc.tpr",
                interval=True),
         Metric(f"memorisation.{model}.extraction_excess", f"{judged}.extraction_rate.excess",
-               interval=True),
+               interval=True, per_seed=f"{seed}.extraction_rate.excess"),
         Metric(f"quality.{model}.score", f"{judged}.quality.score"),
         Metric(f"quality.{model}.score_band_low", f"{judged}.quality.score_band_low"),
         # the score minus score_band_low, the score that held-out human sets of the samples'
@@ -139,10 +161,13 @@ METRICS: tuple[Metric, ...] = (
     # val NLL − NLL of a train subset (evaluate.train_pieces), both scored by evaluate (eval
     # mode), per token and per note: BPE fitted on train tokenises train more densely than
     # held-out pieces, so the gap per token mixes the tokenizer with the model
+    # judged on every training seed's own gap (a seed's model on both sides), each with its
+    # groups' interval, where eval.json has them
     Metric("generalisation.gap.transformer", "eval.gap.transformer.nats_per_token",
-           interval=True, label="held-out − train gap of the transformer", unit="nats/token"),
+           interval=True, per_seed="eval.gap.transformer.per_seed.{seed}.nats_per_token",
+           label="held-out − train gap of the transformer", unit="nats/token"),
     Metric("generalisation.gap_per_note.transformer", "eval.gap.transformer.nats_per_note",
-           interval=True),
+           interval=True, per_seed="eval.gap.transformer.per_seed.{seed}.nats_per_note"),
     Metric("train.best_val_loss", "train.best_val_loss"),
     Metric("train.final_train_loss", "train.final_train_loss"),
     Metric("memorisation.flag_rate_samples", "audit.flag_rate.samples"),
@@ -164,6 +189,54 @@ def metric_aliases(table: tuple[Metric, ...] | None = None) -> dict[str, tuple[s
             continue
         for part, suffix in (("value", ""), ("ci_low", ".ci_low"), ("ci_high", ".ci_high")):
             out[m.key + suffix] = tuple(f"{s}.{part}" for s in m.sources)
+    return out
+
+
+def judged_per_seed(table: tuple[Metric, ...] | None = None) -> frozenset[str]:
+    """The canonical keys judged on every training seed (those with ``per_seed``).
+    ``table``: :data:`METRICS`."""
+    return frozenset(m.key for m in (METRICS if table is None else table) if m.per_seed)
+
+
+def seed_metrics(key: str, seed: str, block: Mapping[str, Any]) -> dict[str, Any]:
+    """One seed's block of metric ``key`` as flat metrics: ``<key>.seed.<seed>`` (its value),
+    ``.ci_low`` and ``.ci_high`` beside it (those the block has)."""
+    out = {f"{key}.seed.{seed}": block.get("value")}
+    out.update({f"{key}.seed.{seed}.{k}": block[k] for k in ("ci_low", "ci_high") if k in block})
+    return out
+
+
+def _seed_order(seed: str) -> tuple[int, int | str]:
+    return (0, int(seed)) if seed.isdigit() else (1, seed)
+
+
+def seed_blocks(metrics: Mapping[str, Any], key: str) -> dict[str, dict[str, Any]]:
+    """Every training seed's block of ``key`` in flat metrics (:func:`seed_metrics`' keys), as
+    seed -> ``{"value", "ci_low", "ci_high"}`` (None where missing), in seed order; empty when
+    ``key`` is not judged per seed (:func:`judged_per_seed`) or the metrics hold no seed of
+    it."""
+    if key not in judged_per_seed():
+        return {}
+    head = f"{key}.seed."
+    seeds = {k[len(head):] for k in metrics if k.startswith(head) and "." not in k[len(head):]}
+    return {s: {"value": metrics.get(f"{head}{s}"),
+                "ci_low": metrics.get(f"{head}{s}.ci_low"),
+                "ci_high": metrics.get(f"{head}{s}.ci_high")}
+            for s in sorted(seeds, key=_seed_order)}
+
+
+def _per_seed_sources(m: Metric, flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The flat metrics of every seed block ``m.per_seed`` finds in ``flat``."""
+    head, _, tail = str(m.per_seed).partition("{seed}")
+    pattern = re.compile(re.escape(head) + r"([^.]+)" + re.escape(tail) + r"\.value")
+    out: dict[str, Any] = {}
+    for k in flat:
+        hit = pattern.fullmatch(k)
+        if hit is not None and flat[k] is not None:
+            block = f"{head}{hit.group(1)}{tail}"
+            out.update(seed_metrics(m.key, hit.group(1), {
+                part: flat[f"{block}.{part}"] for part in ("value", "ci_low", "ci_high")
+                if f"{block}.{part}" in flat}))
     return out
 
 
@@ -192,7 +265,8 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
     """Flat metrics from stage reports (``{"eval": {...}, "audit": {...}, ...}``, missing = None).
 
     Every report flattened under its stem, then the canonical keys of :data:`METRICS`: first
-    from their sources (:func:`metric_aliases`), then the derived ones. When eval.json lacks
+    from their sources (:func:`metric_aliases`), then every training seed's block of the
+    metrics judged per seed (:func:`seed_metrics`), then the derived ones. When eval.json lacks
     the paired blocks, ``test.nll_per_note.diff`` and ``test.nll_per_note.rel_improvement`` are
     derived from the two models' means, without an interval.
     """
@@ -205,6 +279,9 @@ def build_metrics(reports: Mapping[str, Any]) -> dict[str, Any]:
             if c in flat and flat[c] is not None:
                 flat[key] = flat[c]
                 break
+    for m in METRICS:
+        if m.per_seed is not None:
+            flat.update(_per_seed_sources(m, flat))
     for m in METRICS:
         if m.derive is not None and number(flat.get(m.key)) is None:
             value = m.derive(flat)

@@ -4,7 +4,8 @@
   tokenizer, models, registration).
 - :func:`decision_sentence`: the overall decision and the count of verdicts behind it.
 - :func:`plain_evidence`: one sentence per criterion, with its numbers and interval, for the
-  criteria the project ships (the metrics of :data:`pipeline.decision.metrics.METRICS`);
+  criteria the project ships (the metrics of :data:`pipeline.decision.metrics.METRICS`), and
+  for a guard judged on every training seed, each seed's number, interval and verdict;
   any other rule keeps :func:`pipeline.decision.criteria.evaluate`'s generic sentence.
 - :func:`gain_rows`: the transformer's per-note gain over the n-gram on each scored split, pooled
   and per training seed, for the headline forest plot.
@@ -213,15 +214,6 @@ def _membership(v: Verdict, m: Metrics, level: float) -> str | None:
                 f"{_interval_reason(v, bool(ci))}.")
     extra = (f"; calling at most {fpr:.0%} of the unseen pieces members, it picks out "
              f"{tpr:.0%} of the training ones" if tpr is not None and fpr is not None else "")
-    prefix = f"audit.judged.{model}.per_seed."
-    seeds = sorted({k[len(prefix):].split(".")[0] for k in m if k.startswith(prefix)}, key=int)
-    aucs = [_num(m, f"{prefix}{s}.membership_auc.value") for s in seeds]
-    if len(seeds) > 1 and None not in aucs:
-        half = _num(m, f"audit.judged.{model}.membership_auc.seed_half_width")
-        judged = ("the first is judged" if half is None else
-                  f"their mean is judged, the seeds' term ±{_g(half)} in its interval")
-        extra += (f"; its {len(seeds)} training seeds give AUC "
-                  + ", ".join(_g(a) for a in aucs[:-1]) + f" and {_g(aucs[-1])} ({judged})")
     return (f"The {model}'s loss per note tells {n_train} training pieces from {held} with AUC "
             f"{_g(v.value)}{ci}, where 0.5 is chance{extra}; the rule allows "
             f"{OP_WORDS[v.op]} {v.threshold:g}: {_interval_reason(v, bool(ci))}.")
@@ -312,10 +304,42 @@ def _gap(v: Verdict, m: Metrics, level: float) -> str | None:
             f"music{detail}; the rule asks for {rule}: {_interval_reason(v, has_ci)}.")
 
 
+def _per_seed(v: Verdict, level: float) -> str:
+    """A guard judged on every training seed: what it measures, then each seed's value,
+    interval and verdict, and which seed decides."""
+    parts = v.metric.split(".")
+    kind, model = (parts[2], parts[1]) if parts[0] == "memorisation" else ("gap", "transformer")
+    points = kind in ("flag_excess", "extraction_excess")
+
+    def num(x: float | None) -> str:
+        return NA if x is None else f"{x * 100:+.1f}" if points else _g(x)
+
+    what = {"membership_auc": f"The {model}'s membership AUC (0.5 is chance)",
+            "flag_excess": f"The share of the {model}'s samples flagged as copying training "
+                           "music, less that of held-out human windows, in points",
+            "extraction_excess": f"The share of training pieces the {model} continues exactly, "
+                                 "less that of unseen test pieces, in points"}.get(
+        kind, "Held-out less training NLL of the transformer, nats per "
+              + ("note" if "gap_per_note" in v.metric else "token"))
+    limit = (f"{OP_WORDS[v.op]} {v.threshold * 100:g} points" if points
+             else f"{OP_WORDS[v.op]} {v.threshold:g}")
+    seeds = "; ".join(f"seed {s.seed} {num(s.value)} ({level:.0%} CI {num(s.ci_low)} to "
+                      f"{num(s.ci_high)}), {s.status}" for s in v.seeds)
+    why = {"FAIL": f"seed {v.seed} fails, so the rule fails",
+           "PASS": "every seed passes, so the rule passes",
+           "INCONCLUSIVE": f"no seed fails, but seed {v.seed} does not pass, so the data cannot "
+                           "tell"}[v.status]
+    return (f"{what}, judged on each of its {len(v.seeds)} training seeds alone, since the rule "
+            f"({limit}) must hold for every one: {seeds}; {why}.")
+
+
 def plain_evidence(v: Verdict, metrics: Metrics, params: Mapping[str, Any],
                    level: float) -> str:
     """One sentence of evidence for a verdict, in words, for the metrics the project's criteria
-    use; the generic sentence (``v.evidence``) for any other metric or a missing value."""
+    use (a guard judged on every training seed: :func:`_per_seed`); the generic sentence
+    (``v.evidence``) for any other metric or a missing value."""
+    if v.seeds:
+        return _per_seed(v, level)
     makers: dict[str, Callable[[], str | None]] = {
         "test.nll_per_note.rel_improvement": lambda: _gain(v, metrics, level),
         "val.nll_per_note.rel_improvement": lambda: _gain(v, metrics, level),

@@ -35,8 +35,9 @@ Outputs:
   interval and baseline. A model trained over several seeds is judged over all of them: samples
   from every seed (generate shares them out), the seeds' Student-t term on the flag rate and
   on membership (the seeds' mean AUC), extraction counted when any seed reproduces a piece;
-  ``per_seed.<seed>`` keeps each seed's membership and extraction on the same pieces (see
-  docs/report.md for the keys).
+  ``per_seed.<seed>`` keeps each seed's own membership, extraction and flag rate (its own
+  samples against the same human windows), on which the criteria judge the memorisation
+  guards, every seed alone (see docs/report.md for the keys).
 
 A conditioned transformer's ``conditioned`` samples are also measured for **adherence**: how
 often each sample's key, mode, density and polyphony, measured from its first ``human_window``

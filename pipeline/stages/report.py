@@ -206,7 +206,8 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                   [[v.name, v.metric, f"{v.op} {fmt(v.threshold, cfg.digits)}"
                     + {"interval": " (whole interval)",
                        "refute": " (fails only if the whole interval fails)"}.get(r.judge, ""),
-                    fmt(v.value, cfg.digits), _ci_cell(v, cfg.digits), v.status, r.rationale]
+                    fmt(v.value, cfg.digits) + (f" (seed {v.seed})" if v.seed else ""),
+                    _ci_cell(v, cfg.digits), v.status, r.rationale]
                    for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
             *([Para(power)] if power else []),
             *registered_power(registered))

@@ -301,9 +301,12 @@ def generalisation(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[
     subset, per note and per token. Each side's groups are resampled by its own generator
     (``[seed, TRAIN_SUBSET_STREAM, 2]`` and ``[seed, TRAIN_SUBSET_STREAM, 1]``), independently:
     the two sets share no pieces, so there is nothing to pair, and no split's draws move. A model
-    trained with several seeds is a set of models, each with its own gap (``per_seed``: seed
-    ``s`` on both sides), and those gaps give the interval's t term. Both empty when no held-out
-    split is scored or the train subset is empty.
+    trained with several seeds is a set of models, each with its own gap (seed ``s`` on both
+    sides): those gaps give the mean's interval its t term (``<unit>.per_seed`` lists them),
+    and ``gap.<model>.per_seed.<seed>.<unit>`` holds each seed's gap with its own interval, from
+    the same replicates (the same groups drawn) applied to that seed's scores alone, with no
+    seed term: what a guard on the gap, which must hold for every seed, is judged on. Both
+    empty when no held-out split is scored or the train subset is empty.
     """
     heldout = [s for s in HELDOUT if s in cfg.splits]
     if not heldout or not (per_piece["split"] == "train").any():
@@ -323,18 +326,33 @@ def generalisation(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[
                   "n_pieces_train": len(t.units)}
         for key, col in (("nats_per_token", "n_tokens"), ("nats_per_note", "n_notes")):
             den_v, den_t = held.sums(v.units, col), trn.sums(t.units, col)
-            value = v.total / den_v.sum() - t.total / den_t.sum()
-            reps = v.rep / (held.weights @ den_v) - t.rep / (trn.weights @ den_t)
-            lo, hi = percentile_interval(reps, cfg.ci_level)
-            block = {"value": float(value), "ci_low": lo, "ci_high": hi}
+            dens = (float(den_v.sum()), float(den_t.sum()), held.weights @ den_v,
+                    trn.weights @ den_t)
+            block = _gap_block((v.total, t.total), (v.rep, t.rep), dens, cfg.ci_level)
             if len(v.seeds) > 1:
                 per_seed = v.seed_sums / den_v.sum() - t.seed_sums / den_t.sum()
                 block = {**with_seed_term(block, seed_half_width([list(per_seed)],
                                                                  cfg.ci_level)),
                          "per_seed": {_seed_key(s): float(g)
                                       for s, g in zip(v.seeds, per_seed, strict=True)}}
+                for i, s in enumerate(v.seeds):
+                    own = gap[n].setdefault("per_seed", {}).setdefault(_seed_key(s), {})
+                    own[key] = _gap_block(
+                        (float(v.seed_sums[i]), float(t.seed_sums[i])),
+                        (held.weights @ v.groups[i], trn.weights @ t.groups[i]), dens,
+                        cfg.ci_level)
             gap[n][key] = block
     return metrics, gap
+
+
+def _gap_block(sums: tuple[float, float], reps: tuple[np.ndarray, np.ndarray],
+               dens: tuple[float, float, np.ndarray, np.ndarray], level: float
+               ) -> dict[str, float]:
+    """Held-out minus train NLL per unit: ``sums`` the two sides' summed NLL, ``reps`` their
+    replicate totals, ``dens`` the two sides' unit totals and their replicate totals; the
+    percentile interval of the replicates' differences."""
+    lo, hi = percentile_interval(reps[0] / dens[2] - reps[1] / dens[3], level)
+    return {"value": float(sums[0] / dens[0] - sums[1] / dens[1]), "ci_low": lo, "ci_high": hi}
 
 
 def power_blocks(per_piece: pd.DataFrame, cfg: BootstrapPlan, names: Sequence[str],

@@ -172,6 +172,40 @@ def test_judge_over_seeds_pools_samples_and_checks():
     assert m["extraction_rate"]["over_seeds"] == "any"
     assert m["membership_auc"]["value"] == pytest.approx(
         np.mean([v["value"] for v in m["membership_auc"]["per_seed"].values()]))
+    # every seed's own judgement, what the criteria judge the guards on
+    assert sorted(m["per_seed"]) == ["7", "8"]
+    assert set(m["per_seed"]["7"]) == {"flag_rate", "membership_auc", "extraction_rate"}
+    assert m["per_seed"]["8"]["membership_auc"]["value"] == \
+        m["membership_auc"]["per_seed"]["8"]["value"]
+
+
+def test_each_seed_s_flag_rate_is_its_own_samples_against_the_same_human_windows():
+    """Samples drawn by two seeds: each seed's flag rate is judge_flag_rate on its samples
+    alone (no seed term), against the same human test windows; a model whose samples name no
+    seed, or one seed, has none."""
+    from pipeline.audit.judging import _rng, per_seed_flag_rates
+    from pipeline.audit.memorisation import judge_flag_rate
+
+    df = _audit_rows(seed_labels=True)
+    m = judge(df, {}, CFG)["m"]
+    flags = {s: b["flag_rate"] for s, b in m["per_seed"].items()}
+    assert sorted(flags) == ["7", "8"] and set(m["per_seed"]["7"]) == {"flag_rate"}
+    samples = df[df["source"] == "sample"]
+    test = df[(df["source"] == "human") & (df["kind"] == "test")]
+    for seed, got in flags.items():
+        mine = samples[samples["seed"] == int(seed)]
+        want = judge_flag_rate(mine["flagged"].to_numpy(), mine["kind"].to_numpy(),
+                               test["flagged"].to_numpy(), test["sha256"].astype(str).to_numpy(),
+                               n_boot=CFG.n_boot, level=CFG.ci_level,
+                               rng=_rng(CFG, "flag_rate", f"m@seed-{seed}"))
+        assert got == want and "seed_half_width" not in got["excess"]
+        assert got["human"]["n_windows"] == len(test)
+    # seeds 7 and 8 alternate over samples 0..9, of which 0..5 are flagged: 3 of 5 each
+    assert flags["7"]["n"] == flags["8"]["n"] == 5
+    assert flags["7"]["n_flagged"] == flags["8"]["n_flagged"] == 3
+    assert "per_seed" not in judge(_audit_rows(seed_labels=False), {}, CFG)["m"]
+    one = samples.assign(seed=7)
+    assert per_seed_flag_rates(one, one["seed"].to_numpy(), test, CFG, "m") == {}
 
 
 def test_audit_json_sets_sample_rates_against_the_human_test_rate():

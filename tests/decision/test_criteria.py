@@ -218,3 +218,129 @@ def test_each_registered_default_rule_fails_on_its_planted_failure(planted, repo
     assert {n for n, s in verdicts.items() if s == "FAIL"} == failing, planted
     assert {n for n, s in verdicts.items() if s != "FAIL"} == \
         {n for n, s in verdicts.items() if s == "PASS"}, verdicts  # the rest pass
+
+
+# --- guards judged on every training seed -------------------------------------------------------
+
+MEMBERSHIP = "memorisation.transformer.membership_auc"
+GAP = "generalisation.gap_per_note.transformer"
+REPO_REPORTS = Path(__file__).resolve().parents[2] / "reports"
+
+
+def _seeded(key: str, blocks: dict[str, tuple[float, float, float]],
+            pooled: tuple[float, float, float] | None = None) -> dict:
+    """Flat metrics holding ``key``'s seed blocks (value, ci_low, ci_high) and, optionally, the
+    seeds' pooled block."""
+    from pipeline.decision.metrics import seed_metrics
+
+    out: dict = {}
+    if pooled is not None:
+        out.update({key: pooled[0], f"{key}.ci_low": pooled[1], f"{key}.ci_high": pooled[2]})
+    for seed, (v, lo, hi) in blocks.items():
+        out.update(seed_metrics(key, seed, {"value": v, "ci_low": lo, "ci_high": hi}))
+    return out
+
+
+BOUND = rule(name="bound", metric=MEMBERSHIP, op="<=", threshold=0.65, judge="interval")
+NOT_NEGATIVE = rule(name="leak", metric=GAP, op=">=", threshold=0.0, judge="refute")
+
+
+@pytest.mark.parametrize(("blocks", "status", "decider"), [
+    ({"1": (0.5, 0.45, 0.55), "2": (0.55, 0.5, 0.6), "3": (0.52, 0.47, 0.57)}, "PASS", "2"),
+    ({"1": (0.5, 0.45, 0.55), "2": (0.64, 0.6, 0.7), "3": (0.52, 0.47, 0.57)},
+     "INCONCLUSIVE", "2"),
+    ({"1": (0.5, 0.45, 0.55), "2": (0.8, 0.7, 0.9), "3": (0.9, 0.85, 0.95)}, "FAIL", "2"),
+    ({"1": (0.5, 0.45, 0.55), "2": (0.6, 0.55, None), "3": (0.52, 0.47, 0.57)},
+     "INCONCLUSIVE", "2"),
+])
+def test_a_guard_fails_when_any_seed_fails_and_passes_only_when_every_seed_passes(
+        blocks, status, decider):
+    """Each seed judged with the rule's own judge; the verdict carries the deciding seed's
+    value and interval (the first failing seed, else the one nearest to failing), and the
+    evidence names every seed. The pooled block beside them is not what is judged."""
+    v = evaluate(BOUND, _seeded(MEMBERSHIP, blocks, pooled=(0.6, 0.3, 0.9)))
+    assert v.status == status and v.seed == decider
+    assert (v.value, v.ci_low, v.ci_high) == blocks[decider]
+    assert [(s.seed, s.status) for s in v.seeds] == [
+        (k, evaluate(BOUND, _seeded(MEMBERSHIP, {}, pooled=b)).status)
+        for k, b in blocks.items()]
+    for seed, (value, _, _) in blocks.items():
+        assert f"seed {seed} {value:.4g}" in v.evidence
+    assert v.to_dict()["seeds"][0]["seed"] == "1"
+
+
+def test_seeds_are_ordered_by_number_and_a_pooled_block_alone_is_judged_as_before():
+    blocks = {"10": (0.5, 0.45, 0.55), "9": (0.5, 0.45, 0.55)}
+    assert [s.seed for s in evaluate(BOUND, _seeded(MEMBERSHIP, blocks)).seeds] == ["9", "10"]
+    # no seed blocks (a model trained once, an older report): the metric itself, as before
+    v = evaluate(BOUND, _seeded(MEMBERSHIP, {}, pooled=(0.6, 0.3, 0.9)))
+    assert (v.status, v.seeds, v.seed) == ("INCONCLUSIVE", (), None)
+    # a metric the metric table does not judge per seed ignores keys shaped like seed blocks
+    gain = rule(metric="test.nll_per_note.rel_improvement", judge="interval")
+    v = evaluate(gain, _seeded(gain.metric, {"1": (-0.1, -0.2, 0.0)}, pooled=(0.06, 0.04, 0.08)))
+    assert (v.status, v.seeds) == ("PASS", ())
+
+
+def _spread_statuses(r: Criterion, mean: float, half: float, offsets: np.ndarray,
+                     steps: np.ndarray, per_seed: bool) -> list[str]:
+    """The verdict of ``r`` as seeds spread around a fixed mean: seed ``i`` at
+    ``mean + step · offsets[i]`` with an interval of ``± half``; ``per_seed`` False judges the
+    seeds' mean with a Student-t term over them instead (the old judging)."""
+    from scipy import stats
+
+    out = []
+    for step in steps:
+        values = mean + step * offsets
+        if per_seed:
+            metrics = _seeded(r.metric, {str(1234 + i): (x, x - half, x + half)
+                                         for i, x in enumerate(values)})
+        else:
+            k = len(values)
+            t = stats.t.ppf(0.975, k - 1) * values.std(ddof=1) / np.sqrt(k)
+            wide = float(np.hypot(half, t))  # the seeds share the pieces: half stays
+            metrics = _seeded(r.metric, {}, pooled=(values.mean(), values.mean() - wide,
+                                                    values.mean() + wide))
+        out.append(evaluate(r, metrics).status)
+    return out
+
+
+@pytest.mark.parametrize("guard", [BOUND, NOT_NEGATIVE], ids=["interval bound", "refute"])
+def test_more_disagreement_between_seeds_never_means_fewer_fails(guard):
+    """The issue's property: the seeds' mean held fixed, seeds spread further apart step by
+    step; the count of FAIL verdicts over many experiments never decreases, and no single
+    experiment turns from FAIL back. Judging the mean with the seeds' t term breaks it."""
+    rng = np.random.default_rng(0)
+    steps = np.linspace(0.0, 0.6, 13)
+    spots = [(float(rng.uniform(guard.threshold - 0.3, guard.threshold + 0.3)),
+              float(rng.uniform(0.01, 0.15)), rng.normal(size=3)) for _ in range(300)]
+    spots = [(m, h, (o - o.mean()) / o.std()) for m, h, o in spots]  # mean 0: the mean fixed
+    per_seed = [_spread_statuses(guard, m, h, o, steps, True) for m, h, o in spots]
+    fails = [sum(s[i] == "FAIL" for s in per_seed) for i in range(len(steps))]
+    assert fails == sorted(fails) and fails[-1] > fails[0], fails
+    for s in per_seed:
+        first = s.index("FAIL") if "FAIL" in s else len(s)
+        assert all(x == "FAIL" for x in s[first:]), s
+    old = [_spread_statuses(guard, m, h, o, steps, False) for m, h, o in spots]
+    old_fails = [sum(s[i] == "FAIL" for s in old) for i in range(len(steps))]
+    assert old_fails[-1] < old_fails[0], old_fails  # the defect the per-seed judging removes
+
+
+def test_the_committed_membership_fails_on_every_seed():
+    """The committed reports: the seeds' mean AUC with its t term read 0.589 to 1.0
+    (INCONCLUSIVE against <= 0.65), while every seed's own interval lies above 0.65."""
+    reports = {stem: artifacts.read_json(REPO_REPORTS / f"{stem}.json")
+               for stem in ("eval", "audit")}
+    metrics = build_metrics(reports)
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    verdicts = {v.name: v for v in evaluate_all(cfg, metrics)}
+    membership = verdicts["transformer_membership_near_chance"]
+    assert membership.metric == MEMBERSHIP and membership.status == "FAIL"
+    assert metrics[f"{MEMBERSHIP}.ci_low"] < 0.65  # the pooled interval straddled
+    assert [s.seed for s in membership.seeds] == ["1234", "1235", "1236"]
+    assert all(s.ci_low > 0.65 and s.status == "FAIL" for s in membership.seeds)
+    per_seed = reports["audit"]["judged"]["transformer"]["per_seed"]
+    assert [(s.value, s.ci_low, s.ci_high) for s in membership.seeds] == [
+        tuple(per_seed[k]["membership_auc"][p] for p in ("value", "ci_low", "ci_high"))
+        for k in ("1234", "1235", "1236")]
+    # the committed eval.json has no per-seed gap blocks: the gap rules judge the mean
+    assert verdicts["transformer_gap_bounded"].seeds == ()

@@ -28,11 +28,13 @@ def shipped() -> dict[tuple[str, str, str], float]:
 MISSES = [
     # about 7%: seven statistics cannot tell 50% outside from the calibrated 5% more sharply
     ("transformer_samples_human_like", "each statistic outside its band with 50%"),
-    # about 71%: a piece counts when any of 3 seeds reproduces it, so seeds that each reproduce
-    # other pieces look like a 3% extractor on 51 test pieces; real seeds reproduce the same
-    # pieces (that control passes 99%)
-    ("transformer_extraction_at_chance",
-     "each seed reproduces its own 1% of continuations, train and test alike"),
+    # about 67%: judged on every seed, each seed's own 85 samples leave its excess about
+    # ±5.8 points wide (±4.4 at 256), and all 3 seeds must clear the 10-point margin
+    ("transformer_copies_no_more_than_humans", "samples flagged at the human rate (5.3%)"),
+    # about 57%: judged on every seed, 3 seeds drawn independently must each pass (85% alone,
+    # the rate seeds that share the pieces' noise would give)
+    ("transformer_gap_bounded", "a true gap of 0.2 nats per note (held-out notes e^0.2 = 1.22 "
+                                "times less likely)"),
 ]
 
 
@@ -46,16 +48,19 @@ def _rates(shipped, rule: str, case: str) -> list[float]:
                                   "transformer_membership_near_chance",
                                   "transformer_extraction_at_chance"])
 def test_the_redesigned_and_sound_rules_pass_good_models_and_fail_bad_ones(shipped, rule):
+    """Every control but the documented misses meets the standard."""
     good, bad = _rates(shipped, rule, "good"), _rates(shipped, rule, "bad")
-    assert good and bad
-    assert min(good) >= 0.80, good
+    missed = [t for r, t in MISSES if r == rule]
+    assert bad and (good or missed)
+    assert all(g >= 0.80 for g in good), good
     assert max(bad) <= 0.05, bad
 
 
 def test_the_gap_rules_per_note_pass_good_models_and_catch_memorisation_and_leaks(shipped):
-    """Per note, 72 held-out (val and test) against 256 train pieces: the bound passes a gap of
-    0 and of 0.2 and fails a memorising model; the leak guard passes 0 and 0.2 and catches -0.5.
-    At 27 val against 128 train pieces the 0.2 gap passed 44% and the leak 15%."""
+    """Per note, 72 held-out (val and test) against 256 train pieces, judged on every seed: the
+    bound passes a gap of 0 (and of 0.2 only on one seed, a documented miss) and fails a
+    memorising model; the leak guard passes 0 and 0.2 and catches -0.5. At 27 val against 128
+    train pieces, one seed, the 0.2 gap passed 44% and the leak 15%."""
     for rule in ("transformer_gap_bounded", "transformer_gap_not_negative"):
         assert min(_rates(shipped, rule, "good")) >= 0.80, rule
         assert max(_rates(shipped, rule, "bad")) <= 0.05, rule
@@ -78,7 +83,8 @@ def test_the_harness_fails_the_old_gap_rule_a_model_at_zero_gap_could_not_pass()
     at_zero = next(c for c in CONTROLS[old.metric] if "gap of 0:" in c.truth)
     assert pass_rate(old, at_zero, DRAWS, seed=1) < 0.05
     new = old.model_copy(update={"judge": "refute"})
-    assert pass_rate(new, at_zero, DRAWS, seed=1) > 0.9
+    # judged on 3 independent seeds, each passing about 97%: 0.97³ ≈ 0.92
+    assert pass_rate(new, at_zero, DRAWS, seed=1) > 0.85
 
 
 @pytest.mark.parametrize(("rule", "truth"), MISSES)
@@ -172,3 +178,54 @@ def test_a_criterion_added_with_its_controls_reaches_symkit_controls(tmp_path, m
     cfg = load_section("criteria", params, CriteriaConfig)
     (stated,) = power_block(cfg, Sizes(), draws=20)["rules"]
     assert [c["case"] for c in stated["controls"]] == ["good", "bad"]
+
+
+def test_the_guards_controls_draw_every_seed_and_are_judged_seed_by_seed():
+    """A control of a metric judged per seed draws each seed's own block, and pass_rate judges
+    them as the report does: one failing seed fails the rule, whatever the seeds' mean."""
+    import numpy as np
+
+    from pipeline.decision.criteria_controls import Sizes, bad, good
+    from pipeline.decision.metrics import judged_per_seed
+
+    rng = np.random.default_rng(0)
+    for metric in sorted(judged_per_seed() & set(CONTROLS)):
+        control = CONTROLS[metric][0]
+        three = control.draw(rng, Sizes(seeds=3, n_boot=100))
+        assert sorted(three["seeds"]) == ["0", "1", "2"], metric
+        assert all({"value", "ci_low", "ci_high"} <= set(b) for b in three["seeds"].values())
+        one = control.draw(rng, Sizes(seeds=1, n_boot=100))
+        assert "seeds" not in one and {"value", "ci_low", "ci_high"} <= set(one), metric
+
+    def seeds(*values):
+        def draw(rng, sizes):
+            blocks = {str(i): {"value": v, "ci_low": v - 0.01, "ci_high": v + 0.01}
+                      for i, v in enumerate(values)}
+            return {"value": float(np.mean(values)), "seeds": blocks}
+        return draw
+
+    rule = Criterion(name="auc", metric="memorisation.transformer.membership_auc", op="<=",
+                     threshold=0.65, judge="interval", rationale="r")
+    assert pass_rate(rule, good("every seed at chance", seeds(0.5, 0.52, 0.48)), 5, 0) == 1.0
+    assert pass_rate(rule, bad("one seed memorises", seeds(0.5, 0.5, 0.8)), 5, 0) == 0.0  # mean 0.6
+
+
+def test_a_guard_judged_on_every_seed_resolves_a_stricter_effect():
+    """Every one of 3 independent seeds must pass: each with 0.8^(1/3) = 92.8%, so the bound
+    passes only a smaller true gap than on one seed; the refute rule fails once any seed does,
+    each with 1 - 0.2^(1/3) = 41.5%, so it fails a value nearer its threshold."""
+    from statistics import NormalDist
+
+    from pipeline.decision.criteria_controls import Sizes, resolved_effect
+
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    bound = next(r for r in cfg.rules if r.name == "transformer_gap_bounded")
+    leak = next(r for r in cfg.rules if r.name == "transformer_gap_not_negative")
+    se, z = Sizes().gap_per_note_se, NormalDist().inv_cdf(0.975)
+    assert resolved_effect(bound, Sizes(seeds=1)) == pytest.approx(
+        0.5 - z * se - NormalDist().inv_cdf(0.8) * se)
+    assert resolved_effect(bound, Sizes(seeds=3)) == pytest.approx(
+        0.5 - z * se - NormalDist().inv_cdf(0.8 ** (1 / 3)) * se)
+    assert resolved_effect(leak, Sizes(seeds=3)) == pytest.approx(
+        0.0 - z * se - NormalDist().inv_cdf(1 - 0.2 ** (1 / 3)) * se)
+    assert resolved_effect(leak, Sizes(seeds=3)) > resolved_effect(leak, Sizes(seeds=1))

@@ -109,3 +109,42 @@ def test_a_metric_added_in_the_table_reaches_metrics_json_the_report_and_the_cri
     flat = artifacts.read_json(p.metrics_out)
     assert "toy.pieces_per_group" not in flat
     assert flat["decision.criteria.toy_groups_hold_two_pieces"] == "INCONCLUSIVE"
+
+
+def test_the_guards_seed_blocks_reach_metrics_json_from_the_stage_reports():
+    """Each seed's own block of a metric judged per seed sits beside the metric as
+    ``<key>.seed.<seed>``; only the metric table's ``per_seed`` entries are read that way."""
+    def ci(v):
+        return {"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1}
+
+    audit = {"judged": {"transformer": {
+        "membership_auc": ci(0.7), "flag_rate": {"excess": ci(0.0)},
+        "per_seed": {s: {"membership_auc": {**ci(v), "tpr": ci(0.3)},
+                         "flag_rate": {"excess": ci(v - 0.7)},
+                         "extraction_rate": {"excess": ci(0.0)}}
+                     for s, v in (("1234", 0.8), ("1235", 0.6))}}}}
+    eval_json = {"gap": {"transformer": {"nats_per_note": ci(0.4),
+                                         "per_seed": {"7": {"nats_per_note": ci(0.5),
+                                                            "nats_per_token": ci(0.45)}}}}}
+    m = build_metrics({"audit": audit, "eval": eval_json})
+    auc = "memorisation.transformer.membership_auc"
+    assert (m[f"{auc}.seed.1234"], m[f"{auc}.seed.1234.ci_low"],
+            m[f"{auc}.seed.1234.ci_high"]) == (0.8, 0.8 - 0.1, 0.8 + 0.1)
+    assert metrics.seed_blocks(m, auc) == {"1234": ci(0.8), "1235": ci(0.6)}
+    assert list(metrics.seed_blocks(m, "memorisation.transformer.flag_excess")) == ["1234",
+                                                                                   "1235"]
+    assert metrics.seed_blocks(m, "generalisation.gap_per_note.transformer") == {"7": ci(0.5)}
+    assert metrics.seed_blocks(m, "generalisation.gap.transformer") == {"7": ci(0.45)}
+    assert not any(k.startswith("memorisation.transformer.membership_tpr.seed") for k in m)
+    assert metrics.seed_blocks(m, "memorisation.ngram.membership_auc") == {}
+    assert metrics.judged_per_seed() == {
+        f"memorisation.{model}.{k}" for model in metrics.MODELS
+        for k in ("membership_auc", "flag_excess", "extraction_excess")} | {
+        "generalisation.gap.transformer", "generalisation.gap_per_note.transformer"}
+
+
+def test_a_per_seed_pattern_needs_an_interval_and_a_seed():
+    with pytest.raises(ValueError, match="per_seed needs interval=True"):
+        Metric("x", "a.x", per_seed="a.per_seed.{seed}.x")
+    with pytest.raises(ValueError, match=r"with \{seed\} in it"):
+        Metric("x", "a.x", interval=True, per_seed="a.per_seed.x")

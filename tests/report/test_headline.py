@@ -125,15 +125,6 @@ def test_plain_evidence_for_each_kind_of_criterion():
                            0.81, 0.9), held, {}, 0.95)
     assert "from 72 unseen val and test pieces with AUC 0.86" in auc
     assert "calling at most 10% of the unseen pieces members, it picks out 71%" in auc
-    seeds = {**held, **{f"audit.judged.transformer.per_seed.{s}.membership_auc.value": a
-                        for s, a in ((1234, 0.86), (1235, 0.84), (1236, 0.88))}}
-    assert "its 3 training seeds give AUC 0.86, 0.84 and 0.88 (the first is judged)" in \
-        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
-                         0.81, 0.9), seeds, {}, 0.95)
-    pooled = {**seeds, "audit.judged.transformer.membership_auc.seed_half_width": 0.05}
-    assert "0.84 and 0.88 (their mean is judged, the seeds' term ±0.05 in its interval)" in \
-        plain_evidence(v("memorisation.transformer.membership_auc", 0.86, "FAIL", "<=", 0.65,
-                         0.75, 0.97), pooled, {}, 0.95)
     tpr = plain_evidence(v("memorisation.transformer.membership_tpr", 0.71, "FAIL", "<=", 0.3,
                            0.55, 0.79), held, {}, 0.95)
     assert tpr.startswith("Calling at most 10% of 72 unseen val and test pieces members")
@@ -154,6 +145,37 @@ def test_plain_evidence_for_each_kind_of_criterion():
     verdicts = [v("a", 1, "PASS"), v("b", 1, "FAIL"), v("c", 1, "INCONCLUSIVE")]
     assert decision_sentence("FAIL", verdicts).endswith(
         "Of 3 criteria, 1 pass, 1 fail and 1 is inconclusive.")
+
+def test_plain_evidence_of_a_guard_judged_on_every_seed_names_each_seed():
+    from pipeline.decision.criteria import Criterion, evaluate
+    from pipeline.decision.metrics import seed_metrics
+    from pipeline.report.headline import plain_evidence
+
+    def verdict(metric, op, threshold, blocks):
+        rule = Criterion(name="r", metric=metric, op=op, threshold=threshold, judge="interval",
+                         rationale="why")
+        m = {}
+        for seed, (value, lo, hi) in blocks.items():
+            m.update(seed_metrics(metric, seed, {"value": value, "ci_low": lo, "ci_high": hi}))
+        return evaluate(rule, m)
+
+    auc = plain_evidence(verdict("memorisation.transformer.membership_auc", "<=", 0.65,
+                                 {"1234": (0.88, 0.84, 0.92), "1236": (0.72, 0.66, 0.78)}),
+                         {}, {}, 0.95)
+    assert auc == ("The transformer's membership AUC (0.5 is chance), judged on each of its 2 "
+                   "training seeds alone, since the rule (at most 0.65) must hold for every "
+                   "one: seed 1234 0.88 (95% CI 0.84 to 0.92), FAIL; seed 1236 0.72 (95% CI "
+                   "0.66 to 0.78), FAIL; seed 1234 fails, so the rule fails.")
+    flags = plain_evidence(verdict("memorisation.transformer.flag_excess", "<=", 0.1,
+                                   {"1": (-0.02, -0.08, 0.04), "2": (0.03, -0.04, 0.11)}),
+                           {}, {}, 0.95)
+    assert "(at most 10 points)" in flags and "seed 2 +3.0 (95% CI -4.0 to +11.0)" in flags
+    assert flags.endswith("no seed fails, but seed 2 does not pass, so the data cannot tell.")
+    gap = plain_evidence(verdict("generalisation.gap_per_note.transformer", "<=", 0.5,
+                                 {"1": (0.2, 0.1, 0.3), "2": (0.25, 0.1, 0.4)}), {}, {}, 0.95)
+    assert gap.startswith("Held-out less training NLL of the transformer, nats per note")
+    assert gap.endswith("every seed passes, so the rule passes.")
+
 
 def test_plain_evidence_for_copying_extraction_and_the_quality_band():
     from pipeline.report.headline import plain_evidence

@@ -287,10 +287,17 @@ def test_samples_drawn_by_several_seeds_widen_the_flag_rate(audit_dir):
                                                  preserve_index=False))
     w = make_world(audit_dir / "flag_world", seed=0)
     audit(root, w, planted_models(w, 0), 0)
-    flag_rate = artifacts.read_json(root / "audit.json")["judged"]["copier"]["flag_rate"]
+    copier = artifacts.read_json(root / "audit.json")["judged"]["copier"]
+    flag_rate = copier["flag_rate"]
     per = flag_rate["per_seed"]
     assert sorted(per) == ["1", "2"] and per["1"]["n"] + per["2"]["n"] == flag_rate["n"]
     assert per["1"]["value"] > per["2"]["value"]  # the copier's seed is flagged more
+    # each seed judged alone as well, its excess over the same human windows
+    own = {s: b["flag_rate"] for s, b in copier["per_seed"].items()}
+    assert {s: (b["n"], b["value"]) for s, b in own.items()} == \
+        {s: (b["n"], b["value"]) for s, b in per.items()}
+    assert own["1"]["human"]["value"] == own["2"]["human"]["value"]  # the same windows
+    assert own["1"]["excess"]["value"] > own["2"]["excess"]["value"]
     assert flag_rate["seed_half_width"] > 0
     ex = flag_rate["excess"]
     assert ex["ci_high"] - ex["ci_low"] > ex["groups_ci_high"] - ex["groups_ci_low"]

@@ -544,6 +544,15 @@ def test_every_replicate_is_scored_and_averaged(setup):
     assert min(gap["per_seed"].values()) <= gap["value"] <= max(gap["per_seed"].values())
     assert gap["seed_half_width"] == pytest.approx(
         seed_half_width([list(gap["per_seed"].values())], 0.95))
+    # each seed's own gap with its groups' interval, what the gap guards are judged on
+    own = report["gap"]["replicated"]["per_seed"]
+    assert set(own) == {"7", "8"} and "per_seed" not in report["gap"]["unigram"]
+    for s in ("7", "8"):
+        block = own[s]["nats_per_token"]
+        assert block["value"] == pytest.approx(gap["per_seed"][s])
+        assert block["ci_low"] < block["value"] < block["ci_high"]
+        assert "seed_half_width" not in block and set(own[s]) == {"nats_per_token",
+                                                                 "nats_per_note"}
     assert "seed_half_width" not in report["models"]["unigram"]["test"]["nats_per_note"]
     assert report["power"]["replicated_minus_unigram"]["n_seeds"] == 2
     assert report["power"]["replicated_minus_unigram"]["seed_sd"] > 0

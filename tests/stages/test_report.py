@@ -313,6 +313,33 @@ def test_power_of_the_comparison_rule_is_stated(tmp_path):
     assert "a true gain of exactly 2.00% passes with probability 2.5%" in md
 
 
+def test_a_guard_is_judged_on_every_training_seed_in_the_report(tmp_path):
+    """audit.json's per-seed membership blocks reach metrics.json; the seeds' mean straddles
+    the limit, but one seed's whole interval lies above it, so the guard fails, and the report
+    says which seed decides."""
+    p = make_inputs(tmp_path)
+    rules = [{"name": "membership", "metric": "memorisation.transformer.membership_auc",
+              "op": "<=", "threshold": 0.65, "judge": "interval", "rationale": "r"}]
+    params = write_params(tmp_path, rules=rules)
+    audit = artifacts.read_json(p.audit)
+    audit["judged"] = {"transformer": {
+        "membership_auc": {"value": 0.64, "ci_low": 0.5, "ci_high": 0.78},
+        "per_seed": {s: {"membership_auc": {"value": v, "ci_low": v - 0.05,
+                                            "ci_high": v + 0.05}}
+                     for s, v in (("11", 0.58), ("12", 0.72))}}}
+    artifacts.write_json(p.audit, audit)
+    report(tmp_path, params, p)
+    metrics = artifacts.read_json(p.metrics_out)
+    assert metrics["memorisation.transformer.membership_auc.seed.12.ci_low"] == \
+        pytest.approx(0.67)
+    assert metrics["decision.criteria.membership"] == "FAIL"
+    md = p.md_out.read_text()
+    assert "| membership | FAIL | The transformer's membership AUC (0.5 is chance), judged on " \
+           "each of its 2 training seeds alone" in md
+    assert "seed 12 fails, so the rule fails." in md
+    assert "| membership | memorisation.transformer.membership_auc | <= 0.65 (whole interval) " \
+           "| 0.72 (seed 12) | [0.67, 0.77] | FAIL |" in md
+
 
 def test_stage_reports_are_folded_not_dumped_in_the_body(tmp_path):
     p = make_inputs(tmp_path)

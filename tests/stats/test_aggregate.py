@@ -147,6 +147,33 @@ def test_the_gap_is_held_out_minus_train_per_note():
     assert generalisation(pd.concat([held, train]), Plan(splits=("train",)), ["a"]) == ({}, {})
 
 
+def test_each_training_seed_has_its_own_gap_on_the_same_replicates():
+    """A model trained over seeds: ``gap.<model>.per_seed.<seed>`` is that seed's gap with the
+    interval of its scores alone, exactly the gap of a table holding that seed only (the same
+    groups drawn), and no seed term; the mean's block keeps its t term over the seeds."""
+    held = per_piece("val", 6, {"a": 1.0}, {"a": [1, 5, 9]})
+    train = per_piece("train", 6, {"a": 0.8}, {"a": [1, 5, 9]}, seed=3)
+    train["nll_nats"] *= 1 - 0.03 * train["seed"]  # the seeds' gaps differ by design
+    table = pd.concat([held, train])
+    _, gap = generalisation(table, Plan(), ["a"])
+    g = gap["a"]
+    assert sorted(g["per_seed"]) == ["1", "5", "9"]
+    for s, own in g["per_seed"].items():
+        alone = generalisation(table[table["seed"] == int(s)], Plan(), ["a"])[1]["a"]
+        for unit in ("nats_per_token", "nats_per_note"):
+            assert own[unit] == alone[unit]
+            assert own[unit]["value"] == pytest.approx(g[unit]["per_seed"][s])
+    mean = g["nats_per_note"]
+    assert mean["seed_half_width"] > 0
+    widest = max(o["nats_per_note"]["ci_high"] - o["nats_per_note"]["ci_low"]
+                 for o in g["per_seed"].values())
+    assert mean["ci_high"] - mean["ci_low"] > widest
+    one = generalisation(pd.concat([per_piece("val", 6, {"a": 1.0}, {}),
+                                    per_piece("train", 6, {"a": 0.8}, {}, seed=3)]),
+                         Plan(), ["a"])[1]["a"]
+    assert "per_seed" not in one  # a model trained once has no seed blocks
+
+
 @pytest.mark.parametrize(("splits", "with_test", "listed", "n_groups", "source"), [
     (("val", "test"), True, 0, 4, "test (scored)"),
     (("val",), True, 7, 7, "test (data/splits.parquet)"),

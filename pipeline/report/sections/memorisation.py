@@ -51,20 +51,19 @@ def render(doc: Document, ctx: ReportContext) -> None:
         for seed, c in sorted(per_seed.items(), key=lambda x: int(x[0])):
             auc, ext = c.get("membership_auc") or {}, (c.get("extraction_rate") or {})
             excess = ext.get("excess") or {}
+            flags = (c.get("flag_rate") or {}).get("excess") or {}
             seed_rows.append([m, seed, fmt(auc.get("value"), d),
                               f"{fmt(auc.get('ci_low'), d)} to {fmt(auc.get('ci_high'), d)}",
                               fmt((auc.get("tpr") or {}).get("value"), d),
                               fmt((ext.get("train") or {}).get("value"), d),
-                              f"{fmt(excess.get('ci_low'), d)} to {fmt(excess.get('ci_high'), d)}"])
+                              f"{fmt(excess.get('ci_low'), d)} to {fmt(excess.get('ci_high'), d)}",
+                              f"{fmt(flags.get('ci_low'), d)} to {fmt(flags.get('ci_high'), d)}"])
     if seed_rows:
-        pooled = any((b or {}).get("seeds") for b in (audit.get("judged") or {}).values())
-        doc.add(Para("Membership and extraction of every training seed, on the same pieces "
-                     + ("(the criteria judge the seeds together: their mean AUC with the "
-                        "seeds' t term, and a piece extracted when any seed reproduces it):"
-                        if pooled else
-                        "(the criteria judge the first seed, whose samples are audited):")),
+        doc.add(Para("Every training seed's own membership, extraction and copying (its own "
+                     "samples against the same human windows), on the same pieces; the criteria "
+                     "judge each guard on every seed alone, and one seed failing fails it:"),
                 Table(["model", "seed", "membership AUC", "AUC CI", "TPR at the FPR",
-                       "train exact", "extraction excess CI"], seed_rows))
+                       "train exact", "extraction excess CI", "flag excess CI"], seed_rows))
     table = read_table_or_none(inputs["per_sample"])
     if table is not None and {"lcs_tokens", "model", "kind"} <= set(table.columns):
         hist = {"human test": table[(table["model"] == "human") & (table["kind"] == "test")]}

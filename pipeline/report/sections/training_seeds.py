@@ -74,9 +74,10 @@ def render(doc: Document, ctx: ReportContext) -> None:
     judged = get(reports.get("audit"), "judged", "transformer") or {}
     if judged.get("seeds"):
         audit_seeds = ("The audit judges every seed as well: generate shares the samples out "
-                       "among the seeds, the flag rate and membership (the seeds' mean AUC) "
-                       "take the seeds' Student-t term, extraction counts a piece any seed "
-                       "reproduces, and quality judges the pooled samples.")
+                       "among the seeds, and quality judges the pooled samples. The guards "
+                       "(membership, copying, extraction and the gap) must hold for every "
+                       "seed: the criteria judge each seed's own block, and one seed failing "
+                       "fails the guard.")
     else:
         audit_seeds = (f"Samples, copying and quality use the first seed's model (seed "
                        f"{seeds[0]}); membership and extraction run on every seed and judge "

@@ -19,13 +19,14 @@ AUDIT = {"thresholds": {"lcs_tokens": 20.0, "nn_jaccard": 0.5},
          "membership": {"ngram": {"auc": 0.6, "n_train": 8, "n_test": 7}}}
 
 
-def _seeds(pooled: bool) -> dict:
+def _seeds() -> dict:
     per_seed = {str(s): {"membership_auc": {"value": auc, "ci_low": 0.5, "ci_high": 0.7,
                                             "tpr": {"value": 0.2}},
                          "extraction_rate": {"train": {"value": 0.1},
-                                             "excess": {"ci_low": -0.1, "ci_high": 0.2}}}
+                                             "excess": {"ci_low": -0.1, "ci_high": 0.2}},
+                         "flag_rate": {"excess": {"ci_low": -0.05, "ci_high": 0.08}}}
                 for s, auc in ((12, 0.62), (3, 0.58))}
-    return {"transformer": {"per_seed": per_seed, **({"seeds": [3, 12]} if pooled else {})}}
+    return {"transformer": {"per_seed": per_seed, "seeds": [3, 12]}}
 
 
 def test_without_the_audit_it_is_not_available(tmp_path):
@@ -47,16 +48,14 @@ def test_thresholds_groups_flag_rate_extraction_and_membership(tmp_path):
     assert "training seed" not in md  # no per-seed block
 
 
-def test_per_seed_rows_in_seed_order_and_whether_the_criteria_pool_them(tmp_path):
-    first = rendered(memorisation.render, make_context(
-        tmp_path, reports={"audit": {**AUDIT, "judged": _seeds(pooled=False)}}))
-    rows = [line for line in first.splitlines() if line.startswith("| transformer |")]
+def test_per_seed_rows_in_seed_order_judged_one_by_one(tmp_path):
+    md = rendered(memorisation.render, make_context(
+        tmp_path, reports={"audit": {**AUDIT, "judged": _seeds()}}))
+    rows = [line for line in md.splitlines() if line.startswith("| transformer |")]
     assert [r.split("|")[2].strip() for r in rows] == ["3", "12"]  # numerically, not as text
-    assert rows[0] == "| transformer | 3 | 0.58 | 0.5 to 0.7 | 0.2 | 0.1 | -0.1 to 0.2 |"
-    assert "(the criteria judge the first seed, whose samples are audited)" in first
-    pooled = rendered(memorisation.render, make_context(
-        tmp_path, reports={"audit": {**AUDIT, "judged": _seeds(pooled=True)}}))
-    assert "(the criteria judge the seeds together" in pooled
+    assert rows[0] == ("| transformer | 3 | 0.58 | 0.5 to 0.7 | 0.2 | 0.1 | -0.1 to 0.2 | "
+                       "-0.05 to 0.08 |")
+    assert "the criteria judge each guard on every seed alone" in md
 
 
 def test_the_histogram_of_shared_runs_from_the_per_sample_table(tmp_path):

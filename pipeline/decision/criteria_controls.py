@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -75,51 +75,79 @@ from pipeline.audit.memorisation import (
 )
 from pipeline.decision.criteria import CriteriaConfig, Criterion, evaluate
 from pipeline.decision.metrics import MODELS, judged_per_seed, seed_metrics
-from pipeline.stats.power import seed_t_half_width
+from pipeline.decision.spreads import Spreads, auc_for_gap
+from pipeline.music.descriptors import STATS
+from pipeline.stats.power import gain_at_power, seed_t_half_width
 
 GOOD_AT_LEAST = 0.80
 BAD_AT_MOST = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sizes:
-    """The default experiment's sample sizes and spreads (reports/eval.json, audit.json)."""
+    """One design's sample sizes and its measured spreads (:mod:`pipeline.decision.spreads`):
+    the registered split and params with a val pilot's spreads (:func:`design_sizes`), or the
+    run's own (:func:`run_sizes`). No spread has a default: each is measured."""
 
-    gain_se_groups: float = 0.0051
-    """Standard error of the relative gain over the n-gram on test from the groups alone:
-    evaluate's power block (val's group spread scaled to 33 test groups)."""
-    gain_seed_sd: float = 0.0112
-    """Standard deviation of the per-seed gains (the same power block, over 3 training seeds)."""
-    seeds: int = 3
+    spreads: Spreads
+    seeds: int
     """Training seeds (``transformer.replicates``)."""
-    gap_se: float = 0.0497
-    """Standard error of the held-out − train-subset gap, nats per token, at 72 held-out (val and
-    test) and 256 train pieces: :func:`gap_se_for`, from the 0.078 measured at 27 val and 128
-    train pieces (the committed 95% interval, 0.42 to 0.72, was 3.92 of them wide)."""
-    gap_per_note_se: float = 0.104
-    """The same per note (0.165 measured at 27 and 128: 0.35 to 1.00): pieces' tokens per note
-    vary, so per note is the noisier scale, and the one free of the tokenizer."""
-    membership_train: int = 234
-    """Train pieces of membership inference: every train piece of the committed split (234,
-    under the audit's 256)."""
-    membership_test: int = 114
-    """Held-out pieces of membership inference: val and test (63 + 51)."""
-    membership_train_groups: int = 152
-    membership_test_groups: int = 50
-    """The groups those pieces fall in, resampled whole: train's 152, val's 26 and test's 24."""
-    extraction_train: int = 234
-    extraction_test: int = 51
-    samples: int = 256
-    """Audited samples of a model (240 unconditional, 16 continuations), shared out among its
+    membership_train: int
+    """Train pieces of membership inference (``audit.membership_pieces``, at most the split's)."""
+    membership_test: int
+    """Held-out pieces of membership inference (val and test)."""
+    membership_train_groups: int
+    membership_test_groups: int
+    """The groups those pieces fall in, resampled whole."""
+    extraction_train: int
+    extraction_test: int
+    samples: int
+    """Audited samples of a model (unconditional and continuations), shared out among its
     training seeds by generate."""
-    human_windows: int = 151
-    human_pieces: int = 51
-    human_flag_rate: float = 0.053
-    """The committed split's test windows flagged (8 of 151)."""
-    quality_stats: int = 7
+    human_windows: int
+    human_pieces: int
+    quality_stats: int = len(STATS)
     quality_alpha: float = 0.05
     level: float = 0.95
     n_boot: int = 500
+
+    @property
+    def gain_se_groups(self) -> float:
+        return self.spreads.gain_se_groups
+
+    @property
+    def gain_seed_sd(self) -> float:
+        return self.spreads.gain_seed_sd
+
+    @property
+    def gap_se(self) -> float:
+        return self.spreads.gap_se_token
+
+    @property
+    def gap_per_note_se(self) -> float:
+        return self.spreads.gap_se_note
+
+    @property
+    def human_flag_rate(self) -> float:
+        return self.spreads.human_flag_rate
+
+    def scaled(self, factor: float, seeds: int | None = None) -> Sizes:
+        """The same design with every held-out and audited count times ``factor`` (standard
+        errors over pieces and groups shrink by ``sqrt(factor)``; the seeds' spread does not)
+        and ``seeds`` training seeds: how large an experiment would have to be."""
+        sp = self.spreads
+        root = math.sqrt(factor)
+        spreads = replace(sp, gain_se_groups=sp.gain_se_groups / root,
+                          gap_se_note=sp.gap_se_note / root, gap_se_token=sp.gap_se_token / root)
+
+        def up(n: int) -> int:
+            return max(1, round(n * factor))
+
+        return replace(self, spreads=spreads, seeds=seeds or self.seeds,
+                       membership_test=up(self.membership_test),
+                       membership_test_groups=up(self.membership_test_groups),
+                       extraction_test=up(self.extraction_test), samples=up(self.samples),
+                       human_windows=up(self.human_windows), human_pieces=up(self.human_pieces))
 
     @property
     def gain_se(self) -> float:
@@ -220,6 +248,15 @@ def _membership(auc: float) -> Callable[..., dict[str, Any]]:
     return draw
 
 
+def _membership_at_gap(gap: float) -> Callable[..., dict[str, Any]]:
+    """Membership at the AUC a per-note ``gap`` implies at the pieces' measured spread
+    (:func:`pipeline.decision.spreads.auc_for_gap`): the gap rule and the membership rule judge
+    one model, so their truths come from one number."""
+    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
+        return _membership(auc_for_gap(gap, s.spreads.piece_sd_note))(rng, s)
+    return draw
+
+
 def _extraction(train_rate: float, test_rate: float,
                 shared: bool = True) -> Callable[..., dict[str, Any]]:
     def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
@@ -254,10 +291,20 @@ def _flags(sample_rate: float) -> Callable[..., dict[str, Any]]:
     return draw
 
 
-def _quality(p_outside: float, margin: bool) -> Callable[..., dict[str, float]]:
+def _flags_times(factor: float) -> Callable[..., dict[str, Any]]:
+    """Samples flagged at ``factor`` times the measured human rate."""
+    def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
+        return _flags(min(1.0, factor * s.human_flag_rate))(rng, s)
+    return draw
+
+
+def _quality(p_outside: float | None, margin: bool) -> Callable[..., dict[str, float]]:
+    """Each statistic outside its band with ``p_outside`` (None: ``quality_alpha``, what the
+    band's calibration gives human-like music)."""
     def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
         k = s.quality_stats
-        score = 1 - int((rng.random(k) < p_outside).sum()) / k
+        p = s.quality_alpha if p_outside is None else p_outside
+        score = 1 - int((rng.random(k) < p).sum()) / k
         null = rng.random((4000, k)) < s.quality_alpha  # human-like sets, as audit calibrates
         band = float(np.quantile(1 - null.sum(axis=1) / k, s.quality_alpha))
         return {"value": score - band if margin else score}
@@ -290,16 +337,18 @@ def _gap(unit: str, se_attr: str) -> tuple[Control, ...]:
 def _judged(m: str) -> dict[str, tuple[Control, ...]]:
     """The audit's judgements of model ``m`` (``audit.judged.<m>``)."""
     quality = {f"quality.{m}.{key}": (
-        good("human-like: each statistic outside its band with the calibrated 5%",
-             _quality(0.05, margin=margin)),
+        good("human-like: each statistic outside its band at the calibrated quality_alpha",
+             _quality(None, margin=margin)),
         *(bad(f"each statistic outside its band with {p:.0%}", _quality(p, margin=margin))
           for p in (0.5, 0.6)),
     ) for key, margin in (("score", False), ("margin", True))}
     return {
         f"memorisation.{m}.membership_auc": (
+            good("the AUC a per-note gap of 0.2 implies at the pieces' spread",
+                 _membership_at_gap(0.2)),
             good("true AUC 0.5 (chance)", _membership(0.5)),
-            bad("true AUC 0.8", _membership(0.8)),
-            bad("true AUC 0.75", _membership(0.75)),
+            bad("the AUC a per-note gap of 1.0 implies (memorised training pieces)",
+                _membership_at_gap(1.0)),
         ),
         f"memorisation.{m}.extraction_excess": (
             good("never reproduces a continuation (0% on train and test)", _extraction(0.0, 0.0)),
@@ -311,9 +360,9 @@ def _judged(m: str) -> dict[str, tuple[Control, ...]]:
                 _extraction(0.2, 0.0)),
         ),
         f"memorisation.{m}.flag_excess": (
-            good("samples flagged at the human rate (5.3%)", _flags(0.053)),
+            good("samples flagged at the human rate", _flags_times(1.0)),
+            bad("samples flagged at 3 times the human rate", _flags_times(3.0)),
             bad("30% of samples flagged", _flags(0.30)),
-            bad("20% of samples flagged (3 times the human rate)", _flags(0.20)),
         ),
         **quality,
     }
@@ -358,7 +407,7 @@ class Rate:
 
 
 def pass_rate(rule: Criterion, control: Control, draws: int, seed: int,
-              sizes: Sizes = Sizes()) -> float:
+              sizes: Sizes) -> float:
     """Share of ``draws`` simulated experiments under ``control`` (one of the controls of
     ``rule``'s metric) in which ``rule`` PASSes; the draws are seeded by ``seed``, ``draws``,
     the metric, the case and the planted truth."""
@@ -380,8 +429,7 @@ def pass_rate(rule: Criterion, control: Control, draws: int, seed: int,
     return passed / draws
 
 
-def rates(cfg: CriteriaConfig, draws: int = 1000, seed: int = 0,
-          sizes: Sizes = Sizes()) -> list[Rate]:
+def rates(cfg: CriteriaConfig, sizes: Sizes, draws: int = 1000, seed: int = 0) -> list[Rate]:
     """The pass rate of every rule of ``cfg`` under every control of its metric, in rule order
     (rules on metrics without controls are left out)."""
     out = []
@@ -392,7 +440,126 @@ def rates(cfg: CriteriaConfig, draws: int = 1000, seed: int = 0,
     return out
 
 
-# --- power at registration ---------------------------------------------------------------------
+# --- one good model, one bad model per failure, all rules together -----------------------------
+
+@dataclass(frozen=True)
+class Model:
+    """A whole model, every metric's truth at once: what all rules together are judged on."""
+
+    name: str
+    truth: str
+    draws: dict[str, Callable[[np.random.Generator, Sizes], dict[str, Any]]]
+
+
+def _model(name: str, truth: str, *, gain: float = 0.06, gap: float = 0.2,
+           extraction: tuple[float, float] = (0.0, 0.0), flags: float = 1.0,
+           outside: float | None = None, near_copies: int = 0) -> Model:
+    """A model from the rules' own rationales, with the named departures: ``gain`` over the
+    n-gram, a per-note (and per-token) ``gap``, membership at the AUC that gap implies,
+    ``extraction`` rates on train and test, samples flagged at ``flags`` times the human rate,
+    each music statistic outside its band with ``outside`` (None: the calibrated
+    ``quality_alpha``), ``near_copies`` test pieces near a train piece."""
+    draws: dict[str, Callable[..., dict[str, Any]]] = {
+        "test.nll_per_note.rel_improvement": _gain(gain),
+        "leakage.test_near_train": _count(near_copies),
+        "generalisation.gap.transformer": _normal(gap, _se("gap_se")),
+        "generalisation.gap_per_note.transformer": _normal(gap, _se("gap_per_note_se")),
+    }
+    for m in MODELS:
+        draws[f"memorisation.{m}.membership_auc"] = _membership_at_gap(gap)
+        draws[f"memorisation.{m}.extraction_excess"] = _extraction(*extraction)
+        draws[f"memorisation.{m}.flag_excess"] = _flags_times(flags)
+        draws[f"quality.{m}.score"] = _quality(outside, margin=False)
+        draws[f"quality.{m}.margin"] = _quality(outside, margin=True)
+    return Model(name, truth, draws)
+
+
+GOOD_MODEL = _model(
+    "good", "a 6% gain over the n-gram, a per-note gap of 0.2 nats and the membership AUC it "
+    "implies, samples flagged at the human rate, no continuation reproduced, human-like "
+    "statistics, no test piece near a train piece")
+"""The model every rule's rationale calls good, all at once."""
+BAD_MODELS = (
+    _model("no gain", "no gain over the n-gram; good otherwise", gain=0.0),
+    _model("memorises", "memorised its training pieces: a per-note gap of 1.0, the membership "
+           "AUC it implies, 20% of training continuations reproduced", gap=1.0,
+           extraction=(0.2, 0.0)),
+    _model("copies", "samples flagged at 3 times the human rate", flags=3.0),
+    _model("leaks", "held-out music leaked into training: a gap of -0.5, one test piece near a "
+           "train piece", gap=-0.5, near_copies=1),
+    _model("noise", "each music statistic outside its band half the time", outside=0.5),
+)
+"""One bad model per failure the rules are there to catch; each must fail the rules together."""
+
+
+def _draw_metrics(rules: list[Criterion], model: Model, rng: np.random.Generator,
+                  sizes: Sizes) -> dict[str, Any]:
+    """One simulated experiment's flat metrics: one draw per metric the rules name (two rules
+    on one metric judge the same draw, as they judge the same run)."""
+    metrics: dict[str, Any] = {}
+    for metric in sorted({r.metric for r in rules}):
+        got = model.draws[metric](rng, sizes)
+        metrics[metric] = got["value"]
+        metrics.update({f"{metric}.{k}": got[k] for k in ("ci_low", "ci_high") if k in got})
+        for seed, block in (got.get("seeds") or {}).items():
+            metrics.update(seed_metrics(metric, seed, block))
+    return metrics
+
+
+def joint_rates(cfg: CriteriaConfig, model: Model, sizes: Sizes, draws: int,
+                seed: int = 0) -> dict[str, Any]:
+    """How often every rule of ``cfg`` passes ``model`` together (``all``), and each rule alone
+    on the same draws. Rules on metrics the model does not simulate are left out (``left_out``).
+    Metrics are drawn independently given the truth; a run whose gap and membership share
+    pieces has correlated noise, which this leaves out."""
+    rules = [r for r in cfg.rules if r.metric in model.draws]
+    rng = np.random.default_rng([seed, draws, *model.name.encode()])
+    passed = dict.fromkeys((r.name for r in rules), 0)
+    together = 0
+    for _ in range(draws):
+        metrics = _draw_metrics(rules, model, rng, sizes)
+        verdicts = {r.name: evaluate(r, metrics, sizes.level).status == "PASS" for r in rules}
+        together += all(verdicts.values())
+        for name, ok in verdicts.items():
+            passed[name] += ok
+    return {"model": model.name, "truth": model.truth, "all": together / draws,
+            "rules": {n: k / draws for n, k in passed.items()},
+            "left_out": [r.name for r in cfg.rules if r.metric not in model.draws]}
+
+
+def joint_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0) -> dict[str, Any]:
+    """The good model's and every bad model's joint pass rate at ``sizes``, against the
+    standard (good at least :data:`GOOD_AT_LEAST`, each bad at most :data:`BAD_AT_MOST`)."""
+    good_ = joint_rates(cfg, GOOD_MODEL, sizes, draws, seed)
+    bads = [joint_rates(cfg, m, sizes, draws, seed) for m in BAD_MODELS]
+    judged = bool(good_["rules"])  # no rule on a simulated metric: nothing to judge together
+    return {"good": good_, "bad": bads,
+            "meets_standard": not judged or (good_["all"] >= GOOD_AT_LEAST
+                                             and all(b["all"] <= BAD_AT_MOST for b in bads))}
+
+
+FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+"""Multiples of the held-out and audited counts :func:`size_for_standard` tries."""
+
+
+def size_for_standard(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0
+                      ) -> dict[str, Any] | None:
+    """The smallest design, among the held-out and audited counts times :data:`FACTORS` and
+    the seeds as they are or doubled, at which the good model passes all rules together at
+    least :data:`GOOD_AT_LEAST` of the time (fewest pieces first); None when none does."""
+    for factor in FACTORS:
+        for seeds in sorted({sizes.seeds, 2 * sizes.seeds}):
+            bigger = sizes.scaled(factor, seeds)
+            rate = joint_rates(cfg, GOOD_MODEL, bigger, draws, seed)["all"]
+            if rate >= GOOD_AT_LEAST:
+                return {"factor": factor, "seeds": seeds, "good_all": rate,
+                        "test_groups_se": bigger.gain_se_groups, "samples": bigger.samples,
+                        "held_out_pieces": bigger.membership_test,
+                        "human_pieces": bigger.human_pieces}
+    return None
+
+
+# --- sizes of a registered design and of a run -------------------------------------------------
 
 SE_OF = {"test.nll_per_note.rel_improvement": "gain_se",
          "val.nll_per_note.rel_improvement": "gain_se",
@@ -401,80 +568,73 @@ SE_OF = {"test.nll_per_note.rel_improvement": "gain_se",
 """Metrics simulated as normal estimates, and the :class:`Sizes` field holding their standard
 error: for these the smallest effect resolved has a closed form (:func:`resolved_effect`)."""
 
-ASSUMPTIONS = (
-    "counts from the registered split and params; spreads stated, not measured on this run: "
-    "the gain's standard error over groups (0.0051 at 33 test groups, scaled by the square "
-    "root of the test groups) and the spread of its per-seed values (0.0112, judged with a "
-    "Student-t term over transformer.replicates seeds), the gap's standard error (0.078 nats "
-    "per token, 0.165 per note, measured at 27 val and 128 train pieces, scaled by the pieces' "
-    "spreads over the held-out and train-subset counts) of the default experiment's committed "
-    "scores, and held-out human windows flagged "
-    "at 5.3%; the guards (membership, gap, copying, extraction) judged on every seed alone, "
-    "the seeds drawn independently")
 
-
-GAP_PIECE_SD = {"token": (0.256, 0.318), "note": (0.555, 0.536)}
-"""Spread over pieces of the transformer's NLL (nats per token, per note) on val and on train
-pieces, first seed of the committed default experiment: what the gap's standard error scales
-with."""
-GAP_SE_AT = {"token": 0.078, "note": 0.165}
-GAP_SE_SIZES = (27, 128)
-"""The gap's standard error the committed experiment measured with 27 val and 128 train
-pieces (its 95% interval's width / 3.92; groups and seeds included). With 27 and 27 it measured
-0.087 and 0.172, where this scaling predicts 0.108 and 0.210 from 128 (and 0.135 per note at
-128 from 27, the registration's assumption): the scaling is rough, within about 25%."""
-
-
-def gap_se_for(n_val: int, n_train: int, unit: str) -> float:
-    """The gap's standard error at ``n_val`` held-out and ``n_train`` train-subset pieces: the
-    committed one scaled by ``sqrt(sd_val²/n_val + sd_train²/n_train)`` against its own sizes
-    (val's spread stands for the held-out pieces')."""
-    sv, st = GAP_PIECE_SD[unit]
-    now = sv * sv / max(n_val, 1) + st * st / max(n_train, 1)
-    v0, t0 = GAP_SE_SIZES
-    then = sv * sv / v0 + st * st / t0
-    return GAP_SE_AT[unit] * math.sqrt(now / then)
-
-
-def design_sizes(params: Mapping[str, Any], counts: Mapping[str, tuple[int, int]]) -> Sizes:
-    """The :class:`Sizes` of a registered design: ``counts`` maps each split to its (pieces,
-    groups); the audit's and generate's params give the audited counts. Spreads are
-    :class:`Sizes`' stated ones, rescaled to these counts (see :data:`ASSUMPTIONS`)."""
-    base = Sizes()
+def _defaults(params: Mapping[str, Any]) -> tuple[dict, dict, dict, int]:
     # the stages' own defaults for keys a params file leaves out (library code may not import
     # the stage modules; tests/decision/test_criteria_controls.py checks that a bare params file
     # gives the sizes of params.yaml, whose values tests/test_params.py holds equal to the
     # stages' defaults)
     audit = {"membership_pieces": 256, "extraction_pieces": 256, "quality_alpha": 0.05,
-             **(params.get("audit") or {})}
+             "flag_quantile": 0.95, **(params.get("audit") or {})}
     gen = {"n_samples": 240, "n_continuations": 16, **(params.get("generate") or {})}
     evaluate = {"train_pieces": 256, "ci_level": 0.95, **(params.get("evaluate") or {})}
     seeds = int((params.get("transformer") or {}).get("replicates", 3))
+    return audit, gen, evaluate, seeds
+
+
+def design_sizes(params: Mapping[str, Any], counts: Mapping[str, tuple[int, int]],
+                 spreads: Spreads, windows_per_piece: float) -> Sizes:
+    """The :class:`Sizes` of a registered design: ``counts`` maps each split to its (pieces,
+    groups); the audit's and generate's params give the audited counts; ``spreads`` come from
+    the val pilot (:func:`pipeline.decision.spreads.from_pilot`); ``windows_per_piece``: the
+    audit's human windows per held-out piece, from val's pieces."""
+    audit, gen, evaluate, seeds = _defaults(params)
     train_n, train_g = counts.get("train", (0, 0))
     val_n, val_g = counts.get("val", (0, 0))
-    test_n, test_g = counts.get("test", (0, 0))
+    test_n, _ = counts.get("test", (0, 0))
+    test_g = counts.get("test", (0, 0))[1]
     mem_train = min(int(audit["membership_pieces"]), train_n)
     held = min(int(audit["membership_pieces"]), val_n + test_n)
-    subset = min(int(evaluate["train_pieces"]) or val_n + test_n, train_n)
-    per_test_piece = base.human_windows / base.human_pieces
     return Sizes(
-        gain_se_groups=base.gain_se_groups * math.sqrt(33 / max(test_g, 1)), seeds=seeds,
-        gap_se=gap_se_for(val_n + test_n, subset, "token"),
-        gap_per_note_se=gap_se_for(val_n + test_n, subset, "note"),
+        spreads=spreads, seeds=seeds,
         membership_train=mem_train, membership_test=held,
         membership_train_groups=max(1, round(mem_train / max(train_n, 1) * train_g)),
         membership_test_groups=max(1, round(held / max(val_n + test_n, 1) * (val_g + test_g))),
         extraction_train=min(int(audit["extraction_pieces"]), train_n),
         extraction_test=min(int(audit["extraction_pieces"]), test_n),
         samples=int(gen["n_samples"]) + min(int(gen["n_continuations"]), test_n),
-        human_windows=max(1, round(per_test_piece * test_n)), human_pieces=max(1, test_n),
+        human_windows=max(1, round(windows_per_piece * test_n)), human_pieces=max(1, test_n),
+        level=float(evaluate["ci_level"]), quality_alpha=float(audit["quality_alpha"]))
+
+
+def run_sizes(params: Mapping[str, Any], audit_report: Mapping[str, Any], spreads: Spreads
+              ) -> Sizes:
+    """The :class:`Sizes` a run measured: its audit's counts (``judged.transformer``), the
+    seeds trained, and its spreads (:func:`pipeline.decision.spreads.from_run`)."""
+    audit, gen, evaluate, seeds = _defaults(params)
+    judged = ((audit_report.get("judged") or {}).get("transformer") or {})
+    mem = judged.get("membership_auc") or {}
+    human = ((judged.get("flag_rate") or {}).get("human") or {})
+    ext = judged.get("extraction_rate") or {}
+    return Sizes(
+        spreads=spreads, seeds=max(1, len(judged.get("seeds") or []) or seeds),
+        membership_train=int(mem.get("n_train") or 1), membership_test=int(mem.get("n_heldout")
+                                                                         or 1),
+        membership_train_groups=int(mem.get("n_train_groups") or 1),
+        membership_test_groups=int(mem.get("n_heldout_groups") or 1),
+        extraction_train=int((ext.get("train") or {}).get("n") or audit["extraction_pieces"]),
+        extraction_test=int((ext.get("test") or {}).get("n") or 1),
+        samples=int((judged.get("flag_rate") or {}).get("n") or gen["n_samples"]),
+        human_windows=int(human.get("n_windows") or 1), human_pieces=int(human.get("n_pieces")
+                                                                         or 1),
         level=float(evaluate["ci_level"]), quality_alpha=float(audit["quality_alpha"]))
 
 
 def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float | None:
     """For a rule on a normally simulated metric (:data:`SE_OF`), the true value at which it
     reaches its verdict with probability ``power``: the smallest true gain an ``interval`` rule
-    ``>= t`` passes, the largest true value an ``interval`` rule ``<= t`` passes, and for a
+    ``>= t`` passes (:func:`pipeline.stats.power.gain_at_power`, the project's one power
+    statement), the largest true value an ``interval`` rule ``<= t`` passes, and for a
     ``refute`` rule the value beyond which it FAILs (``t`` minus the margin for ``>=``). None for
     other metrics and judges (their pass rates are in :func:`rates`).
 
@@ -484,13 +644,16 @@ def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float 
     attr = SE_OF.get(rule.metric)
     if attr is None or rule.judge not in ("interval", "refute"):
         return None
+    above = rule.op in (">", ">=")
+    if attr == "gain_se" and rule.judge == "interval" and above:
+        return gain_at_power(rule.threshold, sizes.gain_se_groups, sizes.gain_seed_sd,
+                             sizes.seeds, sizes.level, power)
     se = getattr(sizes, attr)
     half = (sizes.gain_half_width if attr == "gain_se"
             else NormalDist().inv_cdf(0.5 + sizes.level / 2) * se)
     k = max(sizes.seeds, 1) if rule.metric in judged_per_seed() else 1
     each = power ** (1 / k) if rule.judge == "interval" else 1 - (1 - power) ** (1 / k)
     margin = half + NormalDist().inv_cdf(each) * se
-    above = rule.op in (">", ">=")
     if rule.judge == "interval":
         return rule.threshold + margin if above else rule.threshold - margin
     return rule.threshold - margin if above else rule.threshold + margin
@@ -504,11 +667,19 @@ def _resolves(rule: Criterion) -> str:
     return f"passes only a true value {'of at least' if above else 'of at most'}"
 
 
-def power_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0) -> dict[str, Any]:
-    """What ``symkit preregister`` states before any training: the sizes, the assumptions, each
-    rule's control pass rates at these sizes and, where closed-form, the effect it resolves at
-    80% power."""
-    found = rates(cfg, draws=draws, seed=seed, sizes=sizes)
+SIMULATION = ("pipeline/decision/criteria_controls.py: each rule judged by its own code on "
+              "simulated evidence, seeded by (seed, draws, metric, case, truth); the good and "
+              "bad models of GOOD_MODEL and BAD_MODELS judged by all rules together")
+"""Where the figures come from, so anyone can re-run them (``symkit controls``)."""
+
+
+def power_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0,
+                search: bool = True) -> dict[str, Any]:
+    """The power statement: the sizes and the spreads (with where each was measured), each
+    rule's control pass rates, where closed-form the effect it resolves at 80% power, the good
+    and bad models' joint pass rates, and (``search``) the smallest larger design at which the
+    good model passes all rules together at 80%."""
+    found = rates(cfg, sizes, draws=draws, seed=seed)
     rules = []
     for rule in cfg.rules:
         mine = [r for r in found if r.rule == rule.name]
@@ -518,15 +689,23 @@ def power_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0) ->
             "controls": [{"case": r.case, "truth": r.truth, "pass_rate": r.pass_rate,
                           "meets_standard": r.meets_standard} for r in mine],
             "resolved_at_80_percent": effect, "resolves": _resolves(rule)})
-    return {"draws": draws, "seed": seed, "standard": {"good_at_least": GOOD_AT_LEAST,
-                                                       "bad_at_most": BAD_AT_MOST},
-            "assumptions": ASSUMPTIONS,
-            "sizes": {f.name: getattr(sizes, f.name) for f in fields(sizes)}, "rules": rules}
+    joint = joint_block(cfg, sizes, draws, seed)
+    out = {"draws": draws, "seed": seed, "simulation": SIMULATION,
+           "standard": {"good_at_least": GOOD_AT_LEAST, "bad_at_most": BAD_AT_MOST},
+           "spreads": sizes.spreads.to_dict(),
+           "sizes": {f.name: getattr(sizes, f.name) for f in fields(sizes)
+                     if f.name != "spreads"},
+           "rules": rules, "joint": joint}
+    if search:
+        out["size_for_standard"] = (None if joint["good"]["all"] >= GOOD_AT_LEAST
+                                    else size_for_standard(cfg, sizes, max(draws // 2, 50),
+                                                           seed))
+    return out
 
 
 def power_lines(block: Mapping[str, Any]) -> list[str]:
-    """One sentence per rule of a :func:`power_block`: its controls' pass rates and what it
-    resolves, for the preregister output and the report."""
+    """One sentence per rule of a :func:`power_block`, then the joint rates: for the
+    preregister output and the report."""
     out = []
     for r in block.get("rules") or []:
         parts = [f"{c['case']} ({c['truth']}) passes {c['pass_rate']:.0%}"
@@ -536,4 +715,18 @@ def power_lines(block: Mapping[str, Any]) -> list[str]:
         if effect is not None:
             parts.append(f"with 80% probability it {r['resolves']} {effect:.3g}")
         out.append(f"{r['name']}: " + ("; ".join(parts) if parts else "no control for its metric"))
+    joint = block.get("joint")
+    if joint:
+        g = joint["good"]
+        out.append(f"all rules together: the good model ({g['truth']}) passes {g['all']:.0%}"
+                   + ("" if g["all"] >= GOOD_AT_LEAST else " [misses the standard]") + "; "
+                   + "; ".join(f"{b['model']} passes {b['all']:.0%}"
+                               + ("" if b["all"] <= BAD_AT_MOST else " [misses the standard]")
+                               for b in joint["bad"]))
+    if "size_for_standard" in block:
+        size = block["size_for_standard"]
+        out.append("the good model passes all rules together at 80% only at a larger design: "
+                   + (f"{size['factor']:g} times the held-out and audited pieces with "
+                      f"{size['seeds']} seeds ({size['good_all']:.0%})" if size else
+                      f"none up to {FACTORS[-1]:g} times the pieces and twice the seeds"))
     return out

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Any
 
 from pipeline.core import artifacts
@@ -48,7 +47,7 @@ from pipeline.decision import bound_code, ledger
 from pipeline.decision.criteria import CriteriaConfig
 from pipeline.decision.metrics import flatten
 from pipeline.decision.trail import test_pieces_sha256
-from pipeline.stats.power import pass_probability, power_summary, seed_t_half_width
+from pipeline.stats.power import gain_at_power
 from pipeline.training.config import LATER_KEYS
 
 # Params keys added after registrations existed, with the value that keeps the earlier behaviour:
@@ -502,39 +501,22 @@ COMPARISON_METRIC = "test.nll_per_note.rel_improvement"
 COMPARISON_PAIR = "ngram_minus_transformer"
 
 
-def power_note(criteria: CriteriaConfig, eval_report: Any, level: float) -> str | None:
-    """What the model-comparison rule can detect, from eval.json's val-based power block (None
-    without an interval-judged comparison rule or without val scores). ``symkit preregister``
-    prints it when val has been scored before registration; the report always shows it."""
-    rule = next((r for r in criteria.rules
-                 if r.metric == COMPARISON_METRIC and r.judge == "interval"
-                 and r.op in (">", ">=")), None)
-    if rule is None or not isinstance(eval_report, dict):
+def comparison_rule(criteria: CriteriaConfig) -> Any:
+    """The rule judging the model comparison's gain (an interval rule on
+    :data:`COMPARISON_METRIC` from below), or None."""
+    return next((r for r in criteria.rules if r.metric == COMPARISON_METRIC
+                 and r.judge == "interval" and r.op in (">", ">=")), None)
+
+
+def power_sentence(criteria: CriteriaConfig, se_groups: float, seed_sd: float, seeds: int,
+                   level: float, at: str) -> str | None:
+    """The one power statement (:func:`pipeline.stats.power.gain_at_power`): the true gain the
+    comparison rule passes with 80% probability at these spreads (``at`` says whose)."""
+    rule = comparison_rule(criteria)
+    if rule is None:
         return None
-    s = power_summary(eval_report, COMPARISON_PAIR, rule.threshold, level)
-    if s is None:
-        return None
-    at_threshold = pass_probability(rule.threshold, s.se, rule.threshold, level)
-    # the minimum detectable effect is a margin above the threshold, never a number to compare
-    # the threshold with: the gain must clear the threshold by it
-    warn = ""
-    block = (eval_report.get("power") or {}).get(COMPARISON_PAIR) or {}
-    seeds = int(block.get("n_seeds") or 1)
-    effect, mde = s.effect_for_power, s.mde
-    if seeds > 1:  # judged with the seeds as a t term: the expected half-width, not z · se
-        half = seed_t_half_width(float(block.get("se_groups") or s.se),
-                                 float(block.get("seed_sd") or 0.0), seeds, level)
-        effect = rule.threshold + half + NormalDist().inv_cdf(s.power) * s.se
-        mde = effect - rule.threshold
-    source = (f"from val's per-group spread scaled to {s.n_groups} test groups"
-              + (f" and the spread of the gain over {seeds} training seeds on val (sd "
-                 f"{float(block.get('seed_sd') or 0.0):.2%})" if seeds > 1 else ""))
-    return (f"{warn}Power of {rule.name}: {source}, the relative improvement has a standard "
-            f"error of about {s.se:.2g}. For "
-            f"its {level:.0%} interval's lower bound to clear {rule.threshold:.2%} with "
-            f"{s.power:.0%} probability, the true gain must be about {effect:.2%} "
-            f"(the minimum detectable effect, {mde:.2%}, above the threshold"
-            + (f"; the seeds enter as a Student-t term at {seeds - 1} degrees of freedom"
-               if seeds > 1 else "") + "); "
-            f"a true gain of exactly {rule.threshold:.2%} passes with probability "
-            f"{at_threshold:.1%}. This assumes test groups vary like val's.")
+    gain = gain_at_power(rule.threshold, se_groups, seed_sd, seeds, level)
+    return (f"Power of {rule.name} at {at}: it passes with 80% probability only a true gain of "
+            f"{gain:.2%} or more (its {level:.0%} interval must clear {rule.threshold:.2%}; "
+            f"gain standard error {se_groups:.3g} over test groups, per-seed spread "
+            f"{seed_sd:.3g} over {seeds} seeds).")

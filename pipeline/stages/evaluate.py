@@ -412,16 +412,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="condition table (`symkit conditions`); read only for a conditioned model")
     a("--ledger", type=Path, default=ledger.LEDGER,
       help="test-access ledger this run's test scores are appended to")
+    a("--pilot", type=Path, default=None, metavar="DIR",
+      help="a val pilot: score val (and the train subset) only, whatever evaluate.splits says, "
+           "and write eval.json and per_piece.parquet into DIR, for `symkit preregister` "
+           "(no test piece is read)")
 
 
 def main(args: argparse.Namespace) -> int:
     cfg = load_section("evaluate", args.params, EvaluateConfig)
     runtime = load_section("runtime", args.params, RuntimeConfig)
+    per_piece, report, book = args.per_piece, args.report, args.ledger
+    if args.pilot is not None:  # val only: nothing to record, no test row read
+        cfg = cfg.model_copy(update={"splits": ["val"]})
+        per_piece, report, book = args.pilot / "per_piece.parquet", args.pilot / "eval.json", None
     summary = run(cfg, runtime, tokens=args.tokens, info=args.info, manifest=args.manifest,
                   splits=args.splits,
                   specs=default_specs(args.ngram_dir, args.transformer_dir, stride=cfg.stride),
-                  per_piece=args.per_piece, report=args.report,
-                  preregistration=args.preregistration, ledger_path=args.ledger,
+                  per_piece=per_piece, report=report,
+                  preregistration=args.preregistration, ledger_path=book,
                   conditions=args.conditions)
     for name, by_split in summary.scored.items():
         figures = ", ".join(f"{s} {v:.4f}" for s, v in by_split.items())

@@ -30,6 +30,7 @@ from pipeline.core.splits import split_hash_of
 from pipeline.decision import ledger, looks, trail
 from pipeline.decision.bound_code import bound_code
 from pipeline.decision.criteria import CriteriaConfig, evaluate_all, overall
+from pipeline.decision.criteria_controls import Sizes, joint_block, run_sizes
 from pipeline.decision.history import head_commit, registration_order
 from pipeline.decision.metrics import build_metrics
 from pipeline.decision.preregistration import (
@@ -39,8 +40,9 @@ from pipeline.decision.preregistration import (
     chain_head,
     check,
     identity,
-    power_note,
+    power_sentence,
 )
+from pipeline.decision.spreads import Spreads, SpreadsUnavailable, from_run
 from pipeline.render.document import (
     Audio,
     Details,
@@ -199,7 +201,6 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     if reg.test_sets:
         doc.add(*test_sets_section(reg))
     doc.add(*headline_figures(criteria, metrics, paths, level))
-    power = power_note(criteria, reports["eval"], level)
     doc.add(Heading("The criteria"),
             Table(["criterion", "metric", "rule", "value", f"{level:.0%} CI", "verdict",
                    "rationale"],
@@ -209,8 +210,8 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
                     fmt(v.value, cfg.digits) + (f" (seed {v.seed})" if v.seed else ""),
                     _ci_cell(v, cfg.digits), v.status, r.rationale]
                    for v, r in zip(verdicts, criteria.rules, strict=True)], status_col=5),
-            *([Para(power)] if power else []),
-            *registered_power(registered))
+            *power_section(criteria, registered, reports, params,
+                           read_table_or_none(paths.per_piece)))
     ctx = ReportContext(cfg, params, reports, metrics,
                         {f.name: getattr(paths, f.name) for f in fields(paths)}, registered, env)
     for section in SECTIONS:
@@ -224,30 +225,104 @@ def run(cfg: ReportConfig, params: Mapping[str, Any], paths: ReportPaths) -> Rep
     return ReportSummary(decision, len(reg.deviations), len(metrics))
 
 
-def registered_power(registered: Any) -> list[Any]:
-    """The registration's power statement (``symkit preregister``, before any training): each
-    rule's control pass rates at the registered sizes, as a table with its assumptions."""
+RUN_DRAWS = 100
+"""Simulated experiments per model when the report re-simulates at the run's spreads (the
+registration states its own, with more)."""
+
+
+def run_power(criteria: CriteriaConfig, reports: Mapping[str, Any], params: Mapping[str, Any],
+              per_piece: Any) -> tuple[Sizes | None, dict[str, Any] | None, str | None]:
+    """(sizes, joint block, why not): all rules together on the good and bad models at the
+    spreads this run measured (:func:`pipeline.decision.spreads.from_run`)."""
+    eval_report, audit = reports.get("eval"), reports.get("audit")
+    if not isinstance(eval_report, dict) or not isinstance(audit, dict) or per_piece is None:
+        return None, None, "the run has no eval.json, audit.json or per-piece table"
+    try:
+        sizes = run_sizes(params, audit, from_run(eval_report, per_piece, audit,
+                                                  level=ci_level(params)))
+    except (SpreadsUnavailable, KeyError, ValueError) as e:
+        return None, None, str(e)
+    return sizes, joint_block(criteria, sizes, RUN_DRAWS), None
+
+
+def _registered_sizes(block: Mapping[str, Any]) -> Sizes | None:
+    try:
+        return Sizes(spreads=Spreads.from_dict(block["spreads"]), **block["sizes"])
+    except (KeyError, TypeError):
+        return None
+
+
+def power_section(criteria: CriteriaConfig, registered: Any, reports: Mapping[str, Any],
+                  params: Mapping[str, Any], per_piece: Any) -> list[Any]:
+    """How often the rules pass a good model and the bad ones, all together and one by one: at
+    the registration's spreads (a val pilot, stated before any test piece was scored) beside
+    the spreads this run measured, and the one power statement at each."""
     block = registered.get("power") if isinstance(registered, dict) else None
-    if not isinstance(block, dict) or not block.get("rules"):
-        return [Para("Power at registration: not stated (registered without it; `symkit "
-                     "preregister` states it unless --power-draws 0).", "note")]
-    std = block.get("standard") or {}
-    rows = []
-    for r in block["rules"]:
-        for c in r.get("controls") or []:
-            want = (f">= {std.get('good_at_least', 0.8):.0%}" if c["case"] == "good"
-                    else f"<= {std.get('bad_at_most', 0.05):.0%}")
-            rows.append([r["name"], c["case"], c["truth"], f"{c['pass_rate']:.1%}",
-                         f"{want}: {'met' if c['meets_standard'] else 'MISSED'}"])
-        if r.get("resolved_at_80_percent") is not None:
-            rows.append([r["name"], "80% power", f"{r['resolves']} "
-                         f"{r['resolved_at_80_percent']:.3g}", "-", "-"])
-    return [Heading("Power at registration", 3),
-            Para(f"Stated by `symkit preregister` before any training: how often each rule "
-                 f"passes a planted good and bad model at the registered sizes "
-                 f"({block.get('draws')} simulated experiments each; "
-                 f"{block.get('assumptions')}).", "note"),
-            Table(["criterion", "control", "planted truth", "passes", "standard"], rows)]
+    block = block if isinstance(block, dict) and block.get("joint") else None
+    reg_sizes = _registered_sizes(block) if block else None
+    run_sizes_, run_joint, why = run_power(criteria, reports, params, per_piece)
+    out: list[Any] = [Heading("Power: the good model and the bad ones", 3)]
+    for sizes, at in ((reg_sizes, "the registration's spreads (val pilot)"),
+                      (run_sizes_, "the spreads this run measured")):
+        if sizes is not None:
+            said = power_sentence(criteria, sizes.gain_se_groups, sizes.gain_seed_sd,
+                                  sizes.seeds, sizes.level, at)
+            if said:
+                out.append(Para(said))
+    if block is None and run_joint is None:
+        return [*out, Para("Not stated: the registration holds no power statement with the "
+                           "joint rates (`symkit preregister` states it from a val pilot, "
+                           "`symkit evaluate --pilot reports/pilot`), and at this run's "
+                           f"spreads: {why}.", "note")]
+    cols = [j for j in ((block or {}).get("joint"), run_joint)]
+
+    def cell(joint: Any, get: Any) -> str:
+        if not joint:
+            return "not available"
+        v = get(joint)
+        return "-" if v is None else f"{v:.0%}"
+
+    rows = [[f"{r.name} (good model)", *[cell(j, lambda j, n=r.name: j["good"]["rules"].get(n))
+                                         for j in cols]] for r in criteria.rules]
+    rows.append(["**all rules, good model** (standard >= 80%)",
+                 *[cell(j, lambda j: j["good"]["all"]) for j in cols]])
+    names = [b["model"] for b in ((cols[0] or cols[1]) or {}).get("bad") or []]
+    for n in names:
+        rows.append([f"all rules, bad model: {n} (standard <= 5%)",
+                     *[cell(j, lambda j, n=n: next((b["all"] for b in j["bad"]
+                                                    if b["model"] == n), None)) for j in cols]])
+    bad_rows = []
+    for r in criteria.rules:
+        cells = []
+        for n in names:
+            got = []
+            for j in cols:
+                b = next((b for b in (j or {}).get("bad") or [] if b["model"] == n), None)
+                v = (b or {}).get("rules", {}).get(r.name)
+                got.append("-" if v is None else f"{v:.0%}")
+            cells.append(" / ".join(got))
+        bad_rows.append([r.name, *cells])
+    spread_rows = []
+    for f in ("gain_se_groups", "gain_seed_sd", "gap_se_note", "gap_se_token", "piece_sd_note",
+              "human_flag_rate"):
+        vals = [getattr(s.spreads, f) if s is not None else None for s in (reg_sizes, run_sizes_)]
+        where = (run_sizes_ or reg_sizes).spreads.source.get(f, "") if (run_sizes_ or reg_sizes) \
+            else ""
+        spread_rows.append([f, *["not available" if v is None else f"{v:.3g}" for v in vals],
+                            where])
+    good = (block or {}).get("joint", {}).get("good", {}).get("truth") or \
+        (run_joint or {}).get("good", {}).get("truth", "")
+    return [*out,
+            Para(f"Pass rates of simulated experiments judged by the registered rules' own code "
+                 f"(pipeline/decision/criteria_controls.py; the registration's "
+                 f"{(block or {}).get('draws', '-')} draws, this run's {RUN_DRAWS}). The good "
+                 f"model: {good}.", "note"),
+            Table(["rule", "at the registration's spreads", "at this run's spreads"], rows),
+            Para("Each rule alone on each bad model (registration / this run): a bad model "
+                 "should fail the rule written to catch it; the others may pass it.", "note"),
+            Table(["rule", *[f"bad: {n}" for n in names]], bad_rows),
+            Table(["spread", "registration (val pilot)", "this run", "where this run's "
+                   "comes from"], spread_rows)]
 
 
 def _slug(text: str, words: int = 5) -> str:

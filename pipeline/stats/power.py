@@ -180,3 +180,43 @@ def seed_t_half_width(se_groups: float, seed_sd: float, seeds: int, level: float
                                                - math.lgamma((seeds - 1) / 2))
     t = float(stats.t.ppf(0.5 + level / 2, seeds - 1))
     return math.hypot(z * se_groups, t * c4 * seed_sd / math.sqrt(seeds))
+
+
+def gain_pass_probability(true_gain: float, threshold: float, se_groups: float, seed_sd: float,
+                          seeds: int, level: float) -> float:
+    """Probability that the gain's interval, judged as evaluate judges it, lies wholly at or
+    above ``threshold``: the estimate is normal around ``true_gain`` with standard error
+    ``sqrt(se_groups² + seed_sd² / S)``; the half-width is ``z · se_groups`` and ``t_{S−1}``
+    times the seeds' *estimated* spread over ``sqrt(S)``, in quadrature, that estimate a
+    ``seed_sd · sqrt(chi²_{S−1} / (S − 1))`` draw, integrated over 400 of its quantiles."""
+    z = float(norm.ppf(0.5 + level / 2))
+    se = math.hypot(se_groups, seed_sd / math.sqrt(max(seeds, 1)))
+    if se <= 0:
+        return float(true_gain - z * se_groups >= threshold)
+    if seeds < 2 or seed_sd <= 0:
+        halves = np.array([z * se_groups])
+    else:
+        q = stats.chi2.ppf((np.arange(400) + 0.5) / 400, seeds - 1)
+        sd_hat = seed_sd * np.sqrt(q / (seeds - 1))
+        t = float(stats.t.ppf(0.5 + level / 2, seeds - 1))
+        halves = np.hypot(z * se_groups, t * sd_hat / math.sqrt(seeds))
+    return float(np.mean(norm.cdf((true_gain - threshold - halves) / se)))
+
+
+def gain_at_power(threshold: float, se_groups: float, seed_sd: float, seeds: int, level: float,
+                  power: float = 0.8) -> float:
+    """The project's one statement of power: the true relative gain that a rule "the whole
+    ``level`` interval of the gain lies at or above ``threshold``" passes with probability
+    ``power`` (:func:`gain_pass_probability`, which the decision controls' simulation of the
+    gain agrees with). The registration (at a val pilot's spreads), the report (at the run's)
+    and docs/evaluation.md state power with it alone."""
+    lo, hi = threshold, threshold + 1.0
+    while gain_pass_probability(hi, threshold, se_groups, seed_sd, seeds, level) < power:
+        hi += 1.0
+    for _ in range(80):  # bisection: the probability rises with the true gain
+        mid = (lo + hi) / 2
+        if gain_pass_probability(mid, threshold, se_groups, seed_sd, seeds, level) < power:
+            lo = mid
+        else:
+            hi = mid
+    return float(hi)

@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.adaptation import adaptation_registration as adapt_registration
+from pipeline.audit.memorisation import window_offsets
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import load_section, parse_section, read_params
@@ -68,7 +69,7 @@ from pipeline.decision import ledger, trail
 from pipeline.decision import registered_comparisons as comparisons
 from pipeline.decision.bound_code import bound_code
 from pipeline.decision.criteria import CriteriaConfig
-from pipeline.decision.criteria_controls import design_sizes, power_block, power_lines
+from pipeline.decision.criteria_controls import Sizes, design_sizes, power_block, power_lines
 from pipeline.decision.preregistration import (
     BOUND_SPLITS,
     NothingToAmend,
@@ -76,10 +77,12 @@ from pipeline.decision.preregistration import (
     build,
     chain_head,
     identity,
-    power_note,
+    power_sentence,
     test_scores_exist,
 )
 from pipeline.decision.registered_comparisons import CompareConfig
+from pipeline.decision.spreads import SpreadsUnavailable, from_pilot
+from pipeline.tokens.contract import read_tokens
 
 HELP = "freeze the decision criteria before scoring test"
 
@@ -111,11 +114,14 @@ def _where(records: list[dict[str, Any]], eval_scored: bool, eval_report: Path) 
 def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
         splits: Path = Path("data/splits.parquet"), per_piece: Path = ledger.PER_PIECE,
         ledger_path: Path = ledger.LEDGER, force: bool = False,
-        power_draws: int = 0) -> dict[str, Any]:
+        power_draws: int = 0, pilot: Path = Path("reports/pilot"),
+        tokens: Path = Path("data/tokens/tokens.parquet")) -> dict[str, Any]:
     """Write the registration; refuse when test scores of these test pieces already exist,
     unless ``force`` (which the record then states, with the looks it registered over).
-    ``power_draws`` > 0 adds ``power``: every rule's control pass rates at the registered sizes
-    (:func:`design_power`), stated before any training."""
+    ``power_draws`` > 0 adds ``power``: every rule's control pass rates, and all rules'
+    together for the good and the bad models, at the registered sizes and the spreads of the
+    val pilot in ``pilot`` (:func:`design_power`), stated before any test piece is scored;
+    without a pilot, ``power`` says what is missing."""
     criteria = load_section("criteria", params, CriteriaConfig)  # valid rules only are frozen
     digest, pieces = split_pieces(splits, split_report)
     ident = identity(read_params(params), digest, artifacts.package_versions(), pieces,
@@ -147,7 +153,11 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
                   "results_sha256": artifacts.sha256_file(eval_report)}]
     record = build(ident, looks, replaced)
     if power_draws > 0:
-        record["power"] = design_power(criteria, read_params(params), splits, power_draws)
+        try:
+            record["power"] = design_power(criteria, read_params(params), splits, pilot, tokens,
+                                           power_draws)
+        except SpreadsUnavailable as e:
+            record["power"] = {"not_stated": str(e)}
     artifacts.write_json(out, record)
     return record
 
@@ -188,13 +198,48 @@ def split_counts(splits: Path) -> dict[str, tuple[int, int]]:
             for s, part in table.groupby("split", sort=True)}
 
 
-def design_power(criteria: CriteriaConfig, params: dict[str, Any], splits: Path,
-                 draws: int) -> dict[str, Any]:
+def windows_per_piece(tokens: Path, params: dict[str, Any]) -> float:
+    """The audit's human windows per held-out piece, from val's token lengths (the audit cuts
+    every sequence of a piece into windows, :func:`pipeline.audit.memorisation.window_offsets`)."""
+    audit = {"human_window": 128, "human_stride": 64, "human_windows": 4,
+             **(params.get("audit") or {})}
+    rows = read_tokens(tokens, ["sha256", "n_tokens"], ["val"])
+    if rows.empty:
+        raise SpreadsUnavailable(f"{tokens} has no val rows to count the audit's windows on")
+    n = sum(len(window_offsets(int(k), int(audit["human_window"]), int(audit["human_stride"]),
+                               int(audit["human_windows"]))) for k in rows["n_tokens"])
+    return n / rows["sha256"].nunique()
+
+
+def pilot_sizes(params: dict[str, Any], splits: Path, pilot: Path, tokens: Path) -> Sizes:
+    """The registered design's sizes with a val pilot's spreads: ``pilot`` holds the
+    ``eval.json`` and ``per_piece.parquet`` of an evaluate run on val only (``symkit evaluate
+    --splits val --report <pilot>/eval.json --per-piece <pilot>/per_piece.parquet``)."""
+    report = artifacts.read_json_or_none(pilot / "eval.json")
+    table = artifacts.read_table_or_none(pilot / "per_piece.parquet")
+    if not isinstance(report, dict) or table is None:
+        raise SpreadsUnavailable(f"{pilot} holds no eval.json and per_piece.parquet of a val "
+                                 "pilot")
+    if any("test" in ((m or {}) if isinstance(m, dict) else {})
+           for m in (report.get("models") or {}).values()):
+        raise SpreadsUnavailable(f"{pilot}/eval.json scored test: a pilot scores val only")
+    counts = split_counts(splits)
+    audit = {"flag_quantile": 0.95, **(params.get("audit") or {})}
+    evaluate = {"train_pieces": 256, "ci_level": 0.95, **(params.get("evaluate") or {})}
+    held = counts.get("val", (0, 0))[0] + counts.get("test", (0, 0))[0]
+    train = min(int(evaluate["train_pieces"]) or held, counts.get("train", (0, 0))[0])
+    spreads = from_pilot(report, table, held_out=held, train_pieces=train,
+                         flag_quantile=float(audit["flag_quantile"]),
+                         level=float(evaluate["ci_level"]))
+    return design_sizes(params, counts, spreads, windows_per_piece(tokens, params))
+
+
+def design_power(criteria: CriteriaConfig, params: dict[str, Any], splits: Path, pilot: Path,
+                 tokens: Path, draws: int) -> dict[str, Any]:
     """The registration's ``power`` block: :func:`pipeline.decision.criteria_controls.power_block`
-    at the
-    sizes of this split and these params
-    (:func:`~pipeline.decision.criteria_controls.design_sizes`)."""
-    return power_block(criteria, design_sizes(params, split_counts(splits)), draws)
+    at the sizes of this split and these params, with the val pilot's spreads
+    (:func:`pilot_sizes`)."""
+    return power_block(criteria, pilot_sizes(params, splits, pilot, tokens), draws)
 
 
 def register_comparisons(params: Path, out: Path) -> dict[str, Any] | None:
@@ -219,6 +264,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
                         help="the test-access ledger (looks found elsewhere are appended)")
     parser.add_argument("--out", type=Path, default=Path("reports/preregistration.json"))
+    parser.add_argument("--pilot", type=Path, default=Path("reports/pilot"),
+                        help="the val pilot whose spreads the power statement simulates at: a "
+                             "folder with eval.json and per_piece.parquet of `symkit evaluate "
+                             "--splits val` (default reports/pilot)")
+    parser.add_argument("--tokens", type=Path, default=Path("data/tokens/tokens.parquet"),
+                        help="the token table (val's lengths give the audit's windows)")
     parser.add_argument("--power-draws", type=int, default=400,
                         help="simulated experiments per control for the power statement "
                              "(0: none; default 400)")
@@ -307,7 +358,8 @@ def _register_experiment(args: argparse.Namespace) -> int:
     try:
         rec = run(args.params, split_report=args.split_report, eval_report=args.eval_report,
                   out=args.out, splits=args.splits, per_piece=args.per_piece,
-                  ledger_path=args.ledger, force=args.force, power_draws=args.power_draws)
+                  ledger_path=args.ledger, force=args.force, power_draws=args.power_draws,
+                  pilot=args.pilot, tokens=args.tokens)
     except ledger.AlreadyScored as e:
         print(f"symkit preregister: {e}", file=sys.stderr)
         print("symkit preregister: to register the planned comparisons alone: symkit "
@@ -323,11 +375,17 @@ def _register_experiment(args: argparse.Namespace) -> int:
           f"registry), so no later edit of the file can pass for it: {chain_head(rec)}")
     for line in power_lines(rec.get("power") or {}):
         print(f"preregister: power: {line}")
+    if (rec.get("power") or {}).get("not_stated"):
+        print(f"preregister: power not stated: {rec['power']['not_stated']}")
     criteria = load_section("criteria", args.params, CriteriaConfig)
-    level = ((rec["identity"]["params"].get("evaluate") or {}).get("ci_level") or 0.95)
-    note = power_note(criteria, artifacts.read_json_or_none(args.eval_report), float(level))
-    print(f"preregister: {note}" if note else "preregister: the power of the comparison rule is "
-          "stated in the report once val is scored (from val's per-group spread)")
+    block = rec.get("power") or {}
+    if block.get("spreads"):
+        sizes, sp = block["sizes"], block["spreads"]
+        note = power_sentence(criteria, sp["gain_se_groups"], sp["gain_seed_sd"],
+                              int(sizes["seeds"]), float(sizes["level"]), "the val pilot's "
+                              "spreads")
+        if note:
+            print(f"preregister: {note}")
     if rec["forced"]:
         n, r = len(rec["looks_before"]), len(rec.get("supersedes") or [])
         print(f"preregister: warning: registered over {n} earlier look{'s' * (n != 1)} at these "

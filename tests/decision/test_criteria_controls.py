@@ -1,7 +1,8 @@
 """Positive and negative controls of the shipped criteria (pipeline.decision.criteria_controls):
-each rule
-judged on simulated evidence from a model that should pass and one that should fail, at the
-default experiment's sizes. The rates are in docs/evaluation.md (`symkit controls`)."""
+each rule judged on simulated evidence from a model that should pass and one that should fail,
+and all rules together on one good model and one bad model per failure. The code holds no
+spread: these tests plant theirs (:func:`planted`), small enough that a sound rule can meet the
+standard, so a rule that cannot is a property of the rule."""
 
 from __future__ import annotations
 
@@ -13,16 +14,31 @@ import pytest
 from pipeline.cli import main as cli
 from pipeline.core.config import load_section
 from pipeline.decision.criteria import CriteriaConfig, Criterion
-from pipeline.decision.criteria_controls import CONTROLS, pass_rate, rates
+from pipeline.decision.criteria_controls import CONTROLS, Sizes, pass_rate, rates
+from pipeline.decision.spreads import Spreads
 
 REPO_PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 DRAWS = 300
+SPREADS = Spreads(gain_se_groups=0.0051, gain_seed_sd=0.0112, gap_se_note=0.104,
+                  gap_se_token=0.0497, piece_sd_note=0.5, human_flag_rate=0.053,
+                  source={"gain_se_groups": "planted by the test"})
+"""Planted spreads, the size an earlier split of the default experiment measured."""
+
+
+def planted(**kw) -> Sizes:
+    """Sizes of the committed split (234 train, 63 val, 51 test pieces) with :data:`SPREADS`."""
+    spreads = kw.pop("spreads", SPREADS)
+    return Sizes(spreads=spreads, **{
+        "seeds": 3, "membership_train": 234, "membership_test": 114,
+        "membership_train_groups": 152, "membership_test_groups": 50, "extraction_train": 234,
+        "extraction_test": 51, "samples": 256, "human_windows": 151, "human_pieces": 51, **kw})
 
 
 @pytest.fixture(scope="module")
 def shipped() -> dict[tuple[str, str, str], float]:
     cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
-    return {(r.rule, r.case, r.truth): r.pass_rate for r in rates(cfg, draws=DRAWS, seed=1)}
+    return {(r.rule, r.case, r.truth): r.pass_rate
+            for r in rates(cfg, planted(), draws=DRAWS, seed=1)}
 
 
 MISSES = [
@@ -30,11 +46,15 @@ MISSES = [
     ("transformer_samples_human_like", "each statistic outside its band with 50%"),
     # about 67%: judged on every seed, each seed's own 85 samples leave its excess about
     # ±5.8 points wide (±4.4 at 256), and all 3 seeds must clear the 10-point margin
-    ("transformer_copies_no_more_than_humans", "samples flagged at the human rate (5.3%)"),
+    ("transformer_copies_no_more_than_humans", "samples flagged at the human rate"),
     # about 57%: judged on every seed, 3 seeds drawn independently must each pass (85% alone,
     # the rate seeds that share the pieces' noise would give)
     ("transformer_gap_bounded", "a true gap of 0.2 nats per note (held-out notes e^0.2 = 1.22 "
                                 "times less likely)"),
+    # the AUC a per-note gap of 0.2 implies at a piece spread of 0.5 is 0.61: the 0.65 bound's
+    # interval, judged on every seed, clears it rarely (the two rules contradict each other)
+    ("transformer_membership_near_chance", "the AUC a per-note gap of 0.2 implies at the "
+                                           "pieces' spread"),
 ]
 
 
@@ -81,10 +101,10 @@ def test_the_harness_fails_the_old_gap_rule_a_model_at_zero_gap_could_not_pass()
     old = Criterion(name="old", metric="generalisation.gap.transformer", op=">=", threshold=0.0,
                     judge="interval", rationale="old rule")
     at_zero = next(c for c in CONTROLS[old.metric] if "gap of 0:" in c.truth)
-    assert pass_rate(old, at_zero, DRAWS, seed=1) < 0.05
+    assert pass_rate(old, at_zero, DRAWS, seed=1, sizes=planted()) < 0.05
     new = old.model_copy(update={"judge": "refute"})
     # judged on 3 independent seeds, each passing about 97%: 0.97³ ≈ 0.92
-    assert pass_rate(new, at_zero, DRAWS, seed=1) > 0.85
+    assert pass_rate(new, at_zero, DRAWS, seed=1, sizes=planted()) > 0.85
 
 
 @pytest.mark.parametrize(("rule", "truth"), MISSES)
@@ -98,40 +118,95 @@ def test_the_documented_misses_still_miss(shipped, rule, truth):
 
 def test_the_rates_are_reproducible(shipped):
     cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
-    again = {(r.rule, r.case, r.truth): r.pass_rate for r in rates(cfg, draws=DRAWS, seed=1)}
+    again = {(r.rule, r.case, r.truth): r.pass_rate
+             for r in rates(cfg, planted(), draws=DRAWS, seed=1)}
     assert again == shipped
 
 
 def test_design_sizes_follow_the_registered_split_and_params():
     from pipeline.core.config import read_params
-    from pipeline.decision.criteria_controls import Sizes, design_sizes, gap_se_for, resolved_effect
+    from pipeline.decision.criteria_controls import design_sizes, resolved_effect
 
     params = read_params(REPO_PARAMS)
-    default = design_sizes(params, {"train": (276, 148), "val": (27, 21), "test": (45, 33)})
+    counts = {"train": (276, 148), "val": (27, 21), "test": (45, 33)}
+    default = design_sizes(params, counts, SPREADS, windows_per_piece=3.0)
     assert (default.membership_train, default.membership_test, default.extraction_train,
-            default.samples, default.human_pieces) == (256, 72, 256, 256, 45)
-    assert default.gap_per_note_se == pytest.approx(Sizes().gap_per_note_se, rel=0.01)
-    assert default.gap_se == pytest.approx(Sizes().gap_se, rel=0.01)
-    assert default.seeds == 3
-    # sections left out of params take the stages' own defaults (evaluate.train_pieces 256)
-    bare = design_sizes({}, {"train": (276, 148), "val": (27, 21), "test": (45, 33)})
-    assert bare == default
-    small = design_sizes(params, {"train": (40, 30), "val": (8, 8), "test": (12, 12)})
+            default.samples, default.human_pieces, default.human_windows) == (
+        256, 72, 256, 256, 45, 135)
+    assert default.spreads == SPREADS and default.seeds == 3
+    # sections left out of params take the stages' own defaults
+    assert design_sizes({}, counts, SPREADS, 3.0) == default
+    small = design_sizes(params, {"train": (40, 30), "val": (8, 8), "test": (12, 12)},
+                         SPREADS, 3.0)
     assert (small.membership_train, small.membership_test, small.extraction_train) == (40, 20, 40)
-    assert small.gain_se > default.gain_se and small.gap_se > default.gap_se
-    # the committed sizes give back the committed spread; fewer train pieces, a wider one
-    assert gap_se_for(27, 128, "note") == pytest.approx(0.165)
-    assert gap_se_for(27, 27, "note") > gap_se_for(27, 128, "note") > gap_se_for(54, 128, "note")
+    # no spread is a constant in code: a design without measured spreads cannot be built
+    with pytest.raises(TypeError, match="spreads"):
+        Sizes(seeds=3, membership_train=1, membership_test=1, membership_train_groups=1,
+              membership_test_groups=1, extraction_train=1, extraction_test=1, samples=1,
+              human_windows=1, human_pieces=1)
     cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
     gain = next(r for r in cfg.rules if r.name == "transformer_beats_ngram")
-    # 2% + the expected half-width (z x 0.0051 and t_2 x 0.886 x 0.0112 / sqrt(3), in
-    # quadrature: 2.66%) + 0.84 x 0.0082 = 5.4%: the MDE stated above the threshold
-    half = math.hypot(1.96 * 0.0051, 4.303 * 0.8862 * 0.0112 / math.sqrt(3))
-    assert resolved_effect(gain, default) == pytest.approx(0.02 + half + 0.8416 * 0.0082,
-                                                           abs=2e-4)
-    five = design_sizes({**params, "transformer": {"replicates": 5}},
-                        {"train": (276, 148), "val": (27, 21), "test": (45, 33)})
+    # the one power statement: 5.9%, where the expected half-width plus 0.84 standard errors
+    # said 5.4% (the seeds' estimated spread varies, and a wide draw costs more than a narrow
+    # one gains)
+    assert resolved_effect(gain, default) == pytest.approx(0.0588, abs=5e-4)
+    five = design_sizes({**params, "transformer": {"replicates": 5}}, counts, SPREADS, 3.0)
     assert resolved_effect(gain, five) < resolved_effect(gain, default)
+
+
+def test_the_one_power_statement_is_the_gain_that_passes_80_percent_of_simulations():
+    """gain_at_power (the registration's, the report's and the docs' statement) against the
+    gain rule's own simulation at that true gain."""
+    from pipeline.decision.criteria_controls import _gain, good
+    from pipeline.stats.power import gain_at_power
+
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    rule = next(r for r in cfg.rules if r.name == "transformer_beats_ngram")
+    sizes = planted()
+    at = gain_at_power(rule.threshold, sizes.gain_se_groups, sizes.gain_seed_sd, sizes.seeds,
+                       sizes.level)
+    rate = pass_rate(rule, good("at the stated gain", _gain(at)), 2000, 0, sizes)
+    assert abs(rate - 0.80) < 0.04, rate
+
+
+def test_joint_rates_match_a_direct_simulation():
+    """Two rules on normally simulated metrics, drawn independently: all rules together pass
+    as often as the product of each rule's closed-form pass probability."""
+    from statistics import NormalDist
+
+    from pipeline.decision.criteria_controls import GOOD_MODEL, joint_rates
+
+    cfg = CriteriaConfig(rules=[
+        Criterion(name="gap", metric="generalisation.gap_per_note.transformer", op="<=",
+                  threshold=0.5, judge="interval", rationale="r"),
+        Criterion(name="near", metric="leakage.test_near_train", op="==", threshold=0,
+                  rationale="r")])
+    sizes = planted(seeds=1, spreads=Spreads(**{**SPREADS.to_dict(), "gap_se_note": 0.1}))
+    got = joint_rates(cfg, GOOD_MODEL, sizes, 4000, seed=3)
+    z = NormalDist().inv_cdf(0.975)
+    direct = NormalDist(0.2, 0.1).cdf(0.5 - z * 0.1)  # estimate + z se <= 0.5
+    assert abs(got["all"] - direct) < 0.02 and got["rules"]["near"] == 1.0
+    assert got["all"] == got["rules"]["gap"]
+
+
+def test_the_bad_models_fail_the_rules_together_and_a_larger_design_is_searched():
+    from pipeline.decision.criteria_controls import joint_block, size_for_standard
+
+    cfg = CriteriaConfig(rules=[
+        Criterion(name="gain", metric="test.nll_per_note.rel_improvement", op=">=",
+                  threshold=0.02, judge="interval", rationale="r"),
+        Criterion(name="gap", metric="generalisation.gap_per_note.transformer", op="<=",
+                  threshold=0.5, judge="interval", rationale="r"),
+        Criterion(name="leak", metric="generalisation.gap_per_note.transformer", op=">=",
+                  threshold=0.0, judge="refute", rationale="r")])
+    wide = planted(spreads=Spreads(**{**SPREADS.to_dict(), "gain_se_groups": 0.02,
+                                      "gain_seed_sd": 0.005}))
+    block = joint_block(cfg, wide, 200)
+    bad = {b["model"]: b["all"] for b in block["bad"]}
+    assert bad["no gain"] <= 0.05 and bad["memorises"] <= 0.05 and bad["leaks"] <= 0.05
+    assert block["good"]["all"] < 0.80 and not block["meets_standard"]
+    size = size_for_standard(cfg, wide, 200)
+    assert size is not None and size["factor"] > 1 and size["good_all"] >= 0.80
 
 
 def test_every_control_is_of_a_declared_metric():
@@ -149,7 +224,7 @@ def test_a_criterion_added_with_its_controls_reaches_symkit_controls(tmp_path, m
     """CONTRIBUTING.md's "How to add a criterion (with its control)", step by step, on a toy
     rule: the rule in params, one entry in CONTROLS; `symkit controls` and the registration's
     power statement then judge it."""
-    from pipeline.decision.criteria_controls import Sizes, bad, good, power_block
+    from pipeline.decision.criteria_controls import bad, good, power_block
 
     def estimate(truth: float):
         """A normal estimate around ``truth`` with an interval of ±0.1."""
@@ -158,6 +233,8 @@ def test_a_criterion_added_with_its_controls_reaches_symkit_controls(tmp_path, m
             return {"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1}
         return draw
 
+    # the spreads a val pilot would give (planted here)
+    monkeypatch.setattr("pipeline.tools.controls.sizes_of", lambda args, params: planted())
     # 1. the rule in params.yaml
     params = tmp_path / "params.yaml"
     params.write_text(
@@ -176,7 +253,7 @@ def test_a_criterion_added_with_its_controls_reaches_symkit_controls(tmp_path, m
     assert "| toy_pieces_per_group | good | 2.5 pieces per group | 100.0% | >= 80%: met |" in out
     assert "| toy_pieces_per_group | bad | one piece per group | 0.0% | <= 5%: met |" in out
     cfg = load_section("criteria", params, CriteriaConfig)
-    (stated,) = power_block(cfg, Sizes(), draws=20)["rules"]
+    (stated,) = power_block(cfg, planted(), draws=20, search=False)["rules"]
     assert [c["case"] for c in stated["controls"]] == ["good", "bad"]
 
 
@@ -185,16 +262,16 @@ def test_the_guards_controls_draw_every_seed_and_are_judged_seed_by_seed():
     them as the report does: one failing seed fails the rule, whatever the seeds' mean."""
     import numpy as np
 
-    from pipeline.decision.criteria_controls import Sizes, bad, good
+    from pipeline.decision.criteria_controls import bad, good
     from pipeline.decision.metrics import judged_per_seed
 
     rng = np.random.default_rng(0)
     for metric in sorted(judged_per_seed() & set(CONTROLS)):
         control = CONTROLS[metric][0]
-        three = control.draw(rng, Sizes(seeds=3, n_boot=100))
+        three = control.draw(rng, planted(seeds=3, n_boot=100))
         assert sorted(three["seeds"]) == ["0", "1", "2"], metric
         assert all({"value", "ci_low", "ci_high"} <= set(b) for b in three["seeds"].values())
-        one = control.draw(rng, Sizes(seeds=1, n_boot=100))
+        one = control.draw(rng, planted(seeds=1, n_boot=100))
         assert "seeds" not in one and {"value", "ci_low", "ci_high"} <= set(one), metric
 
     def seeds(*values):
@@ -206,8 +283,10 @@ def test_the_guards_controls_draw_every_seed_and_are_judged_seed_by_seed():
 
     rule = Criterion(name="auc", metric="memorisation.transformer.membership_auc", op="<=",
                      threshold=0.65, judge="interval", rationale="r")
-    assert pass_rate(rule, good("every seed at chance", seeds(0.5, 0.52, 0.48)), 5, 0) == 1.0
-    assert pass_rate(rule, bad("one seed memorises", seeds(0.5, 0.5, 0.8)), 5, 0) == 0.0  # mean 0.6
+    assert pass_rate(rule, good("every seed at chance", seeds(0.5, 0.52, 0.48)), 5, 0,
+                     planted()) == 1.0
+    assert pass_rate(rule, bad("one seed memorises", seeds(0.5, 0.5, 0.8)), 5, 0,
+                     planted()) == 0.0  # mean 0.6
 
 
 def test_a_guard_judged_on_every_seed_resolves_a_stricter_effect():
@@ -216,16 +295,16 @@ def test_a_guard_judged_on_every_seed_resolves_a_stricter_effect():
     each with 1 - 0.2^(1/3) = 41.5%, so it fails a value nearer its threshold."""
     from statistics import NormalDist
 
-    from pipeline.decision.criteria_controls import Sizes, resolved_effect
+    from pipeline.decision.criteria_controls import resolved_effect
 
     cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
     bound = next(r for r in cfg.rules if r.name == "transformer_gap_bounded")
     leak = next(r for r in cfg.rules if r.name == "transformer_gap_not_negative")
-    se, z = Sizes().gap_per_note_se, NormalDist().inv_cdf(0.975)
-    assert resolved_effect(bound, Sizes(seeds=1)) == pytest.approx(
+    se, z = planted().gap_per_note_se, NormalDist().inv_cdf(0.975)
+    assert resolved_effect(bound, planted(seeds=1)) == pytest.approx(
         0.5 - z * se - NormalDist().inv_cdf(0.8) * se)
-    assert resolved_effect(bound, Sizes(seeds=3)) == pytest.approx(
+    assert resolved_effect(bound, planted(seeds=3)) == pytest.approx(
         0.5 - z * se - NormalDist().inv_cdf(0.8 ** (1 / 3)) * se)
-    assert resolved_effect(leak, Sizes(seeds=3)) == pytest.approx(
+    assert resolved_effect(leak, planted(seeds=3)) == pytest.approx(
         0.0 - z * se - NormalDist().inv_cdf(1 - 0.2 ** (1 / 3)) * se)
-    assert resolved_effect(leak, Sizes(seeds=3)) > resolved_effect(leak, Sizes(seeds=1))
+    assert resolved_effect(leak, planted(seeds=3)) > resolved_effect(leak, planted(seeds=1))

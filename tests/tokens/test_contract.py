@@ -83,7 +83,7 @@ def test_read_tokens_sorts_by_piece_and_track_and_picks_splits(tmp_path):
     some = read_tokens(tmp_path / "tokens.parquet", ["sha256", "ids"], ["val"])
     assert list(some.columns) == ["sha256", "ids"]
     assert some["sha256"].tolist() == ["b"]
-    with pytest.raises(ValueError, match="pipeline.decision.looks"):
+    with pytest.raises(ValueError, match=r"pipeline\.decision\.looks"):
         read_tokens(tmp_path / "tokens.parquet", ["sha256", "split"], ["val", "test"])
     with pytest.raises(ArtifactError, match="has no column 'notes'"):
         read_tokens(tmp_path / "tokens.parquet", ["notes"])

@@ -341,7 +341,7 @@ def test_a_registration_forced_over_a_look_follows_after_it(world, tmp_path):
     rec = _register(world, tmp_path, params, force=True)
     assert rec["forced"] and rec["looks_before"][0]["registration"] is None
     report = _registered_evaluate(world, tmp_path, params)
-    assert report["registration"]["status"] == "FOLLOWED AFTER 1 LOOK"
+    assert report["registration"]["status"].startswith("FOLLOWED AFTER 1 LOOK")  # one, not two
 
 
 def test_an_edited_registration_deviates(world, tmp_path):

@@ -14,10 +14,15 @@ default experiment's (:mod:`pipeline.decision.preregistration`), with what this 
   look under other rules is named as such;
 - ``identity.packages``: the versions of the packages results depend on.
 
-``adapt-evaluate`` appends every scoring of target test pieces to the experiment's test-access
-ledger (``reports/ledger.jsonl``, :mod:`pipeline.decision.ledger`), judges with the registered
-decision, and states the status: NOT REGISTERED, DEVIATED (each difference named), FOLLOWED AFTER
-n LOOKS, FOLLOWED, ORDER NOT SHOWN, or FOLLOWED, as the default experiment's report does.
+``adapt-evaluate`` and ``adapt-audit`` read the target test rows through
+:mod:`pipeline.decision.looks`, which appends each look to the experiment's test-access ledger
+(``reports/ledger.jsonl``, :mod:`pipeline.decision.ledger`); ``adapt-evaluate`` judges with the
+registered decision and states the status: NOT REGISTERED, DEVIATED (each difference named),
+FOLLOWED AFTER n LOOKS, FOLLOWED, ORDER NOT SHOWN, or FOLLOWED, as the default experiment's report
+does. A look is this run's when it was made under this registration (and its amendments) with
+the judging code that runs and, where it recorded scores, these scores
+(:class:`pipeline.decision.ledger.Run`); every other look at the target test pieces (other
+scores, another registration or none, other code) counts as one earlier look.
 
 The ledger is the experiment's own. The target's test pieces are also the default experiment's:
 its ledger (the top-level ``reports/ledger.jsonl``) does not hold the adaptation's looks, and this
@@ -37,7 +42,7 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import RESULT_PACKAGES
 from pipeline.core.config import ParamsError, load_section, parse_section, read_params
 from pipeline.core.splits import split_hash, split_hash_of
-from pipeline.decision import history, ledger
+from pipeline.decision import bound_code, history, ledger
 from pipeline.decision.preregistration import Check, diff_flat
 from pipeline.training.config import TransformerStageConfig
 
@@ -105,9 +110,10 @@ def register(params: Path, *, target_splits: Path, target_split_report: Path,
     old = artifacts.read_json_or_none(out)
     if isinstance(old, dict) and old.get("identity") == ident:
         return old
-    looks = ledger.existing_looks(ident["pieces"]["test"], ledger_path=ledger_path,
+    found = ledger.existing_looks(ident["pieces"]["test"], ledger_path=ledger_path,
                                   per_piece=per_piece, eval_report=report, registration=out)
-    ledger.append(looks, ledger_path)  # looks found in git or the workspace are looks
+    ledger.append(found, ledger_path)  # looks found in git or the workspace are looks
+    looks = one_per_look(found)
     if looks and not force:
         n = len(looks)
         raise ledger.AlreadyScored(
@@ -125,6 +131,17 @@ def register(params: Path, *, target_splits: Path, target_split_report: Path,
     return record
 
 
+def one_per_look(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One record per look (:func:`pipeline.decision.ledger.group_of`: a look and the scores it
+    computed are one look), in ledger order: the one holding the scores' digest when there is
+    one."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(ledger.group_of(r), []).append(r)
+    return [dict(next((r for r in rs if r.get("results_sha256")), rs[0]))
+            for rs in groups.values()]
+
+
 def registered_decision(registered: Any) -> DecisionSection | None:
     """The registered decision, or None when there is none that parses."""
     ident = registered.get("identity") if isinstance(registered, dict) else None
@@ -139,11 +156,13 @@ def registered_decision(registered: Any) -> DecisionSection | None:
 
 
 def check(registered: Any, current: Mapping[str, Any], table: pd.DataFrame,
-          records: Sequence[Mapping[str, Any]], git: Mapping[str, Any] | None = None
-          ) -> tuple[Check, DecisionSection | None]:
+          records: Sequence[Mapping[str, Any]], git: Mapping[str, Any] | None = None, *,
+          code: str | None = None) -> tuple[Check, DecisionSection | None]:
     """(the check, the registered decision) of ``registered`` (the parsed record, or None)
     against ``current`` (:func:`identity`), the scored per-piece ``table`` and the ledger's
-    ``records``. Every hash the record holds is recomputed."""
+    ``records``; ``code`` is the digest of the judging code that runs (default
+    :func:`pipeline.decision.bound_code.judging_digest`), which tells this run's looks from
+    earlier ones. Every hash the record holds is recomputed."""
     where = REGISTRATION.as_posix()
     if registered is None:
         return Check(False, None), None
@@ -179,9 +198,13 @@ def check(registered: Any, current: Mapping[str, Any], table: pd.DataFrame,
             out.append(f"{split} pieces: {len(want or [])} registered, {len(got)} scored, "
                        f"{len(got - set(want or []))} of them not registered")
     rows = ledger.test_rows(table)
-    key = (ledger.results_digest(rows), registered.get("identity_hash"))
+    scores = ledger.results_digest(rows)
+    run = ledger.Run((scores, registered.get("identity_hash")), registered.get("identity_hash"),
+                     len(registered.get("amendments") or []),
+                     code if code is not None else bound_code.judging_digest(),
+                     {"scores": scores})
     earlier, this = ledger.earlier_looks(records, (ident.get("pieces") or {}).get("test") or [],
-                                         key)
+                                         run)
     for look in earlier:
         if "decision" in ledger.changes_since(look, registered)["sections"]:
             out.append(f"the decision changed after {look.label()} scored {look.overlap} of "

@@ -41,6 +41,9 @@ from pipeline.tokens.contract import TokenInfo, never_sampled
 from pipeline.tokens.spans import span_mask
 from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
 
+TOKEN_COLUMNS = ["sha256", "split", "track", "ids", "n_tokens", "n_notes"]
+"""The token table's columns :func:`run` reads."""
+
 FlagMetric = Literal["lcs_tokens", "nn_jaccard", "nn_containment"]
 
 
@@ -341,19 +344,21 @@ def per_seed_checks(checks: Mapping[str, ModelCheck], cfg: AuditConfig
     return out
 
 
-def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
-        info: Path, tokenizer: Path, per_sample: Path, report: Path, spans: Path,
-        shingling: Shingling | None = None, splits: Path | None = None,
+def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
+        table: pd.DataFrame, info: Path, tokenizer: Path, per_sample: Path, report: Path,
+        spans: Path, shingling: Shingling | None = None, splits: Path | None = None,
         seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None,
         conditions: Path | None = None, condition_cfg: Any = None) -> AuditSummary:
     """Audit every sample and every val/test human window; write the table and audit.json.
-    With a conditioned model's ``conditioned`` samples, audit.json also gets ``adherence``
-    (:func:`pipeline.audit.adherence.audit_adherence`; ``conditions`` is the condition
-    table, ``condition_cfg`` the ``condition`` section whose bands measure the windows)."""
+    ``table``: the token table's train, val and test rows (columns :data:`TOKEN_COLUMNS`), as
+    the stage reads them (its test rows through :mod:`pipeline.decision.looks`, which records
+    the look; this library keeps no ledger). With a conditioned model's ``conditioned``
+    samples, audit.json also gets ``adherence`` (:func:`pipeline.audit.adherence.audit_adherence`;
+    ``conditions`` is the condition table, ``condition_cfg`` the ``condition`` section whose
+    bands measure the windows)."""
     tok = load_tokenizer(tokenizer)
-    table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens",
-                                                   "n_notes"])
-    table = table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True)
+    table = table[TOKEN_COLUMNS].sort_values(["sha256", "track"], kind="stable")
+    table = table.reset_index(drop=True)
     split = {s: table[table["split"] == s].reset_index(drop=True) for s in ("train", "val", "test")}
     index = build_training_index(tok, split["train"], shingling or Shingling())
     bars = bar_tokens_per_id(tok)

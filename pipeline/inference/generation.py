@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 from pydantic import Field, model_validator
 
@@ -27,6 +28,8 @@ from pipeline.tokens.spans import prefix_mask
 from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
 
 KINDS = ("unconditional", "continuation")
+PROMPT_COLUMNS = ["sha256", "split", "track", "ids", "n_tokens"]
+"""The token table's columns the continuations' prompts are drawn from."""
 CONDITIONED = "conditioned"
 """The kind of a conditioned model's samples drawn under requested conditions (after KINDS)."""
 
@@ -179,22 +182,28 @@ def prompt_notes(tok: Any, row: Mapping[str, Any],
     return prefix_mask(tok, row["ids"], int(row["prompt_len"]), notes)
 
 
-def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,
-        tokenizer: Path, samples_out: Path, samples_dir: Path,
-        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None,
+def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *,
+        prompt_rows: pd.DataFrame | None, info: Path, tokenizer: Path, samples_out: Path,
+        samples_dir: Path, seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None,
         names: Sequence[str] | None = None, conditions: Path | None = None) -> GenerateSummary:
     """Sample, decode and write samples.parquet plus one MIDI and one PNG per decodable sample
-    among the first ``cfg.files_per_kind`` of its model and kind. ``seeds``: per model trained
-    over several seeds, every seed's model (:func:`generate_for_model`). ``names``: the models
-    to sample, in order (default ``cfg.models``; an adaptation experiment's arms).
-    ``conditions``: the condition table, read only when a model is conditioned (its requests
-    are :func:`select_requests`)."""
+    among the first ``cfg.files_per_kind`` of its model and kind. ``prompt_rows``: the test
+    rows of the token table (columns :data:`PROMPT_COLUMNS`) the continuations' prompts are
+    drawn from (:func:`select_prompts`), which the stage reads through
+    :mod:`pipeline.decision.looks` (the look recorded first; this library keeps no ledger);
+    None when ``cfg.n_continuations`` is 0. ``seeds``: per model trained over several seeds,
+    every seed's model (:func:`generate_for_model`). ``names``: the models to sample, in order
+    (default ``cfg.models``; an adaptation experiment's arms). ``conditions``: the condition
+    table, read only when a model is conditioned (its requests are :func:`select_requests`)."""
     from pipeline.render.figures import piano_roll_png
 
     tok_info = TokenInfo.read(info)
     tok = load_tokenizer(tokenizer)
-    table = artifacts.read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_tokens"])
-    prompts = select_prompts(table, cfg.n_continuations, cfg.prompt_tokens, cfg.seed)
+    if prompt_rows is None and cfg.n_continuations:
+        raise ValueError(f"generate.n_continuations = {cfg.n_continuations} needs the test rows "
+                         "its prompts are drawn from (prompt_rows)")
+    prompts = ([] if prompt_rows is None else
+               select_prompts(prompt_rows, cfg.n_continuations, cfg.prompt_tokens, cfg.seed))
     forbid = never_sampled(tok_info, tok)
     order = list(cfg.models if names is None else names)
     requests: list[tuple[str, dict[str, Any]]] = []

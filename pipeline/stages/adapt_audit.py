@@ -28,6 +28,13 @@ Outputs: ``data/adapt_audit/samples.parquet`` (generate's table, ``model`` = arm
 ``reports/adapt_audit.json``: per reference its thresholds, human flag rates and each arm's judged
 blocks (flag rate, extraction, membership, quality). Timings go to the sidecar
 ``reports/adapt_audit.env.json``.
+
+Each reference's test rows (its human test windows, the extraction test) are read through
+:func:`pipeline.decision.looks.test_tokens`, which appends a look (command ``adapt_audit``) to the
+experiment's test-access ledger (``reports/ledger.jsonl`` in the experiment's folder, with its
+``reports/preregistration.json``) before handing them over; the digest of that reference's
+``judged`` block follows once it is computed. Called as a library without ``ledger_path`` the
+looks are recorded nowhere (tests); ``symkit adapt-audit`` always passes it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from models.base import SequenceModel
 from pipeline.adaptation.arms import arm_specs, same_tokenizer
@@ -51,8 +60,10 @@ from pipeline.core.config import (
     load_section,
     read_params,
 )
+from pipeline.decision import ledger, looks
 from pipeline.inference import generation as generate
 from pipeline.inference.loading import ModelUnavailable, load_models, set_torch_threads
+from pipeline.tokens.contract import read_tokens
 
 HELP = "memorisation audit of every adaptation arm against target and source"
 
@@ -75,20 +86,35 @@ def check_sections(params: Path) -> None:
                           "(a continuation's prompt is a target test piece): set it to 0")
 
 
+def token_rows(tokens: Path, *, ledger_path: Path | None,
+               registration: Path | None) -> tuple[pd.DataFrame, looks.Look]:
+    """A reference's rows of its token table for the audit: train and val read plainly, test
+    through the gate (the look recorded in ``ledger_path`` first), sorted by (sha256, track)."""
+    rows = read_tokens(tokens, audit.TOKEN_COLUMNS, splits=["train", "val"])
+    test, look = looks.test_tokens("adapt_audit", tokens, audit.TOKEN_COLUMNS,
+                                   ledger_path=ledger_path, registration=registration)
+    table = pd.concat([rows, test], ignore_index=True)
+    return table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True), look
+
+
 def run(gcfg: generate.GenerateConfig, acfg: audit.AuditConfig,
         models: Mapping[str, SequenceModel],
         seeds: Mapping[str, Mapping[int, SequenceModel]], *,
         references: Mapping[str, Mapping[str, Path]], info: Path, tokenizer: Path,
         fingerprint: Path | None, samples_out: Path, samples_dir: Path, audit_dir: Path,
-        report: Path) -> dict[str, Any]:
+        report: Path, ledger_path: Path | None = None,
+        registration: Path | None = None) -> dict[str, Any]:
     """Sample every arm in ``models`` (in its order; ``seeds``: an arm's training seeds), then
     audit the samples against each of ``references`` (name -> ``tokens`` and ``splits``
-    paths, in the one tokenizer of ``info``). Returns what ``report`` holds."""
+    paths, in the one tokenizer of ``info``), each reference's test rows read through the gate
+    (its look to ``ledger_path``, None: nowhere, under ``registration``). Returns what
+    ``report`` holds."""
     t0 = time.perf_counter()
     names = list(models)
-    g = generate.run(gcfg, models, tokens=references["target"]["tokens"], info=info,
-                     tokenizer=tokenizer, samples_out=samples_out, samples_dir=samples_dir,
-                     seeds=seeds, names=names)
+    # no continuations here (check_sections), so no test row is read for prompts
+    g = generate.run(gcfg, models, prompt_rows=None, info=info, tokenizer=tokenizer,
+                     samples_out=samples_out, samples_dir=samples_dir, seeds=seeds,
+                     names=names)
     seconds = {"generate": time.perf_counter() - t0}
     shingling = Shingling.read(fingerprint) if fingerprint is not None else None
     out: dict[str, Any] = {"arms": names, "n_samples": g.n_samples,
@@ -96,11 +122,14 @@ def run(gcfg: generate.GenerateConfig, acfg: audit.AuditConfig,
     for ref, paths in references.items():
         t = time.perf_counter()
         ref_json = Path(audit_dir) / f"{ref}.json"
-        audit.run(acfg, models, samples=samples_out, tokens=paths["tokens"], info=info,
+        table, look = token_rows(paths["tokens"], ledger_path=ledger_path,
+                                 registration=registration)
+        audit.run(acfg, models, samples=samples_out, table=table, info=info,
                   tokenizer=tokenizer, per_sample=Path(audit_dir) / f"{ref}_per_sample.parquet",
                   report=ref_json, spans=Path(audit_dir) / f"{ref}_spans.parquet",
                   shingling=shingling, splits=paths.get("splits"), seeds=seeds)
         full = read_json(ref_json)
+        look.scored(looks.digest_of(full["judged"]), "audit")
         out["references"][ref] = {
             "thresholds": full["thresholds"],
             "human_flag_rate": {k: full["human"][k].get("flag_rate") for k in ("val", "test")},
@@ -132,6 +161,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--samples-dir", type=Path, default=Path("reports/adaptation/samples"))
     a("--audit-dir", type=Path, default=Path("reports/adaptation/audit"))
     a("--report", type=Path, default=Path("reports/adapt_audit.json"))
+    a("--preregistration", type=Path, default=ledger.REGISTRATION,
+      help="the experiment's registration, recorded with each look")
+    a("--ledger", type=Path, default=ledger.LEDGER,
+      help="the experiment's test-access ledger; each reference's look at its test pieces is "
+           "appended")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -166,7 +200,8 @@ def main(args: argparse.Namespace) -> int:
               info=args.info, tokenizer=args.tokenizer,
               fingerprint=args.fingerprint if args.fingerprint.exists() else None,
               samples_out=args.samples_out, samples_dir=args.samples_dir,
-              audit_dir=args.audit_dir, report=args.report)
+              audit_dir=args.audit_dir, report=args.report, ledger_path=args.ledger,
+              registration=args.preregistration)
     for ref in REFERENCES:
         rates = ", ".join(
             f"{n} {100 * b['flag_rate']['excess']['value']:+.1f}"

@@ -27,8 +27,12 @@ machine measured.
 The decision is judged with the registered one when ``reports/preregistration.json`` holds it
 (:mod:`pipeline.adaptation.adaptation_registration`); the report's first line is the registration's
 status.
-Every scoring of target test pieces is appended to the experiment's test-access ledger
-``reports/ledger.jsonl`` before anything reads the scores.
+Every scoring of target test pieces is a look: the target's test rows are read through
+:func:`pipeline.decision.looks.test_tokens` (command ``adapt_evaluate``), which appends the look
+to the experiment's test-access ledger ``reports/ledger.jsonl`` with the registration in force
+before handing them over, and the digest of the test scores follows before anything reads them.
+The registration check counts the looks at the target test pieces that are not this run's
+(:func:`pipeline.adaptation.adaptation_registration.check`).
 
 With ``reports/adapt_audit.json`` (``symkit adapt-audit``) the report and ``adaptation.json``
 (``memorisation``) also carry each arm's memorisation against target train and source train:
@@ -67,7 +71,7 @@ from pipeline.core.artifacts import (
     write_text,
 )
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
-from pipeline.decision import history, ledger
+from pipeline.decision import ledger, looks
 from pipeline.inference.loading import (
     load_models,
     set_torch_threads,
@@ -108,14 +112,17 @@ class PieceSet:
     excluded: list[dict[str, Any]]
 
 
-def piece_set(tokens: Path, info: TokenInfo, manifest: Path, splits: Path,
-              wanted: Sequence[str], label: Mapping[str, str] | None = None) -> PieceSet:
-    """The usable rows of ``wanted`` splits with their facts; ``label`` renames splits (the
-    source's ``val`` becomes ``source_val``) after matching them to ``splits.parquet``."""
-    rows = read_tokens(tokens, ["sha256", "split", "track", "ids"], splits=wanted)
-    if set(rows["split"]) - set(wanted):  # read_tokens filtered; a guard for the contract
-        raise ValueError(f"{tokens}: rows outside {list(wanted)}")
-    rows, excluded = clean_sequences(rows.reset_index(drop=True), info)
+COLUMNS = ["sha256", "split", "track", "ids"]
+"""The token tables' columns scored."""
+
+
+def piece_set(rows: pd.DataFrame, info: TokenInfo, manifest: Path, splits: Path,
+              label: Mapping[str, str] | None = None) -> PieceSet:
+    """The usable ``rows`` (a token table's rows of the splits scored, :data:`COLUMNS`) with
+    their facts; ``label`` renames splits (the source's ``val`` becomes ``source_val``) after
+    matching them to ``splits.parquet``."""
+    rows = rows.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True)
+    rows, excluded = clean_sequences(rows, info)
     facts = piece_facts(read_parquet(manifest), read_parquet(splits))
     rows, more = match_facts(rows, facts)
     facts = facts[facts["sha256"].isin(set(rows["sha256"]))].copy()
@@ -173,10 +180,16 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
         audit: Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     info = same_tokenizer(target["info"], source["info"])
-    sets = [piece_set(target["tokens"], info, target["manifest"], target["splits"],
-                      ["val", "test"]),
-            piece_set(source["tokens"], info, source["manifest"], source["splits"], ["val"],
-                      {"val": SOURCE_VAL})]
+    # a look at the target test pieces, recorded in the ledger before their rows are read
+    test, look = looks.test_tokens(
+        "adapt_evaluate", target["tokens"], COLUMNS,
+        ledger_path=registration.ledger if registration is not None else None,
+        registration=registration.path if registration is not None else None)
+    target_rows = pd.concat([read_tokens(target["tokens"], COLUMNS, splits=["val"]), test],
+                            ignore_index=True)
+    sets = [piece_set(target_rows, info, target["manifest"], target["splits"]),
+            piece_set(read_tokens(source["tokens"], COLUMNS, splits=["val"]), info,
+                      source["manifest"], source["splits"], {"val": SOURCE_VAL})]
     specs = arm_specs(cfg, arms_dir)
     set_torch_threads(runtime.torch_threads, ["transformer"])  # results depend on it
     models, _ = load_models(specs, "cpu", info, strict=True, any_split=True)
@@ -192,16 +205,15 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
     assert set(table["split"]) <= set(SPLITS), "only target val/test and source val are scored"
     write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
                                                   preserve_index=False))
+    if not test.empty:  # the scores of the look, before anyone reads them
+        look.scored(ledger.results_digest(ledger.test_rows(table)))
     reg, git = None, {}
-    if registration is not None:  # a look at the target test pieces, before anyone reads it
+    if registration is not None:
         registered = read_json_or_none(registration.path)
-        look = ledger.look_record(table, registered, source="adapt-evaluate",
-                                  commit=history.head_commit(), time=ledger.now_utc())
-        if look is not None:
-            ledger.append([look], registration.ledger)
         git = adapt_registration.order(registration.path, report)
         checked, registered_decision = adapt_registration.check(
-            registered, registration.identity, table, ledger.read(registration.ledger), git)
+            registered, registration.identity, table, ledger.read(registration.ledger), git,
+            code=look.record["code"])
         if registered_decision is not None:  # judged with the registered decision
             cfg = cfg.model_copy(update={"decision": registered_decision})
         reg = {"status": checked.status, "deviations": checked.deviations,

@@ -56,37 +56,85 @@ extraction on train against test pieces, and the quality guard
 (:func:`pipeline.music.descriptors.quality_guard`), which fails silence, noise and undecodable
 output.
 Every random draw comes from a ``numpy.random.Generator`` seeded by (``seed``, purpose, model).
+
+Auditing test pieces spends the test set like scoring them does: the human test windows, the
+extraction test and membership all read test rows. So the stage reads the train and val rows with
+:func:`~pipeline.tokens.contract.read_tokens` and the test rows through
+:func:`pipeline.decision.looks.test_tokens`, which appends a look (command ``audit``) to the
+test-access ledger ``reports/ledger.jsonl`` with the registration in force and the judging
+code's digest before handing them over; once audit.json is written, the digest of its
+``judged`` block follows (:meth:`pipeline.decision.looks.Look.scored`, kind ``audit``), so the
+report can tell this run's judgements from earlier ones. An unchanged re-run adds nothing.
+Called as a library without ``ledger_path`` the look is recorded nowhere (tests); ``symkit
+audit`` always passes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
+
+from models.base import SequenceModel
+from pipeline.audit import judging
 from pipeline.audit.judging import (  # noqa: F401  (the stage's API, re-exported)
     SPANS_SCHEMA,
+    TOKEN_COLUMNS,
     AuditConfig,
     AuditSummary,
     ModelCheck,
     judge,
     model_checks,
     per_note_nll,
-    run,
     shared_spans,
 )
 from pipeline.audit.overlap import Shingling
 from pipeline.conditions.config import ConditionConfig
+from pipeline.core.artifacts import read_json
 from pipeline.core.config import RuntimeConfig, load_section
+from pipeline.decision import ledger, looks
 from pipeline.inference.loading import (
     ModelUnavailable,
     add_model_arguments,
     load_named,
     named_seeds,
 )
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, read_tokens
 
 HELP = "memorisation audit and music statistics"
+
+
+def token_rows(tokens: Path, *, ledger_path: Path | None,
+               preregistration: Path | None) -> tuple[pd.DataFrame, looks.Look]:
+    """The audit's rows of the token table: train and val read plainly, test through the gate
+    (the look recorded in ``ledger_path`` first), sorted by (sha256, track)."""
+    rows = read_tokens(tokens, TOKEN_COLUMNS, splits=["train", "val"])
+    test, look = looks.test_tokens("audit", tokens, TOKEN_COLUMNS, ledger_path=ledger_path,
+                                   registration=preregistration)
+    table = pd.concat([rows, test], ignore_index=True)
+    return table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True), look
+
+
+def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path, tokens: Path,
+        info: Path, tokenizer: Path, per_sample: Path, report: Path, spans: Path,
+        shingling: Shingling | None = None, splits: Path | None = None,
+        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None,
+        conditions: Path | None = None, condition_cfg: Any = None,
+        ledger_path: Path | None = None, preregistration: Path | None = None) -> AuditSummary:
+    """:func:`pipeline.audit.judging.run` on the token table ``tokens``, its test rows read
+    through the gate (module docstring): the look goes to ``ledger_path`` (None: nowhere) under
+    the registration ``preregistration``, then the digest of audit.json's ``judged`` block."""
+    table, look = token_rows(tokens, ledger_path=ledger_path, preregistration=preregistration)
+    summary = judging.run(cfg, models, samples=samples, table=table, info=info,
+                          tokenizer=tokenizer, per_sample=per_sample, report=report,
+                          spans=spans, shingling=shingling, splits=splits, seeds=seeds,
+                          conditions=conditions, condition_cfg=condition_cfg)
+    look.scored(looks.digest_of(read_json(report)["judged"]), "audit")
+    return summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +153,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conditions", type=Path, default=Path("data/conditions.parquet"),
                         help="condition table (`symkit conditions`); read only when the samples "
                              "include a conditioned model's")
+    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION)
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
+                        help="test-access ledger this run's look at the test pieces is "
+                             "appended to")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -125,7 +177,8 @@ def main(args: argparse.Namespace) -> int:
             spans=args.spans, shingling=Shingling.read(args.fingerprint),
             splits=args.splits if args.splits.exists() else None, seeds=seeds,
             conditions=args.conditions,
-            condition_cfg=load_section("condition", args.params, ConditionConfig))
+            condition_cfg=load_section("condition", args.params, ConditionConfig),
+            ledger_path=args.ledger, preregistration=args.preregistration)
     print(f"audit: {s.n_rows} sequences; flag rate samples {s.sample_flag_rate} vs "
           f"human test {s.human_flag_rate} -> {args.report}")
     return 0

@@ -37,25 +37,36 @@ A model trained over several seeds (``transformer.replicates``) samples from eve
 model's ``n_samples`` and ``n_continuations`` are shared out among the seeds (the stage's time
 and the audit's sample count stay those of one model) and the audit judges what the training
 recipe produces, seeds included, rather than one seed's luck.
+
+A continuation's prompt is a test piece, so drawing continuations spends the test set: the stage
+reads the test rows through :func:`pipeline.decision.looks.test_tokens`, which appends a look
+(command ``generate``) to the test-access ledger ``reports/ledger.jsonl`` before handing them
+over. With ``n_continuations`` 0 no test row is read and nothing is recorded. Called as a library
+without ``ledger_path`` the look is recorded nowhere (tests); ``symkit generate`` always passes
+it.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from models.base import SequenceModel
 from pipeline.core.config import RuntimeConfig, load_section
+from pipeline.decision import ledger, looks
+from pipeline.inference import generation
 from pipeline.inference.generation import (  # noqa: F401  (the stage's API, re-exported)
     CONDITIONED,
     CONDITIONED_SCHEMA,
     KINDS,
+    PROMPT_COLUMNS,
     SAMPLES_SCHEMA,
     GenerateConfig,
     GenerateSummary,
     generate_for_model,
     prompt_notes,
-    run,
     select_prompts,
 )
 from pipeline.inference.loading import (
@@ -67,6 +78,25 @@ from pipeline.inference.loading import (
 from pipeline.tokens.contract import TokenInfo
 
 HELP = "sample music from trained models"
+
+
+def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Path, info: Path,
+        tokenizer: Path, samples_out: Path, samples_dir: Path,
+        seeds: Mapping[str, Mapping[int, SequenceModel]] | None = None,
+        names: Sequence[str] | None = None, conditions: Path | None = None,
+        ledger_path: Path | None = None, preregistration: Path | None = None
+        ) -> GenerateSummary:
+    """:func:`pipeline.inference.generation.run`, the continuations' prompts drawn from the test
+    rows of ``tokens`` read through the gate (module docstring): the look goes to
+    ``ledger_path`` (None: nowhere) under the registration ``preregistration``."""
+    prompt_rows = None
+    if cfg.n_continuations:
+        prompt_rows, _ = looks.test_tokens("generate", tokens, PROMPT_COLUMNS,
+                                           ledger_path=ledger_path,
+                                           registration=preregistration)
+    return generation.run(cfg, models, prompt_rows=prompt_rows, info=info, tokenizer=tokenizer,
+                          samples_out=samples_out, samples_dir=samples_dir, seeds=seeds,
+                          names=names, conditions=conditions)
 
 # --- CLI -------------------------------------------------------------------------------------
 
@@ -81,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conditions", type=Path, default=Path("data/conditions.parquet"),
                         help="condition table (`symkit conditions`); read only for a "
                              "conditioned model")
+    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION)
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
+                        help="test-access ledger this run's look at the test pieces (the "
+                             "continuations' prompts) is appended to")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -99,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
         return 1
     s = run(cfg, models, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
             samples_out=args.samples_out, samples_dir=args.samples_dir, seeds=seeds,
-            conditions=args.conditions)
+            conditions=args.conditions, ledger_path=args.ledger,
+            preregistration=args.preregistration)
     print(f"generate: {s.n_samples} samples ({s.n_decode_failures} failed to decode), "
           f"{s.n_prompts} prompts -> {args.samples_out}")
     return 0

@@ -11,7 +11,12 @@ margin. See ``docs/compare.md``.
 Besides an arm's scores, its training logs are drawn (the learning curves) and the baseline's
 registered comparisons (``reports/preregistration_compare.json``) are judged
 (:mod:`pipeline.decision.registered_comparisons`), with the registered settings: every
-comparison says which registered rule covers it or that none does (NOT REGISTERED). Outputs:
+comparison says which registered rule covers it or that none does (NOT REGISTERED). Comparing on
+test (``--split test``, or a comparison registered on test) reads every arm's test scores, and
+reading test scores is a look: each arm's test rows are read through
+:func:`pipeline.decision.looks.test_scores` (command ``compare``), which appends the look to the
+test-access ledger of the working directory (``reports/ledger.jsonl``, with the registration
+there) first; otherwise no test row is read. Outputs:
 ``compare.json``, ``compare.md`` and ``compare.html`` in ``--out``, and the figures in
 ``figures/`` under it unless ``--no-figures``; no timestamps or absolute paths (a revision
 appears as the user gave it, a directory as its path relative to the current one). This module
@@ -35,6 +40,7 @@ import numpy as np
 
 from pipeline.core import artifacts
 from pipeline.core.config import parse_section
+from pipeline.decision import ledger
 from pipeline.decision import registered_comparisons as registered
 from pipeline.decision.registered_comparisons import CompareConfig
 from pipeline.report.compare_document import build_document, draw_figures, render, verdict
@@ -45,16 +51,19 @@ from pipeline.tools.pairing import (
     compared_scores,
     exclusions,
     judge_registered,
+    reads_test,
 )
 from pipeline.tools.runs import (
     EVAL,
     PARAMS,
     EvaluatedRun,
+    Gate,
     RunSourceError,
     params_section,
     read_curves,
     read_run,
     resolve_source,
+    with_test_rows,
 )
 
 HELP = "compare evaluated runs on the same pieces: is the difference real?"
@@ -165,13 +174,18 @@ def compare(arms: Sequence[EvaluatedRun], cfg: Settings) -> dict[str, Any]:
 
 
 # ---- command line ---------------------------------------------------------------------------
-def run(sources: Sequence[str], cfg: Settings, out: Path, *,
-        figures: bool = True) -> dict[str, Any]:
+def run(sources: Sequence[str], cfg: Settings, out: Path, *, figures: bool = True,
+        ledger_path: Path | None = None, registration: Path | None = None) -> dict[str, Any]:
     """Resolve, load and compare the arms; write compare.json, .md and .html into ``out`` and,
-    with ``figures``, the PNGs that compare.md links into ``out/figures``."""
+    with ``figures``, the PNGs that compare.md links into ``out/figures``. Test rows are read
+    only when the comparison needs them (:func:`pipeline.tools.pairing.reads_test`), through
+    the gate: the look goes to ``ledger_path`` (None: nowhere) under ``registration``."""
     resolved = [resolve_source(name) for name in sources]
     labels = unique_labels([src.name for src in resolved])
     arms = [read_run(src, label) for src, label in zip(resolved, labels, strict=True)]
+    if reads_test(cfg.split, arms[0]):
+        gate = Gate("compare", ledger_path, registration)
+        arms = [with_test_rows(a, gate) for a in arms]
     result = compare(arms, cfg)
     drawn = None
     if figures:
@@ -250,6 +264,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compare.equivalence_margin, else 0.005 = 0.5%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/compare"),
                         help="output folder (default reports/compare)")
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
+                        help="test-access ledger a comparison on test records its look in "
+                             "(default reports/ledger.jsonl)")
+    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION,
+                        help="the registration a look on test records (default "
+                             "reports/preregistration.json)")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
                         help="skip the figures (forest plot, learning curves, per-piece "
                              "scatter): faster, and matplotlib is not loaded")
@@ -285,7 +305,8 @@ def main(args: argparse.Namespace) -> int:
     if cfg.split == "test":
         print(f"symkit compare: warning: {TEST_WARNING}", file=sys.stderr)
     try:
-        result = run(args.arms, cfg, args.out, figures=args.figures)
+        result = run(args.arms, cfg, args.out, figures=args.figures, ledger_path=args.ledger,
+                     registration=args.preregistration)
     except (Refusal, RunSourceError) as e:
         print(f"symkit compare: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 """``symkit doctor``: fast checks that tell a data bug from a model bug.
 
 Each check prints ``PASS``/``FAIL``/``SKIP`` with its numbers; the exit status is nonzero when
-any check fails. Data checks read ``data/tokens/`` and ``data/tokenizer.json``; model checks use
+any check fails. Data checks read ``data/tokens/`` (train and val rows: test rows are read only
+through the test-access gate, :mod:`pipeline.decision.looks`, by the commands that score them)
+and ``data/tokenizer.json``; model checks use
 the ``transformer.model`` architecture from params (dropout off) on real windows when token data
 exist, else on synthetic ones.
 
@@ -43,7 +45,7 @@ import numpy as np
 
 from pipeline.core.artifacts import read_parquet
 from pipeline.core.config import load_section
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, read_tokens
 from pipeline.tokens.tokenizer import load_tokenizer
 from pipeline.training.config import TransformerStageConfig
 
@@ -229,7 +231,7 @@ def run_checks(cfg: Any, *, tokens: Path, info: Path, tokenizer: Path,
             results.append(CheckResult("data", "SKIP", "no token data: model checks use "
                                                        "synthetic pieces"))
         tinfo = TokenInfo.read(info)
-        table = read_parquet(tokens, columns=["split", "ids", "n_notes"])
+        table = read_tokens(tokens, ["split", "ids", "n_notes"])
         rows = [np.asarray(r, dtype=np.int64) for r in table["ids"]]
         if real:
             results.append(check_token_ids(rows, tinfo))
@@ -305,9 +307,8 @@ def _condition_gap(table: Any, tokens: Path, info: Path, transformer_dir: Path) 
 
     scorer = load_scorer(transformer_dir)
     vocab = model_vocab(scorer.condition)
-    rows = read_parquet(tokens, columns=["sha256", "split", "track", "ids", "n_notes"])
-    rows, _ = clean_sequences(rows[rows["split"] == "val"].reset_index(drop=True),
-                              TokenInfo.read(info))
+    rows = read_tokens(tokens, ["sha256", "split", "track", "ids", "n_notes"], splits=["val"])
+    rows, _ = clean_sequences(rows.reset_index(drop=True), TokenInfo.read(info))
     if rows.empty:
         return CheckResult("cond_gap", "SKIP", "no val rows to score")
     gap = condition_gap(scorer, list(rows["ids"]), with_vocab(table, vocab).many(rows["sha256"]),

@@ -5,8 +5,10 @@ arm's rows of one model on one split; :func:`exclusions` lists, per arm, the pie
 lossily or did not score, and :func:`compared_scores` leaves every such piece out of every arm
 before turning each arm's rows into :class:`pipeline.stats.paired.ArmScores`.
 :func:`judge_registered` scores the pairs of the baseline's registered comparisons the same way
-and has :mod:`pipeline.decision.registered_comparisons` judge them. The runs are read by
-:mod:`pipeline.tools.runs`; the statistics are :mod:`pipeline.stats.paired`'s.
+and has :mod:`pipeline.decision.registered_comparisons` judge them; :func:`reads_test` says
+whether any of that reads test scores (then ``compare`` reads them through the test-access
+gate). The runs are read by :mod:`pipeline.tools.runs`; the statistics are
+:mod:`pipeline.stats.paired`'s.
 
 A library of the tools, not a command (it declares no ``HELP``).
 """
@@ -89,6 +91,17 @@ def compared_scores(arms: Sequence[EvaluatedRun], split: str, model: str,
         rows = model_rows(a, model, split)
         out.append(stats.arm_scores(rows[~rows["sha256"].isin(drop)], a.label))
     return out
+
+
+def reads_test(split: str, baseline: EvaluatedRun) -> bool:
+    """Does comparing on ``split`` read test scores: on test, or with a comparison registered
+    on test in ``baseline``'s registration (:func:`judge_registered` scores its pairs)?"""
+    if split == "test":
+        return True
+    if baseline.registration is None:
+        return False
+    reg = registered.read_registration(baseline.registration, baseline.label)
+    return not isinstance(reg, str) and any(r.split == "test" for r in reg.config.rules)
 
 
 def judge_registered(arms: Sequence[EvaluatedRun]) -> dict[str, Any]:

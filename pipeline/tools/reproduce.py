@@ -15,7 +15,10 @@ holds (README, "Reproducibility"):
    relative difference must lie within the tolerance of :func:`tolerance_for`: what re-drawing
    the training seeds would move it (from the committed run's seed-to-seed spread), and never
    less than ``--tolerance`` (0.1%, the only tolerance of a model without seeds). Test is
-   compared too: this checks a run, it picks no winner.
+   compared too: this checks a run, it picks no winner. Reading test scores is still a look:
+   both runs' test rows are read through :func:`pipeline.decision.looks.test_scores` (command
+   ``reproduce``), which appends the look to the test-access ledger ``reports/ledger.jsonl``
+   first.
 
 The conclusion is ``byte-identical`` (every output hash equal: same CPU model and software),
 ``within tolerance`` (some outputs differ, typically training's on another CPU model, but every
@@ -39,8 +42,16 @@ import pandas as pd
 import yaml
 
 from pipeline.core import artifacts
+from pipeline.decision import ledger
 from pipeline.tools.compare import fraction_arg
-from pipeline.tools.runs import RunSource, RunSourceError, read_run, resolve_source
+from pipeline.tools.runs import (
+    Gate,
+    RunSource,
+    RunSourceError,
+    read_run,
+    resolve_source,
+    with_test_rows,
+)
 
 HELP = "did a re-run reproduce the committed experiment? (artifacts, verdicts, metrics)"
 
@@ -127,14 +138,19 @@ def tolerance_for(per_seed: pd.Series, floor: float, level: float = 0.95) -> dic
             "from": "seed spread" if spread > floor else "stated tolerance"}
 
 
-def metric_check(against: RunSource, workspace: RunSource, floor: float) -> dict[str, Any]:
+def metric_check(against: RunSource, workspace: RunSource, floor: float,
+                 gate: Gate | None = None) -> dict[str, Any]:
     """Each model's pooled NLL per note on each scored split of ``against``, re-run against
     committed, within :func:`tolerance_for`. Not a test over pieces: a re-run is the same
     experiment on the same pieces, and the question is whether it moved more than training
-    noise moves it, which an equivalence interval over a few dozen pieces cannot resolve."""
+    noise moves it, which an equivalence interval over a few dozen pieces cannot resolve.
+    Test rows are read through ``gate`` (default: recorded nowhere)."""
     arms = [read_run(against, "committed"), read_run(workspace, "rerun")]
     models = sorted(arms[0].eval.get("models") or {})
     splits = [s for s in (arms[0].protocol.get("splits") or []) if s in ("val", "test")]
+    if "test" in splits:
+        gate = gate or Gate("reproduce", None, None)
+        arms = [with_test_rows(a, gate) for a in arms]
     rows = []
     for model in models:
         for split in splits:
@@ -162,8 +178,10 @@ def metric_check(against: RunSource, workspace: RunSource, floor: float) -> dict
             "floor": floor, "models": rows}
 
 
-def run(against: str, *, tolerance: float) -> dict[str, Any]:
-    """The reproduction record of the workspace against revision ``against``."""
+def run(against: str, *, tolerance: float, ledger_path: Path | None = None,
+        registration: Path | None = None) -> dict[str, Any]:
+    """The reproduction record of the workspace against revision ``against``; reading the test
+    scores is a look, recorded in ``ledger_path`` (None: nowhere) under ``registration``."""
     src = resolve_source(against)
     if src.kind != "git":
         raise RunSourceError(f"{against!r} is a folder: give a git revision (commit, branch or "
@@ -171,7 +189,7 @@ def run(against: str, *, tolerance: float) -> dict[str, Any]:
     ws = resolve_source("workspace")
     arts = artifact_check(lock_outputs(_read(src, LOCK)), lock_outputs(_read(ws, LOCK)))
     verdicts = verdict_check(json.loads(_read(src, METRICS)), json.loads(_read(ws, METRICS)))
-    metrics = metric_check(src, ws, tolerance)
+    metrics = metric_check(src, ws, tolerance, Gate("reproduce", ledger_path, registration))
     reasons = []
     if not verdicts["equal"]:
         reasons.append("verdicts differ: " + ", ".join(
@@ -226,11 +244,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "seed-spread tolerance (default 0.001 = 0.1%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/reproduce.json"),
                         help="the record (default reports/reproduce.json)")
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
+                        help="test-access ledger the look at the test scores is appended to "
+                             "(default reports/ledger.jsonl)")
+    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION,
+                        help="the registration the look records (default "
+                             "reports/preregistration.json)")
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        record = run(args.against, tolerance=args.tolerance)
+        record = run(args.against, tolerance=args.tolerance, ledger_path=args.ledger,
+                     registration=args.preregistration)
     except (RunSourceError, ReproduceError) as e:
         print(f"symkit reproduce: {e}", file=sys.stderr)
         return 2

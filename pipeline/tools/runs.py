@@ -12,6 +12,11 @@ unreadable file raises :class:`~pipeline.core.artifacts.ArtifactError` or
 :class:`~pipeline.core.config.ParamsError` naming it, and a source that is neither a directory
 nor a revision raises :class:`RunSourceError` listing what was tried.
 
+A run's test rows are left out unless the command reads them through a :class:`Gate`: reading
+test scores to compare them is a look, recorded in the test-access ledger of the working
+directory (``reports/ledger.jsonl``) by :func:`pipeline.decision.looks.test_scores` before the
+rows are handed over.
+
 A library of the tools, not a command (it declares no ``HELP``). Nothing here imports torch or
 matplotlib.
 """
@@ -23,7 +28,7 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -36,6 +41,7 @@ from ruamel.yaml import YAMLError
 from pipeline.core import artifacts
 from pipeline.core.artifacts import ArtifactError
 from pipeline.core.config import ParamsError, parse_yaml, read_params
+from pipeline.decision import ledger, looks
 from pipeline.decision.registered_comparisons import REGISTRATION
 from pipeline.report.compare_document import Curves
 
@@ -147,8 +153,8 @@ def resolve_source(name: str) -> RunSource:
 # ---- what a run holds -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class EvaluatedRun:
-    """One evaluated run: its label, source, params, eval.json, per-piece rows and, when it has
-    one, the training summary."""
+    """One evaluated run: its label, source, params, eval.json, per-piece rows (test rows only
+    when read through a :class:`Gate`) and, when it has one, the training summary."""
 
     label: str
     source: RunSource
@@ -188,17 +194,23 @@ def _json(src: RunSource, rel: str, data: bytes) -> Any:
         raise ArtifactError(f"{src.where(rel)} is not a readable JSON file") from None
 
 
-def read_run(src: RunSource, label: str) -> EvaluatedRun:
-    """Read a run's files (a directory through the project's readers, a commit through
-    ``git show``); missing or unreadable files raise ArtifactError or ParamsError naming them."""
+@dataclass(frozen=True)
+class Gate:
+    """How a command reads a run's test rows: through
+    :func:`pipeline.decision.looks.test_scores`, which records the look (``command``) in
+    ``ledger_path`` (None: nowhere) under the registration ``registration`` first."""
+
+    command: str
+    ledger_path: Path | None = ledger.LEDGER
+    registration: Path | None = ledger.REGISTRATION
+
+
+def _per_piece(src: RunSource, gate: Gate | None) -> pd.DataFrame:
+    """The run's per-piece rows (:data:`COLUMNS`, and ``seed``): without the test rows, or with
+    them read through ``gate``."""
     if src.kind == "directory":
-        root = src.root
-        params = read_params(root / PARAMS)  # type: ignore[operator]
-        evaluation = artifacts.read_json(root / EVAL)  # type: ignore[operator]
-        table = artifacts.read_table(root / PER_PIECE)  # type: ignore[operator]
+        table = artifacts.read_table(src.root / PER_PIECE)  # type: ignore[operator]
     else:
-        params = _yaml(src, PARAMS, _required(src, PARAMS)) or {}
-        evaluation = _json(src, EVAL, _required(src, EVAL))
         try:
             table = pq.read_table(pa.BufferReader(_required(src, PER_PIECE)))
         except (pa.ArrowException, OSError):
@@ -211,6 +223,26 @@ def read_run(src: RunSource, label: str) -> EvaluatedRun:
                              ).to_pandas()
     if "seed" not in per_piece:
         per_piece["seed"] = pd.Series(pd.NA, index=per_piece.index, dtype="Int64")
+    rows = per_piece[per_piece["split"] != "test"]
+    if gate is not None:
+        test, _ = looks.test_scores(gate.command, per_piece, ledger_path=gate.ledger_path,
+                                    registration=gate.registration)
+        rows = pd.concat([rows, test], ignore_index=True)
+    return rows.reset_index(drop=True)
+
+
+def read_run(src: RunSource, label: str, gate: Gate | None = None) -> EvaluatedRun:
+    """Read a run's files (a directory through the project's readers, a commit through
+    ``git show``); missing or unreadable files raise ArtifactError or ParamsError naming them.
+    The per-piece rows hold no test row unless ``gate`` reads them (:func:`with_test_rows`)."""
+    if src.kind == "directory":
+        root = src.root
+        params = read_params(root / PARAMS)  # type: ignore[operator]
+        evaluation = artifacts.read_json(root / EVAL)  # type: ignore[operator]
+    else:
+        params = _yaml(src, PARAMS, _required(src, PARAMS)) or {}
+        evaluation = _json(src, EVAL, _required(src, EVAL))
+    per_piece = _per_piece(src, gate)
     if not isinstance(params, dict):
         raise ParamsError(f"{src.where(PARAMS)}: top level must be a mapping of sections")
     if not isinstance(evaluation, dict):
@@ -221,6 +253,11 @@ def read_run(src: RunSource, label: str) -> EvaluatedRun:
     reg = _json(src, REGISTRATION, reg_bytes) if reg_bytes is not None else None
     return EvaluatedRun(label, src, params, evaluation, per_piece,
                         train if isinstance(train, dict) else None, reg)
+
+
+def with_test_rows(run: EvaluatedRun, gate: Gate) -> EvaluatedRun:
+    """``run`` with its test rows, read through ``gate`` (the look recorded first)."""
+    return replace(run, per_piece=_per_piece(run.source, gate))
 
 
 def params_section(src: RunSource, section: str) -> Any:

@@ -17,6 +17,13 @@ Output (``--out``, CSV or Parquet by its extension): one row per file, in input 
 included (:data:`pipeline.inference.standalone.STATUSES`); columns :data:`COLUMNS`, then for a
 conditioned model one ``condition_<name>`` column per slot (the label used, ``<none>`` for "no
 condition") and ``conditions_unknown``.
+
+Scoring a test piece spends the test set whichever command does it. So before anything is read
+for scoring, each input file is hashed (sha256 of its bytes, as ingest names a piece); when any
+is a test piece (the registration's, ``reports/preregistration.json``, or
+``data/splits.parquet``'s: :func:`pipeline.decision.looks.registered_test_pieces`), the look is
+appended to the test-access ledger ``reports/ledger.jsonl`` first
+(:func:`pipeline.decision.looks.test_pieces_scored`, command ``score``) and one line says so.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.core.artifacts import write_parquet, write_text
+from pipeline.core.artifacts import sha256_file, write_parquet, write_text
 from pipeline.core.progress import progress
+from pipeline.decision import ledger, looks
 from pipeline.inference.pieces import score_rows
 from pipeline.inference.standalone import (
     FileResult,
@@ -75,6 +83,22 @@ def collect_paths(inputs: Sequence[Path | str]) -> list[str]:
         else:
             out[p.as_posix()] = None
     return list(out)
+
+
+def record_look(inf: Inference, paths: Sequence[str], settings: dict[str, Any], *,
+                ledger_path: Path | None, registration: Path, splits: Path | None
+                ) -> looks.Look | None:
+    """Hash each file of ``paths`` that exists (sha256 of its bytes) and, when any is a test
+    piece of ``registration`` or ``splits``, record the look at those in ``ledger_path``
+    before they are scored; None when none is. The look's input digest names the model, the
+    files and the scoring ``settings``, so scoring them again the same way is the same look."""
+    shas = sorted({sha256_file(p) for p in paths if Path(p).is_file()})
+    test = looks.registered_test_pieces(registration, splits)
+    if not set(shas) & set(test):
+        return None
+    inputs = looks.digest_of({"model": inf.identity(), "files": shas, "settings": settings})
+    return looks.test_pieces_scored("score", shas, test, inputs, ledger_path=ledger_path,
+                                    registration=registration)
 
 
 def condition_rows(inf: Inference, results: Sequence[FileResult], mode: str,
@@ -170,6 +194,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--torch-threads", type=int, default=2,
       help="torch CPU threads (default: 2, runtime.torch_threads' default; results depend on it)")
     a("--workers", type=int, default=1, help="processes that read and encode files (default: 1)")
+    a("--ledger", type=Path, default=ledger.LEDGER,
+      help="test-access ledger a look at test pieces is appended to (default: "
+           "reports/ledger.jsonl)")
+    a("--preregistration", type=Path, default=ledger.REGISTRATION,
+      help="the registration whose test pieces (and registration) a look records (default: "
+           "reports/preregistration.json)")
+    a("--splits", type=Path, default=Path("data/splits.parquet"),
+      help="the split whose test pieces a look records (default: data/splits.parquet)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -192,6 +224,14 @@ def _main(args: argparse.Namespace) -> int:
     if not paths:
         raise InferenceError(f"no MIDI files (.mid, .midi, .kar) under "
                              f"{', '.join(p.as_posix() for p in args.inputs)}")
+    look = record_look(inf, paths, {"conditions": args.conditions, "fixed": fixed,
+                                    "stride": args.stride}, ledger_path=args.ledger,
+                       registration=args.preregistration, splits=args.splits)
+    if look is not None:
+        n = look.record["n_pieces"]
+        print(f"score: {n} of these files {'are test pieces' if n != 1 else 'is a test piece'}: "
+              f"scoring {'them' if n != 1 else 'it'} is a look at the test set, recorded in "
+              f"{args.ledger.as_posix()}")
     # Files are read in forked workers before torch loads the model.
     results = read_files(paths, inf, with_conditions=inf.vocab is not None
                          and args.conditions == "auto", workers=args.workers)

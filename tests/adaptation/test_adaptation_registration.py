@@ -4,6 +4,8 @@ every way the judged experiment differs from the registered one."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
@@ -158,3 +160,48 @@ def test_scored_pieces_must_be_the_registered_ones(experiment):
     assert "test pieces: 2 registered, 2 scored, 1 of them not registered" in text
     assert "source_val pieces" not in text  # the source's val pieces are those registered
     assert "holds no record of these target test scores" in text  # nothing in the ledger
+
+
+def test_every_earlier_look_at_the_target_test_pieces_counts_and_this_run_s_do_not(experiment):
+    """Four scorings of the target test pieces before this run's, under other registrations
+    (none, then three with other params) and with other scores, read FOLLOWED AFTER 4 LOOKS:
+    this run's own scores and its audit of the same pieces, under this registration and code,
+    are not earlier looks; a look with other judging code is one."""
+    from pipeline.decision import ledger, looks
+
+    root = experiment["root"]
+    ident = _identity(experiment)
+    tokens = root / "tokens.parquet"
+    write_parquet(tokens, pd.read_parquet(experiment["target"]["path"]).assign(track=0))
+    path = root / "ledger.jsonl"
+
+    def scores(shift: float) -> pd.DataFrame:
+        return pd.DataFrame({"sha256": ["tgt4", "tgt5"], "split": "test", "model": "m",
+                             "nll_nats": [1.0 + shift, 2.0 + shift]})
+
+    def evaluate(reg: Path, shift: float) -> looks.Look:
+        _, look = looks.test_tokens("adapt_evaluate", tokens, ["sha256", "split"],
+                                    ledger_path=path, registration=reg)
+        look.scored(ledger.results_digest(ledger.test_rows(scores(shift))))
+        return look
+
+    evaluate(root / "none.json", 0.1)  # before any registration
+    for i in range(3):  # under registrations of other params (not of the decision)
+        other = {**ident, "params": {**ident["params"], "tokenize": {"vocab_size": 2000 + i}}}
+        write_json(root / f"other{i}.json", _record(other))
+        evaluate(root / f"other{i}.json", 0.2 + i)
+    reg = root / "preregistration.json"
+    write_json(reg, _record(ident))
+    mine = evaluate(reg, 1.0)
+    _, audit = looks.test_tokens("adapt_audit", tokens, ["sha256", "split"], ledger_path=path,
+                                 registration=reg)
+    audit.scored(looks.digest_of({"m": {"flag_rate": 0.1}}), "audit")
+
+    check, _ = registration.check(read_json(reg), ident, scores(1.0), ledger.read(path))
+    assert check.deviations == [] and check.n_looks == 4
+    assert check.status.startswith("FOLLOWED AFTER 4 LOOKS")
+    looks.record("adapt_evaluate", ["tgt4", "tgt5"], "other inputs", ledger_path=path,
+                 registration=reg, code=mine.record["code"][::-1])  # other judging code
+    check, _ = registration.check(read_json(reg), ident, scores(1.0), ledger.read(path),
+                                  code=mine.record["code"])
+    assert check.n_looks == 5

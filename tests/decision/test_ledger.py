@@ -216,3 +216,32 @@ def test_history_lists_commits_on_every_ref(repo):
         from pipeline.decision.history import commits_touching
         assert len(commits_touching("f")) == 2  # the other branch's version counts too
         assert registration_order(Path("r.json"), Path("f"))["git"] is True
+
+
+@pytest.mark.parametrize("rel", ["reports/ledger.jsonl",
+                                 "experiments/adaptation/reports/ledger.jsonl"])
+def test_ledgers_merged_from_two_branches_keep_every_line_of_both(repo, rel):
+    """The repository's .gitattributes merges a ledger as a union: two branches that each
+    appended a look merge without a conflict, and neither look is lost."""
+    shutil.copy(Path(__file__).resolve().parents[2] / ".gitattributes", repo / ".gitattributes")
+    path = repo / rel
+    path.parent.mkdir(parents=True)
+    reg = {"identity_hash": "r1", "identity": {"params": {"criteria": {"rules": []}}}}
+
+    def look(shift: float) -> dict:
+        return ledger.look_record(per_piece(shift), reg, source="evaluate", commit=None,
+                                  time=None)
+
+    ledger.append([look(0.0)], path)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "first look")
+    git(repo, "checkout", "-qb", "side")
+    ledger.append([look(0.5)], path)
+    git(repo, "commit", "-qam", "a look on the side")
+    git(repo, "checkout", "-q", "-")
+    ledger.append([look(1.0)], path)
+    git(repo, "commit", "-qam", "a look here")
+    git(repo, "merge", "-q", "--no-edit", "side")  # check=True: a conflict fails here
+    lines = path.read_text().splitlines()
+    assert sorted(lines) == sorted(ledger.line(look(s)).rstrip("\n") for s in (0.0, 0.5, 1.0))
+    assert ledger.read(path)[0]["results_sha256"] == look(0.0)["results_sha256"]  # kept first

@@ -19,14 +19,14 @@ import torch
 from models.transformer import GPT, TransformerConfig, save_model
 from pipeline.cli import main
 from pipeline.conditions.vocab import ConditionVocab
-from pipeline.core.artifacts import read_json, sha256_bytes
+from pipeline.core.artifacts import read_json, read_parquet, sha256_bytes
 from pipeline.inference.pieces import score_rows
 from pipeline.inference.protocol import clean_sequences
 from pipeline.inference.scorer import TransformerScorer, load_scorer
 from pipeline.inference.standalone import encode_midi, open_model
 from pipeline.music.parsing import parse_midi
 from pipeline.stages.tokenize import TokenizeConfig
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo
 from pipeline.tokens.tokenizer import load_tokenizer
 from tests.midi_utils import make_midi, random_piece
 from tests.stages.test_tokenize import run_stage, write_corpus
@@ -75,6 +75,13 @@ def setup(tmp_path_factory) -> Setup:
                  _save_gpt(root / "plain", info), _save_gpt(root / "conditioned", info, VOCAB))
 
 
+def all_rows(tokens: Path) -> pd.DataFrame:
+    """Every row of a token table, test included (the oracle reads what the stage wrote),
+    sorted by (sha256, track)."""
+    return read_parquet(tokens).sort_values(["sha256", "track"], kind="stable").reset_index(
+        drop=True)
+
+
 def _run(capsys, *argv: str) -> tuple[int, str]:
     rc = main([*argv])
     return rc, capsys.readouterr().err
@@ -84,7 +91,7 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 def test_files_get_the_tokenize_stages_ids(setup):
     tok = load_tokenizer(setup.tokenizer)
     assert tok.is_trained
-    table = read_tokens(setup.root / "data/tokens/tokens.parquet")
+    table = all_rows(setup.root / "data/tokens/tokens.parquet")
     for data in setup.files.values():
         rows = table[table["sha256"] == sha256_bytes(data)]
         got = encode_midi(tok, data)
@@ -101,7 +108,7 @@ def test_per_track_tokenizers_give_the_stages_rows(tmp_path):
     run_stage(tmp_path, TokenizeConfig(config={"use_programs": False}, model="none"),
               cache=False)
     tok = load_tokenizer(tmp_path / "data/tokenizer.json")
-    table = read_tokens(tmp_path / "data/tokens/tokens.parquet")
+    table = all_rows(tmp_path / "data/tokens/tokens.parquet")
     for data in files.values():
         rows = table[table["sha256"] == sha256_bytes(data)]
         got = encode_midi(tok, data)
@@ -157,7 +164,7 @@ def test_score_equals_the_evaluate_protocol(setup, tmp_path, capsys):
     assert got["path"].tolist() == [(setup.raw / n).as_posix() for n in sorted(setup.files)]
     assert (got["status"] == "ok").all()
     # evaluate: the token table's rows, the protocol's rules, score_rows, summed per piece
-    rows, _ = clean_sequences(read_tokens(setup.root / "data/tokens/tokens.parquet"), setup.info)
+    rows, _ = clean_sequences(all_rows(setup.root / "data/tokens/tokens.parquet"), setup.info)
     nll = score_rows(load_scorer(setup.plain), list(rows["ids"]))
     want = pd.DataFrame({"sha256": rows["sha256"], "nll": nll,
                          "n": [len(s) + 1 for s in rows["ids"]]}).groupby("sha256").sum()

@@ -52,7 +52,8 @@ def _run(root: Path, out: Path) -> dict[str, Any]:
                     "source": {"tokens": source["tokens"]}},
         info=target["info"], tokenizer=target["tokenizer"], fingerprint=None,
         samples_out=out / "samples.parquet", samples_dir=out / "samples",
-        audit_dir=out / "audit", report=out / "adapt_audit.json")
+        audit_dir=out / "audit", report=out / "adapt_audit.json",
+        ledger_path=out / "ledger.jsonl", registration=out / "preregistration.json")
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,25 @@ def test_the_samples_are_drawn_once_and_audited_against_both(audited):
         table = artifacts.read_parquet(root / "audit" / f"{ref}_per_sample.parquet")
         assert (table["source"] == "sample").sum() == len(samples)
     assert len(list((root / "samples").glob("*.mid"))) == 3  # files_per_kind per arm
+
+
+def test_each_reference_s_test_pieces_are_a_look_with_its_judgements(audited):
+    """Each reference's test rows are read through the gate: a look (command adapt_audit) at
+    that corpus's test pieces in the experiment's ledger, then the digest of its judged
+    block."""
+    from pipeline.decision import ledger, looks
+
+    root = audited["root"]
+    records = ledger.read(root / "ledger.jsonl")
+    assert [(r["command"], r["kind"]) for r in records] == [("adapt_audit", "look"),
+                                                            ("adapt_audit", "audit")] * 2
+    for ref, (look, judged) in zip(("target", "source"), (records[:2], records[2:]),
+                                   strict=True):
+        tokens = artifacts.read_parquet(root / ref / "tokens.parquet")
+        assert look["pieces"] == sorted(tokens.loc[tokens["split"] == "test", "sha256"])
+        assert judged["look"] == look["look"] and look["registration"] is None
+        assert judged["results_sha256"] == looks.digest_of(
+            artifacts.read_json(root / "audit" / f"{ref}.json")["judged"])
 
 
 def test_the_adaptation_report_shows_both_corpora(audited):

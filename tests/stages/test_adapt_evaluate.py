@@ -70,14 +70,17 @@ def test_a_piece_set_keeps_the_wanted_splits_with_facts_and_names_the_excluded(t
     splits = tokens[["sha256", "split"]].assign(group_id="g")
     splits.loc[splits["sha256"] == moved, "split"] = "test"  # splits.parquet disagrees
     write_parquet(tmp_path / "splits.parquet", splits)
-    got = piece_set(data["tokens"], TokenInfo.read(data["info"]), tmp_path / "manifest.parquet",
-                    tmp_path / "splits.parquet", ["val"], {"val": SOURCE_VAL})
+    info = TokenInfo.read(data["info"])
+    got = piece_set(tokens[tokens["split"] == "val"][adapt_evaluate.COLUMNS], info,
+                    tmp_path / "manifest.parquet", tmp_path / "splits.parquet",
+                    {"val": SOURCE_VAL})
     assert got.rows.empty and got.pieces.empty  # both val pieces excluded, no other split read
     assert got.excluded == sorted([{"sha256": no_facts, "reason": "not_in_manifest"},
                                    {"sha256": moved, "reason": "split_mismatch"}],
                                   key=lambda p: p["sha256"])
-    test = piece_set(data["tokens"], TokenInfo.read(data["info"]), tmp_path / "manifest.parquet",
-                     tmp_path / "splits.parquet", ["test"], {"val": SOURCE_VAL})
+    test = piece_set(tokens[tokens["split"] == "test"][adapt_evaluate.COLUMNS], info,
+                     tmp_path / "manifest.parquet", tmp_path / "splits.parquet",
+                     {"val": SOURCE_VAL})
     assert set(test.rows["split"]) == {"test"} and test.excluded == []
     assert sorted(test.pieces["sha256"]) == sorted(test.rows["sha256"]) == sorted(
         tokens.loc[tokens["split"] == "test", "sha256"])

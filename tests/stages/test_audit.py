@@ -69,14 +69,16 @@ def planted_models(world: dict[str, Path], seed: int) -> dict[str, Any]:
 
 
 def audit(root: Path, world: dict[str, Path], models: dict[str, Any], seed: int,
-          seeds: dict[str, dict[int, Any]] | None = None) -> None:
-    """Audit root/samples.parquet; extraction and membership for the models that score."""
+          seeds: dict[str, dict[int, Any]] | None = None, **gate: Path) -> None:
+    """Audit root/samples.parquet; extraction and membership for the models that score.
+    ``gate``: ``ledger_path`` and ``preregistration`` (default: the look is recorded nowhere)."""
     cfg = AuditConfig(human_window=64, human_stride=32, human_windows=4, extraction_pieces=8,
                       membership_pieces=10, n_boot=500, seed=seed)
     run_audit(cfg, {k: models[k] for k in ("copier", "fresh", "noise")},
               samples=root / "samples.parquet", tokens=world["tokens"], info=world["info"],
               tokenizer=world["tokenizer"], per_sample=root / "audit" / "per_sample.parquet",
-              report=root / "audit.json", spans=root / "audit" / "spans.parquet", seeds=seeds)
+              report=root / "audit.json", spans=root / "audit" / "spans.parquet", seeds=seeds,
+              **gate)
 
 
 def planted_audit(root: Path, seed: int = 0, n_samples: int = 24) -> dict[str, Any]:
@@ -221,6 +223,35 @@ def test_the_longest_shared_span_is_located_in_both_sequences(audit_dir):
         assert marked(mine) == marked(theirs)
         total += len(marked(mine))
     assert total >= 8 * len(copier) // 2  # replayed phrases: several notes per span
+
+
+def test_an_audit_is_a_look_at_the_test_pieces_recorded_once(audit_dir, tmp_path):
+    """The audit reads test rows (human test windows, extraction, membership): the run appends
+    a look (command audit, the test pieces, the registration in force, the judging code's
+    digest) before reading them, then the digest of audit.json's judged block; an identical
+    re-run adds nothing."""
+    from pipeline.decision import ledger, looks
+
+    shutil.copy(audit_dir / "samples.parquet", tmp_path / "samples.parquet")
+    world = {k: audit_dir / f for k, f in (("tokens", "tokens.parquet"), ("info", "info.json"),
+                                           ("tokenizer", "tokenizer.json"))}
+    path, reg = tmp_path / "ledger.jsonl", tmp_path / "preregistration.json"
+    artifacts.write_json(reg, {"identity_hash": "r1", "identity": {"params": {}}})
+    models = planted_models(world, 0)
+    audit(tmp_path, world, models, 0, ledger_path=path, preregistration=reg)
+    look, judged = ledger.read(path)
+    tokens = artifacts.read_parquet(world["tokens"])
+    assert look["kind"] == "look" and look["command"] == judged["command"] == "audit"
+    assert look["pieces"] == sorted(tokens.loc[tokens["split"] == "test", "sha256"])
+    assert look["registration"] == ledger.registration_summary(artifacts.read_json(reg))
+    assert look["code"] == judged["code"] and len(look["code"]) == 64
+    assert judged["kind"] == "audit" and judged["look"] == look["look"]
+    report = artifacts.read_json(tmp_path / "audit.json")
+    assert judged["results_sha256"] == looks.digest_of(report["judged"])
+    assert (tmp_path / "audit.json").read_bytes() == (audit_dir / "audit.json").read_bytes()
+    before = path.read_bytes()
+    audit(tmp_path, world, models, 0, ledger_path=path, preregistration=reg)
+    assert path.read_bytes() == before
 
 
 @pytest.mark.slow

@@ -212,3 +212,37 @@ def test_a_model_with_seeds_shares_its_samples_out_among_them(world, tmp_path, m
         assert [list(x) for x in mine["ids"]] == [list(x) for x in ref["ids"]]
     _, one = _run(world, tmp_path / "one", cfg, {"ngram": a}, seeds={"ngram": {7: a}})
     assert one["seed"].isna().all()  # a single seed is a model trained once
+
+
+def test_continuations_are_a_look_at_the_test_pieces_and_samples_alone_are_none(
+        world, tmp_path, monkeypatch):
+    """A continuation's prompt is a test piece: the run appends a look (command generate, the
+    test pieces, the registration in force) to the ledger before drawing; an unchanged re-run
+    adds nothing, and a run without continuations reads no test row and records nothing."""
+    import pipeline.render.figures as figures
+    from pipeline.decision import ledger
+
+    monkeypatch.setattr(figures, "piano_roll_png", lambda notes, title="", prompt=None: b"png")
+    vocab = artifacts.read_json(world["info"])["vocab_size"]
+    models = {"ngram": CountLM(2, vocab).fit(train_seqs(world))}
+    path, reg = tmp_path / "ledger.jsonl", tmp_path / "preregistration.json"
+    artifacts.write_json(reg, {"identity_hash": "r1", "identity": {"params": {}}})
+
+    def generate(n_continuations: int, out: str) -> None:
+        cfg = GenerateConfig(models=["ngram"], n_samples=2, n_continuations=n_continuations,
+                             max_new_tokens=4, prompt_tokens=8)
+        run(cfg, models, tokens=world["tokens"], info=world["info"],
+            tokenizer=world["tokenizer"], samples_out=tmp_path / out / "samples.parquet",
+            samples_dir=tmp_path / out / "samples", ledger_path=path, preregistration=reg)
+
+    generate(0, "none")
+    assert not path.exists()
+    generate(3, "a")
+    (look,) = ledger.read(path)
+    tokens = artifacts.read_parquet(world["tokens"])
+    assert look["kind"] == "look" and look["command"] == "generate"
+    assert look["pieces"] == sorted(tokens.loc[tokens["split"] == "test", "sha256"])
+    assert look["registration"]["identity_hash"] == "r1" and look["code"]
+    before = path.read_bytes()
+    generate(3, "b")
+    assert path.read_bytes() == before

@@ -347,6 +347,36 @@ def test_comparing_on_test_warns_in_every_output(tmp_path, monkeypatch, capsys):
     assert result(tmp_path, "val")["warnings"] == []
 
 
+def test_comparing_on_test_is_a_look_per_arm_and_on_val_none(tmp_path, monkeypatch):
+    """Each arm's test rows are read through the gate: --split test appends a look per arm
+    (command compare, its test pieces, the registration of the working directory) to the
+    working directory's ledger, once; --split val reads no test row and records nothing."""
+    from pipeline.decision import ledger
+
+    rng = np.random.default_rng(9)
+    a, b = simulate(rng, 0.02)
+    ta, tb = simulate(rng, 0.02, n_groups=10)
+    write_arm(tmp_path / "a", pd.concat([a, ta.assign(split="test")]))
+    write_arm(tmp_path / "b", pd.concat([b, tb.assign(split="test")]))
+    path = tmp_path / "reports" / "ledger.jsonl"
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "val") == 0
+    assert not path.exists()
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "preregistration.json").write_text(json.dumps(
+        {"identity_hash": "r1", "identity": {"params": {}}}))
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--split", "test") == 0
+    records = ledger.read(path)
+    assert [r["command"] for r in records] == ["compare", "compare"]
+    assert [r["inputs"] for r in records] == [
+        ledger.results_digest(ledger.test_rows(t.assign(split="test"))) for t in (ta, tb)]
+    assert all(r["pieces"] == sorted(set(ta["sha256"])) for r in records)
+    assert all(r["registration"]["identity_hash"] == "r1" for r in records)
+    before = path.read_bytes()
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--split", "test") == 0
+    assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "val") == 0
+    assert path.read_bytes() == before
+
+
 def test_outputs_are_byte_identical_across_runs(tmp_path, monkeypatch, two_arms):
     assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "one") == 0
     assert run_cli(tmp_path, monkeypatch, "a", "b", "--out", "two") == 0

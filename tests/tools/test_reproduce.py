@@ -92,6 +92,23 @@ def test_training_drift_within_the_margin_is_within_tolerance(repo, capsys):
     assert "train_transformer (data/transformer/model.safetensors)" in capsys.readouterr().out
 
 
+def test_comparing_the_test_scores_is_a_look(repo):
+    """Both runs' test rows are read through the gate: the committed run and an identical
+    re-run are one look (command reproduce) in the working directory's ledger; a re-run with
+    other test scores is another."""
+    from pipeline.decision import ledger
+
+    root, rows = repo
+    assert main(["reproduce"]) == 0
+    path = root / "reports" / "ledger.jsonl"
+    (look,) = ledger.read(path)
+    assert look["command"] == "reproduce" and look["registration"] is None
+    assert look["pieces"] == sorted(set(rows.loc[rows["split"] == "test", "sha256"]))
+    _write_run(root, rows.assign(nll_nats=rows["nll_nats"] * (1 + 1e-6)), LOCK, DECISION)
+    assert main(["reproduce"]) == 0
+    assert [r["command"] for r in ledger.read(path)] == ["reproduce", "reproduce"]
+
+
 def test_a_changed_verdict_is_not_reproduced(repo, capsys):
     root, rows = repo
     _write_run(root, rows, LOCK, {**DECISION, "decision.overall": "PASS",

@@ -23,6 +23,7 @@ from pipeline.tools.runs import (
     PARAMS,
     PER_PIECE,
     TRAIN,
+    Gate,
     RunSource,
     RunSourceError,
     params_section,
@@ -30,6 +31,7 @@ from pipeline.tools.runs import (
     read_run,
     relative_name,
     resolve_source,
+    with_test_rows,
 )
 from tests.tools.test_compare import PARAMS as PARAM_VALUES
 from tests.tools.test_compare import log_text, simulate, write_arm, write_logs
@@ -164,6 +166,22 @@ def test_results_without_training_seeds_get_a_null_seed(tmp_path, rows):
     pq.write_table(pq.read_table(path).drop(["seed"]), path)
     run = read_run(RunSource("old", "directory", root=tmp_path), "old")
     assert str(run.per_piece["seed"].dtype) == "Int64" and run.per_piece["seed"].isna().all()
+
+
+def test_test_rows_are_read_only_through_the_gate_which_records_the_look(tmp_path, rows):
+    from pipeline.decision import ledger
+
+    write_arm(tmp_path, pd.concat([rows, rows.assign(split="test")], ignore_index=True))
+    src = RunSource("x", "directory", root=tmp_path)
+    sealed = read_run(src, "x")
+    assert set(sealed.per_piece["split"]) == {"val"}  # no gate: no test row
+    path = tmp_path / "ledger.jsonl"
+    gated = with_test_rows(sealed, Gate("compare", path, None))
+    assert (gated.per_piece["split"] == "test").sum() == len(rows)
+    (look,) = ledger.read(path)
+    assert look["command"] == "compare" and look["pieces"] == sorted(set(rows["sha256"]))
+    assert read_run(src, "x", Gate("compare", path, None)).per_piece.equals(gated.per_piece)
+    assert len(ledger.read(path)) == 1  # the same rows again: the same look
 
 
 def test_an_eval_without_protocol_has_an_empty_one(tmp_path, rows):

@@ -176,3 +176,38 @@ def test_the_command_scores_in_input_order_and_sums_up(tiny, tmp_path, capsys):
     assert main(["score", str(tmp_path / "empty"), "--model", str(tiny.model),
                  "--tokenizer", str(tiny.tokenizer), "--out", str(out)]) == 2
     assert "no MIDI files (.mid, .midi, .kar) under" in capsys.readouterr().err
+
+
+def test_scoring_a_test_piece_is_a_look_and_scoring_other_files_is_none(tiny, tmp_path, capsys):
+    """Files are hashed before scoring: a file that is a test piece of data/splits.parquet gets
+    a look in the ledger (command score, that piece only) and one line saying so; scoring the
+    same files again is the same look, and files that are no test piece record nothing."""
+    from pipeline.core.artifacts import sha256_file, write_json, write_parquet
+    from pipeline.decision import ledger
+
+    one, two = (sha256_file(tiny.midi[k]) for k in ("one", "two"))
+    splits, path = tmp_path / "splits.parquet", tmp_path / "ledger.jsonl"
+    write_parquet(splits, pd.DataFrame({"sha256": [one, two, "f" * 64],
+                                        "split": ["test", "train", "test"]}))
+    reg = tmp_path / "preregistration.json"
+    write_json(reg, {"identity_hash": "r1", "identity": {"pieces": {"test": ["e" * 64]}}})
+    out = tmp_path / "scores.csv"
+
+    def score_files(*names: str) -> str:
+        assert main(["score", *(str(tiny.midi[n]) for n in names), "--model", str(tiny.model),
+                     "--tokenizer", str(tiny.tokenizer), "--out", str(out),
+                     "--torch-threads", "1", "--ledger", str(path), "--splits", str(splits),
+                     "--preregistration", str(reg)]) == 0
+        return capsys.readouterr().out
+
+    printed = score_files("two", "three")
+    assert not path.exists() and "look" not in printed
+    printed = score_files("one", "two")
+    assert printed.splitlines()[0] == (f"score: 1 of these files is a test piece: scoring it is "
+                                       f"a look at the test set, recorded in {path.as_posix()}")
+    (look,) = ledger.read(path)
+    assert look["command"] == "score" and look["pieces"] == [one]
+    assert look["registration"]["identity_hash"] == "r1"
+    before = path.read_bytes()
+    score_files("one", "two")
+    assert path.read_bytes() == before

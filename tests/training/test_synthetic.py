@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from pipeline.core.artifacts import read_parquet
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo
 from pipeline.training.synthetic import BOS, EOS, N_SPECIAL, PAD, synthetic_pieces, write_token_data
 
 
@@ -46,7 +46,7 @@ def test_write_token_data_writes_the_tokenize_stages_artifacts(tmp_path):
     info = TokenInfo.read(paths["info"])
     assert (info.vocab_size, info.pad_id, info.bos_id, info.eos_id) == (50, PAD, BOS, EOS)
     assert (info.tokenizer_hash, info.split_hash) == ("tok-hash", "mine")
-    table = read_tokens(paths["tokens"], ["sha256", "split", "track", "ids", "n_tokens"])
+    table = read_parquet(paths["tokens"], columns=["sha256", "split", "track", "ids", "n_tokens"])
     assert list(table["sha256"]) == sorted(table["sha256"])
     assert set(table["sha256"]) == {hashlib.sha256(f"x{i}".encode()).hexdigest()
                                     for i in range(30)}

@@ -113,7 +113,7 @@ def register(params: Path, *, target_splits: Path, target_split_report: Path,
     found = ledger.existing_looks(ident["pieces"]["test"], ledger_path=ledger_path,
                                   per_piece=per_piece, eval_report=report, registration=out)
     ledger.append(found, ledger_path)  # looks found in git or the workspace are looks
-    looks = one_per_look(found)
+    looks = found  # one record per look (ledger.existing_looks)
     if looks and not force:
         n = len(looks)
         raise ledger.AlreadyScored(
@@ -129,17 +129,6 @@ def register(params: Path, *, target_splits: Path, target_split_report: Path,
                                    "identity_hash")} for r in looks]}
     artifacts.write_json(out, record)
     return record
-
-
-def one_per_look(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One record per look (:func:`pipeline.decision.ledger.group_of`: a look and the scores it
-    computed are one look), in ledger order: the one holding the scores' digest when there is
-    one."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for r in records:
-        groups.setdefault(ledger.group_of(r), []).append(r)
-    return [dict(next((r for r in rs if r.get("results_sha256")), rs[0]))
-            for rs in groups.values()]
 
 
 def registered_decision(registered: Any) -> DecisionSection | None:

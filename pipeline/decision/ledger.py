@@ -149,8 +149,28 @@ def look_key(record: Mapping[str, Any]) -> tuple[str, str | None]:
 
 def group_of(record: Mapping[str, Any]) -> str:
     """The look a record belongs to: a look and the scores it computed are one look (they share
-    ``look``); a record written before looks were named is a look of its own scores."""
-    return str(record.get("look") or "|".join(map(str, look_key(record))))
+    ``look``), but each different set of scores read from the same rows is a look of its own
+    (the models changed); a record written before looks were named is a look of its own
+    scores."""
+    if not record.get("look"):
+        return "|".join(map(str, look_key(record)))
+    results = record.get("results_sha256")
+    return f"{record['look']}|{results}" if results else str(record["look"])
+
+
+def one_per_look(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One record per look (:func:`group_of`), in order: the first of each; a look's access
+    record stands for it only when no record of its scores exists."""
+    scored = {str(r.get("look")) for r in records if r.get("look") and r.get("results_sha256")}
+    out, seen = [], set()
+    for r in records:
+        g = group_of(r)
+        access = r.get("look") and not r.get("results_sha256")
+        if g in seen or (access and str(r["look"]) in scored):
+            continue
+        seen.add(g)
+        out.append(r)
+    return out
 
 
 @dataclass(frozen=True)
@@ -303,8 +323,14 @@ def earlier_looks(records: Sequence[Mapping[str, Any]], pieces: Iterable[str],
     from git history) count once."""
     run = current if isinstance(current, Run) else Run(current or ("", None))
     groups: dict[str, list[Look]] = {}
-    for look in looks_at(records, pieces):
-        groups.setdefault(group_of(look.record), []).append(look)
+    found = looks_at(records, pieces)
+    scored = {str(x.record.get("look")) for x in found
+              if x.record.get("look") and x.record.get("results_sha256")}
+    for look in found:
+        r = look.record
+        if r.get("look") and not r.get("results_sha256") and str(r["look"]) in scored:
+            continue  # an access whose scores are recorded: the scores stand for it
+        groups.setdefault(group_of(r), []).append(look)
     # a look's scores found again in git history (a record of its own) belong to the same look
     first: dict[tuple[str, str | None], str] = {}
     parent = {g: g for g in groups}
@@ -482,7 +508,7 @@ def existing_looks(test_pieces: Sequence[str], *, ledger_path: Path = LEDGER,
     here = workspace_look(per_piece, registration, known=found)
     found += [here] if here is not None else []
     out, seen = [], set()
-    for look in looks_at(found, test_pieces):
+    for look in looks_at(one_per_look(found), test_pieces):
         if look_key(look.record) not in seen:
             seen.add(look_key(look.record))
             out.append(look.record)

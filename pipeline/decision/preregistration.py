@@ -520,3 +520,22 @@ def power_sentence(criteria: CriteriaConfig, se_groups: float, seed_sd: float, s
             f"{gain:.2%} or more (its {level:.0%} interval must clear {rule.threshold:.2%}; "
             f"gain standard error {se_groups:.3g} over test groups, per-seed spread "
             f"{seed_sd:.3g} over {seeds} seeds).")
+
+
+REPRODUCTION_RULE = ("half the smallest gain the registration calls meaningful (the comparison "
+                     "rule's threshold): a re-run whose pooled NLL per note moves by less cannot "
+                     "move the decision's gain by as much as half that gain")
+
+
+def reproduction_tolerance(criteria: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The relative tolerance ``symkit reproduce`` holds a re-run's pooled NLL per note to,
+    fixed at registration by :data:`REPRODUCTION_RULE` from the registered criteria (a params
+    ``criteria`` section); None without a comparison rule. It never grows with the run's own
+    noise."""
+    rules = (criteria or {}).get("rules") if isinstance(criteria, Mapping) else None
+    rule = next((r for r in rules or [] if isinstance(r, Mapping)
+                 and r.get("metric") == COMPARISON_METRIC and r.get("judge") == "interval"
+                 and r.get("op") in (">", ">=")), None)
+    if rule is None or not isinstance(rule.get("threshold"), int | float):
+        return None
+    return {"tolerance": float(rule["threshold"]) / 2, "rule": REPRODUCTION_RULE}

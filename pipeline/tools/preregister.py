@@ -78,6 +78,7 @@ from pipeline.decision.preregistration import (
     chain_head,
     identity,
     power_sentence,
+    reproduction_tolerance,
     test_scores_exist,
 )
 from pipeline.decision.registered_comparisons import CompareConfig
@@ -124,8 +125,9 @@ def run(params: Path, *, split_report: Path, eval_report: Path, out: Path,
     without a pilot, ``power`` says what is missing."""
     criteria = load_section("criteria", params, CriteriaConfig)  # valid rules only are frozen
     digest, pieces = split_pieces(splits, split_report)
-    ident = identity(read_params(params), digest, artifacts.package_versions(), pieces,
-                     bound_code())
+    data = read_params(params)
+    ident = identity(data, digest, artifacts.package_versions(), pieces, bound_code())
+    ident["reproduction"] = reproduction_tolerance(data.get("criteria"))
     old = artifacts.read_json_or_none(out)
     if isinstance(old, dict) and old.get("identity") == ident:
         return old  # the same registration again: nothing to change

@@ -12,13 +12,14 @@ holds (README, "Reproducibility"):
    the test set (:data:`LOOK_KEYS`) are left out, since a re-run that re-scores it is a look.
 3. **Model metrics within a tolerance:** for every model and scored split of ``REV``'s
    ``reports/eval.json``, the pooled NLL per note of the re-run against the committed one; the
-   relative difference must lie within the tolerance of :func:`tolerance_for`: what re-drawing
-   the training seeds would move it (from the committed run's seed-to-seed spread), and never
-   less than ``--tolerance`` (0.1%, the only tolerance of a model without seeds). Test is
-   compared too: this checks a run, it picks no winner. Reading test scores is still a look:
-   both runs' test rows are read through :func:`pipeline.decision.looks.test_scores` (command
-   ``reproduce``), which appends the look to the test-access ledger ``reports/ledger.jsonl``
-   first.
+   relative difference must lie within the tolerance fixed at registration
+   (``identity.reproduction`` of ``REV``'s registration: half the comparison rule's threshold,
+   :data:`pipeline.decision.preregistration.REPRODUCTION_RULE`), which the run's own noise never
+   widens; ``--tolerance`` (0.1%) only where ``REV`` has no comparison rule. Test is compared
+   too: this checks a run, it picks no winner.
+4. **The same experiment:** the params that shape results (:data:`RESULT_SECTIONS`) and the
+   code that judges, trains and stops training (:mod:`pipeline.decision.bound_code`, as
+   ``REV`` held it) must be the same; any difference is not a reproduction.
 
 The conclusion is ``byte-identical`` (every output hash equal: same CPU model and software),
 ``within tolerance`` (some outputs differ, typically training's on another CPU model, but every
@@ -32,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import pandas as pd
@@ -43,6 +42,14 @@ import yaml
 
 from pipeline.core import artifacts
 from pipeline.decision import ledger
+from pipeline.decision.bound_code import bound_code, changes
+from pipeline.decision.ledger import REGISTRATION
+from pipeline.decision.preregistration import (
+    FROZEN_SECTIONS,
+    diff_flat,
+    reproduction_tolerance,
+)
+from pipeline.decision.trail import code_at
 from pipeline.tools.compare import fraction_arg
 from pipeline.tools.runs import (
     Gate,
@@ -121,30 +128,69 @@ def pooled_by_seed(rows: pd.DataFrame) -> pd.Series:
     return (sums["nll_nats"] / sums["n_notes"]).sort_index()
 
 
-def tolerance_for(per_seed: pd.Series, floor: float, level: float = 0.95) -> dict[str, Any]:
-    """The relative tolerance of a re-run's pooled NLL per note.
+RESULT_SECTIONS = ("corpus", "ingest", "dedupe", "split", *FROZEN_SECTIONS)
+"""params.yaml sections whose values shape results: a re-run with any other is another
+experiment, not a reproduction."""
 
-    A re-run on another CPU model follows another float path from the same training seeds; it
-    should move the pooled metric no more than drawing the seeds afresh would. The mean of ``n``
-    seeds then differs between two such runs with a standard deviation of ``sd_seed * sqrt(2 /
-    n)``, so the tolerance is ``z * sd_seed * sqrt(2 / n)`` (``z`` for central ``level``), and
-    never below ``floor`` (the stated numeric tolerance; the only one for a model without
-    seeds)."""
-    n = len(per_seed)
-    sd = float(per_seed.std(ddof=1) / per_seed.mean()) if n >= 2 else None
-    z = NormalDist().inv_cdf(0.5 + level / 2)
-    spread = z * sd * math.sqrt(2 / n) if sd is not None else 0.0
-    return {"tolerance": max(floor, spread), "seed_sd": sd, "n_seeds": n,
-            "from": "seed spread" if spread > floor else "stated tolerance"}
+
+def registered_tolerance(src: RunSource, floor: float) -> dict[str, Any]:
+    """The tolerance fixed at registration (``identity.reproduction`` of ``REV``'s
+    registration), or the same rule applied to ``REV``'s registered or params.yaml criteria,
+    or, without a comparison rule, ``floor`` (``--tolerance``)."""
+    reg = _json_or_none(src.read(REGISTRATION))
+    ident = reg.get("identity") if isinstance(reg, dict) else None
+    fixed = ident.get("reproduction") if isinstance(ident, dict) else None
+    if isinstance(fixed, dict) and isinstance(fixed.get("tolerance"), int | float):
+        return {"tolerance": float(fixed["tolerance"]), "from": "registered"}
+    criteria = ((ident or {}).get("params") or {}).get("criteria") if ident else None
+    if criteria is None:
+        data = src.read("params.yaml")
+        criteria = (yaml.safe_load(data) or {}).get("criteria") if data else None
+    rule = reproduction_tolerance(criteria)
+    if rule is not None:
+        return {"tolerance": rule["tolerance"], "from": "the registration's rule"}
+    return {"tolerance": floor, "from": "stated tolerance"}
+
+
+def _json_or_none(data: bytes | None) -> Any:
+    try:
+        return json.loads(data) if data is not None else None
+    except json.JSONDecodeError:
+        return None
+
+
+def params_check(against: RunSource, workspace: RunSource) -> list[str]:
+    """The params that shape results (:data:`RESULT_SECTIONS`) that differ between ``REV`` and
+    the workspace, one line each."""
+    def sections(src: RunSource) -> dict[str, Any]:
+        data = src.read("params.yaml")
+        doc = (yaml.safe_load(data) or {}) if data else {}
+        return {k: doc.get(k) for k in RESULT_SECTIONS}
+
+    a, b = sections(against), sections(workspace)
+    return [line for k in RESULT_SECTIONS for line in diff_flat(a[k], b[k], k)]
+
+
+def code_check(against: RunSource) -> list[str] | None:
+    """The bound code (judging, recipe, stopping) of ``REV`` against the code that runs, one line
+    per part that differs; None when ``REV`` holds none of it (results kept apart from the
+    code)."""
+    if against.kind != "git" or against.commit is None:
+        return None
+    then = code_at(against.commit)
+    if all(d is None for part in then.values() for d in part.values()):
+        return None
+    return changes(then, bound_code())
 
 
 def metric_check(against: RunSource, workspace: RunSource, floor: float,
                  gate: Gate | None = None) -> dict[str, Any]:
     """Each model's pooled NLL per note on each scored split of ``against``, re-run against
-    committed, within :func:`tolerance_for`. Not a test over pieces: a re-run is the same
-    experiment on the same pieces, and the question is whether it moved more than training
-    noise moves it, which an equivalence interval over a few dozen pieces cannot resolve.
-    Test rows are read through ``gate`` (default: recorded nowhere)."""
+    committed, within the tolerance fixed at registration (:func:`registered_tolerance`; the
+    run's own seed spread never widens it). Not a test over pieces: a re-run is the same
+    experiment on the same pieces. Test rows are read through ``gate`` (default: recorded
+    nowhere)."""
+    tolerance = registered_tolerance(against, floor)
     arms = [read_run(against, "committed"), read_run(workspace, "rerun")]
     models = sorted(arms[0].eval.get("models") or {})
     splits = [s for s in (arms[0].protocol.get("splits") or []) if s in ("val", "test")]
@@ -170,7 +216,7 @@ def metric_check(against: RunSource, workspace: RunSource, floor: float,
                 continue
             committed, rerun = pooled_by_seed(a), pooled_by_seed(b)
             c, r = float(committed.mean()), float(rerun.mean())
-            tol = tolerance_for(committed, floor)
+            tol = {**tolerance, "n_seeds": len(committed)}
             rel = (c - r) / c
             rows.append({**row, **tol, "committed": c, "rerun": r, "rel_difference": rel,
                          "within_tolerance": abs(rel) <= tol["tolerance"]})
@@ -191,6 +237,14 @@ def run(against: str, *, tolerance: float, ledger_path: Path | None = None,
     verdicts = verdict_check(json.loads(_read(src, METRICS)), json.loads(_read(ws, METRICS)))
     metrics = metric_check(src, ws, tolerance, Gate("reproduce", ledger_path, registration))
     reasons = []
+    params = params_check(src, ws)
+    if params:
+        reasons.append("params that shape results differ: " + "; ".join(params[:5])
+                       + (f" and {len(params) - 5} more" if len(params) > 5 else ""))
+    code = code_check(src)
+    if code:
+        reasons.append("the code that judges, trains or stops training differs: "
+                       + "; ".join(code))
     if not verdicts["equal"]:
         reasons.append("verdicts differ: " + ", ".join(
             f"{d['key']} {d['committed']} -> {d['rerun']}" for d in verdicts["differ"]))
@@ -207,7 +261,8 @@ def run(against: str, *, tolerance: float, ledger_path: Path | None = None,
         conclusion = "not reproduced"
     return {"schema_version": SCHEMA_VERSION, "against": against, "commit": src.commit,
             "conclusion": conclusion, "reasons": reasons, "artifacts": arts,
-            "verdicts": verdicts, "metrics": metrics}
+            "verdicts": verdicts, "metrics": metrics, "params_differ": params,
+            "code_differs": code}
 
 
 def summary_lines(r: dict[str, Any]) -> list[str]:
@@ -224,13 +279,11 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
         if "reason" in m:
             lines.append(f"reproduce: {m['model']} on {m['split']}: not compared: {m['reason']}")
         else:
-            sd = (f", seed sd {m['seed_sd']:.2%} over {m['n_seeds']} seeds"
-                  if m["seed_sd"] is not None else "")
             lines.append(
                 f"reproduce: {m['model']} on {m['split']}: NLL/note {m['committed']:.6g} -> "
                 f"{m['rerun']:.6g}, relative difference {m['rel_difference']:+.3%}: "
                 + ("within" if m["within_tolerance"] else "BEYOND")
-                + f" ±{m['tolerance']:.2%} ({m['from']}{sd})")
+                + f" ±{m['tolerance']:.2%} ({m['from']})")
     lines.append(f"reproduce: {r['conclusion']}" + (": " + "; ".join(r["reasons"])
                                                       if r["reasons"] else ""))
     return lines
@@ -240,8 +293,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--against", default="HEAD",
                         help="committed revision to check the workspace against (default HEAD)")
     parser.add_argument("--tolerance", type=fraction_arg, default=0.001,
-                        help="relative tolerance on pooled NLL per note, the floor under the "
-                             "seed-spread tolerance (default 0.001 = 0.1%%)")
+                        help="relative tolerance on pooled NLL per note where the revision "
+                             "registers none and has no comparison rule (default 0.001 = 0.1%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/reproduce.json"),
                         help="the record (default reports/reproduce.json)")
     parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,

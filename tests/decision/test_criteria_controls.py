@@ -6,7 +6,6 @@ standard, so a rule that cannot is a property of the rule."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest

@@ -245,3 +245,26 @@ def test_ledgers_merged_from_two_branches_keep_every_line_of_both(repo, rel):
     lines = path.read_text().splitlines()
     assert sorted(lines) == sorted(ledger.line(look(s)).rstrip("\n") for s in (0.0, 0.5, 1.0))
     assert ledger.read(path)[0]["results_sha256"] == look(0.0)["results_sha256"]  # kept first
+
+
+def test_each_different_set_of_scores_of_the_same_rows_is_a_look_of_its_own(tmp_path):
+    """The same token rows read under one registration and code are one access, but scores that
+    differ (the models changed) are looks of their own: four earlier ones here, and the access
+    record is not counted beside its scores."""
+    from pipeline.decision import looks
+
+    tokens = tmp_path / "tokens.parquet"
+    artifacts.write_parquet(tokens, pd.DataFrame({"sha256": TEST_PIECES, "split": "test",
+                                                  "track": 0, "ids": [[1]] * len(TEST_PIECES)}))
+    book = tmp_path / "ledger.jsonl"
+    for shift in range(5):
+        _, look = looks.test_tokens("evaluate", tokens, ["sha256", "split"], ledger_path=book,
+                                    registration=None)
+        look.scored(ledger.results_digest(per_piece(float(shift))))
+    records = ledger.read(book)
+    assert len(records) == 6  # one access, five scores
+    current = ledger.Run((ledger.results_digest(per_piece(4.0)), None), None, 0,
+                         records[0]["code"], {"scores": ledger.results_digest(per_piece(4.0))})
+    earlier, this = ledger.earlier_looks(records, TEST_PIECES, current)
+    assert len(earlier) == 4 and this is not None
+    assert len(ledger.one_per_look(records)) == 5

@@ -332,29 +332,24 @@ def test_an_old_schema_registration_is_deviated(tmp_path):
     assert "has schema 1, not 4" in p.md_out.read_text()
 
 
-def test_power_note_states_the_mde_above_the_threshold(tmp_path):
+def test_power_is_stated_by_the_one_function():
     from pipeline.decision.criteria import CriteriaConfig
-    from pipeline.decision.preregistration import power_note
+    from pipeline.decision.preregistration import power_sentence
+    from pipeline.stats.power import gain_at_power, gain_pass_probability
 
     rule = {"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
             "threshold": 0.02, "judge": "interval", "rationale": "r"}
     criteria = CriteriaConfig.model_validate({"rules": [rule]})
-    small = {"power": {"ngram_minus_transformer": {"se": 0.005, "n_groups": 36, "power": 0.8}}}
-    large = {"power": {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36, "power": 0.8}}}
-    # the MDE is a margin above the threshold, not a number to compare the threshold with
-    assert "Warning" not in power_note(criteria, large, 0.95)
-    assert "the true gain must be about 5.81% (the minimum detectable effect, 3.81%, above " \
-           "the threshold)" in power_note(criteria, large, 0.95)
-    assert "about 3.40% (the minimum detectable effect, 1.40%" in power_note(criteria, small,
-                                                                             0.95)
-    assert power_note(criteria, {}, 0.95) is None  # val not scored yet
-    assert "training seeds" not in power_note(criteria, small, 0.95)
-    seeds = {"power": {"ngram_minus_transformer": {
-        "se": 0.0117, "se_groups": 0.0056, "seed_sd": 0.0178, "n_seeds": 3, "n_groups": 36,
-        "power": 0.8}}}
-    note = power_note(criteria, seeds, 0.95)
-    assert "the spread of the gain over 3 training seeds on val (sd 1.78%)" in note
-    assert "standard error of about 0.012" in note  # the seed term is kept, not rescaled
+    # one seed: lower bound >= 2% at 95% needs 2% + (1.96 + 0.84) * 0.0136 = 5.81%
+    assert gain_at_power(0.02, 0.0136, 0.0, 1, 0.95) == pytest.approx(0.0581, abs=1e-4)
+    said = power_sentence(criteria, 0.0136, 0.0, 1, 0.95, "the val pilot's spreads")
+    assert "only a true gain of 5.81% or more" in said and "at the val pilot's spreads" in said
+    # seeds: wider, and more seeds narrow it; the statement is where 80% pass
+    three = gain_at_power(0.02, 0.0051, 0.0112, 3, 0.95)
+    assert three > gain_at_power(0.02, 0.0051, 0.0112, 8, 0.95) > 0.02
+    assert gain_pass_probability(three, 0.02, 0.0051, 0.0112, 3, 0.95) == pytest.approx(0.8)
+    assert power_sentence(CriteriaConfig.model_validate({"rules": [{**rule, "judge": "point"}]}),
+                          0.01, 0.0, 1, 0.95, "x") is None
 
 
 @pytest.mark.parametrize(("section", "deviation"), [

@@ -297,20 +297,33 @@ def test_repository_params_sections_parse():
     assert audit.human_window == gen.max_new_tokens  # humans audited on a sample's span
 
 
-def test_power_of_the_comparison_rule_is_stated(tmp_path):
+def test_power_at_the_registration_and_at_the_run_is_stated_side_by_side(tmp_path):
+    """The registration's joint rates (planted spreads, simulated by preregister's own code)
+    and the one power statement reach the report; a run whose eval.json lacks the test gain's
+    groups-only interval says why its own rates are not available."""
+    from pipeline.decision.criteria import CriteriaConfig
+    from pipeline.decision.criteria_controls import joint_block, power_block
+    from tests.decision.test_criteria_controls import planted
+
     p = make_inputs(tmp_path)
     rules = [{"name": "beats", "metric": "test.nll_per_note.rel_improvement", "op": ">=",
               "threshold": 0.02, "judge": "interval", "rationale": "r"}]
     params = write_params(tmp_path, rules=rules)
-    eval_json = artifacts.read_json(p.eval)
-    eval_json["power"] = {"ngram_minus_transformer": {"se": 0.0136, "n_groups": 36,
-                                                      "power": 0.8}}
-    artifacts.write_json(p.eval, eval_json)
+    for f in (p.per_piece, p.eval):
+        f.unlink()
+    rec = register(tmp_path, params, p, before_scores=True)
+    cfg = CriteriaConfig.model_validate({"rules": rules})
+    rec["power"] = power_block(cfg, planted(), draws=50, search=False)
+    artifacts.write_json(p.preregistration, rec)
+    make_inputs(tmp_path)
     report(tmp_path, params, p)
     md = p.md_out.read_text()
-    # lower bound >= 2% at 95%: needs 2% + (1.96 + 0.84) * 0.0136 = 5.8%; a true 2% passes 2.5%
-    assert "the true gain must be about 5.81%" in md
-    assert "a true gain of exactly 2.00% passes with probability 2.5%" in md
+    assert "### Power: the good model and the bad ones" in md
+    assert "Power of beats at the registration's spreads (val pilot): it passes with 80% " \
+           "probability only a true gain of" in md
+    direct = joint_block(cfg, planted(), 50)
+    row = next(x for x in md.splitlines() if x.startswith("| **all rules, good model**"))
+    assert f"| {direct['good']['all']:.0%} | not available |" in row
 
 
 def test_a_guard_is_judged_on_every_training_seed_in_the_report(tmp_path):

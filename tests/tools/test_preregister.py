@@ -7,6 +7,9 @@ the small set of stage outputs of tests/stages/test_report.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -84,9 +87,7 @@ def test_the_command_says_what_it_froze_and_when_power_is_stated(tmp_path, monke
     assert out[1] == ("preregister: publish this hash outside the repository (a post, an "
                       "e-mail, a registry), so no later edit of the file can pass for it: "
                       f"{rec['identity_hash']}")
-    assert out[2] == ("preregister: the power of the comparison rule is stated in the report "
-                      "once val is scored (from val's per-group spread)")
-    assert out[3] == f"preregister: no compare section in {params}: no comparison registered"
+    assert out[2] == f"preregister: no compare section in {params}: no comparison registered"
     assert "power" not in rec and not rec["forced"]
 
 
@@ -128,33 +129,64 @@ def test_registration_before_scores_can_be_replaced_freely(tmp_path):
     assert len(second["identity"]["params"]["criteria"]["rules"]) == 2
 
 
-def test_preregister_states_power_before_training_and_the_report_repeats_it(tmp_path):
-    """`symkit preregister` simulates each rule's controls at the registered sizes (nothing
-    trained, nothing scored) and the report shows the same rates; without it, it says so."""
+def write_pilot(root: Path) -> tuple[Path, Path]:
+    """A val pilot (eval.json and per_piece.parquet of val and a train subset) and a token
+    table of val pieces, as `symkit evaluate --pilot` and tokenize would leave them."""
+    pilot = root / "reports" / "pilot"
+    rng = np.random.default_rng(0)
+    rows = [{"sha256": f"{split}{i}", "split": split, "model": "transformer",
+             "seed": pd.NA, "nll_nats": float(rng.normal(40 if split == "val" else 30, 5)),
+             "n_notes": 10, "n_tokens": 12}
+            for split in ("val", "train") for i in range(12)]
+    artifacts.write_parquet(pilot / "per_piece.parquet", pd.DataFrame(rows).astype(
+        {"seed": "Int64"}))
+    artifacts.write_json(pilot / "eval.json", {
+        "models": {"transformer": {"val": {}}},
+        "power": {"ngram_minus_transformer": {"se_groups": 0.01, "seed_sd": 0.004,
+                                              "n_seeds": 3, "n_groups": 5,
+                                              "n_groups_observed": 4}},
+        "gap": {"transformer": {"n_pieces_heldout": 12, "n_pieces_train": 12,
+                                "nats_per_note": {"groups_ci_low": 0.6, "groups_ci_high": 1.4},
+                                "nats_per_token": {"groups_ci_low": 0.5, "groups_ci_high": 1.1}}}})
+    tokens = root / "data" / "tokens" / "tokens.parquet"
+    artifacts.write_parquet(tokens, pd.DataFrame({"sha256": ["v1", "v2"], "split": "val",
+                                                  "n_tokens": [100, 300]}))
+    return pilot, tokens
+
+
+def test_preregister_states_power_before_any_test_look_and_the_report_repeats_it(tmp_path):
+    """`symkit preregister` simulates each rule, and all rules together on the good and bad
+    models, at the registered sizes and the val pilot's spreads; the report shows them; without
+    a pilot the record says why power is not stated."""
     p = make_inputs(tmp_path)
     interval = {**RULES[0], "judge": "interval"}
     interval.pop("ci"), interval.pop("ci_metric")
     params = write_params(tmp_path, rules=[interval, *RULES[1:]])
-    rec = register(tmp_path, params, p, before_scores=True, power_draws=40)
+    for f in (p.per_piece, p.eval):
+        f.unlink()
+    missing = register(tmp_path, params, p, before_scores=True, power_draws=20)
+    assert "val pilot" in missing["power"]["not_stated"]
+    pilot, tokens = write_pilot(tmp_path)
+    p.preregistration.unlink()  # the same identity again would be kept as it is
+    rec = register(tmp_path, params, p, before_scores=True, power_draws=20, pilot=pilot,
+                   tokens=tokens)
     power = rec["power"]
-    assert power["draws"] == 40 and "stated" in power["assumptions"]
+    assert power["draws"] == 20 and power["spreads"]["gain_se_groups"] == 0.01
+    assert "val pilot" in power["spreads"]["source"]["gap_se_note"]
     # the registered split's sizes, not the default experiment's
     counts = SPLITS.groupby("split")["sha256"].nunique()
     assert power["sizes"]["human_pieces"] == counts["test"]
-    assert power["sizes"]["extraction_test"] == min(counts["test"], 256)
+    # 100 ids: one window of 128; 300 ids: windows at 0, 64 and 128; (1 + 3) / 2 a piece
+    assert power["sizes"]["human_windows"] == counts["test"] * 2
     gain = next(r for r in power["rules"] if r["metric"] == "test.nll_per_note.rel_improvement")
-    assert gain["controls"] and gain["resolved_at_80_percent"] > 0.02 + 2.8 * 0.0082  # 1 group
+    assert gain["controls"] and gain["resolved_at_80_percent"] > 0.02
+    assert power["joint"]["good"]["rules"] and len(power["joint"]["bad"]) == 5
+    make_inputs(tmp_path)
     report(tmp_path, params, p)
     md = p.md_out.read_text()
-    assert "### Power at registration" in md
-    first = gain["controls"][0]
-    assert f"| {gain['name']} | {first['case']} | {first['truth']} | " \
-           f"{first['pass_rate']:.1%} |" in md
-    # the same registration without the statement: the report says it is missing
-    rec.pop("power")
-    artifacts.write_json(p.preregistration, rec)
-    report(tmp_path, params, p)
-    assert "Power at registration: not stated" in p.md_out.read_text()
+    assert "### Power: the good model and the bad ones" in md
+    row = next(x for x in md.splitlines() if x.startswith("| **all rules, good model**"))
+    assert f"| {power['joint']['good']['all']:.0%} |" in row
 
 
 # ---- the planned comparisons -------------------------------------------------------------------

@@ -15,6 +15,7 @@ every Python version that parses it. :func:`function_digest` does the same for o
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import io
 import tokenize
@@ -65,9 +66,22 @@ def _imported_names(tree: ast.AST, current: str, is_package: bool) -> Iterable[s
             yield from (f"{base}.{a.name}" for a in node.names)
 
 
+_SCANS: dict[tuple, dict[str, Module]] = {}
+
+
 def scan(root: Path) -> dict[str, Module]:
-    """Every module of :data:`PACKAGES` under ``root`` with the repository modules it imports."""
+    """Every module of :data:`PACKAGES` under ``root`` with the repository modules it imports.
+    Remembered for the process while no file changes (path, size and modification time)."""
     files = sorted(p.relative_to(root) for pkg in PACKAGES for p in (root / pkg).rglob("*.py"))
+    key = (str(root.resolve()), *((str(f), (root / f).stat().st_mtime_ns,
+                                   (root / f).stat().st_size) for f in files))
+    if key not in _SCANS:
+        _SCANS.clear()
+        _SCANS[key] = _scan(root, files)
+    return _SCANS[key]
+
+
+def _scan(root: Path, files: list[Path]) -> dict[str, Module]:
     known = {_module_name(p): p for p in files}
     modules = {}
     for name, path in known.items():
@@ -133,6 +147,7 @@ def code_tokens(source: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
 def code_digest(source: str) -> str:
     """sha256 of :func:`code_tokens`: equal for two sources that differ only in comments,
     docstrings, blank lines or the width of their indentation."""

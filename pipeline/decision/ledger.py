@@ -324,13 +324,16 @@ def earlier_looks(records: Sequence[Mapping[str, Any]], pieces: Iterable[str],
     run = current if isinstance(current, Run) else Run(current or ("", None))
     groups: dict[str, list[Look]] = {}
     found = looks_at(records, pieces)
-    scored = {str(x.record.get("look")) for x in found
-              if x.record.get("look") and x.record.get("results_sha256")}
+    first_scores: dict[str, str] = {}  # look id -> the group of its first recorded scores
+    for x in found:
+        if x.record.get("look") and x.record.get("results_sha256"):
+            first_scores.setdefault(str(x.record["look"]), group_of(x.record))
     for look in found:
         r = look.record
-        if r.get("look") and not r.get("results_sha256") and str(r["look"]) in scored:
-            continue  # an access whose scores are recorded: the scores stand for it
-        groups.setdefault(group_of(r), []).append(look)
+        access = r.get("look") and not r.get("results_sha256")
+        # an access whose scores are recorded belongs to the look of its first scores
+        key = first_scores.get(str(r["look"]), group_of(r)) if access else group_of(r)
+        groups.setdefault(key, []).append(look)
     # a look's scores found again in git history (a record of its own) belong to the same look
     first: dict[tuple[str, str | None], str] = {}
     parent = {g: g for g in groups}

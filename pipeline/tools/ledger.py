@@ -87,8 +87,10 @@ def main(args: argparse.Namespace) -> int:
               f"test pieces, registration {str(reg)[:12] if reg else 'none'}")
     if looks:
         print("ledger: these test pieces have been scored; a registration made now reads "
-              "FOLLOWED AFTER n LOOKS at best. For a confirmatory test, register a split whose "
-              "test pieces show no look: `symkit ledger --spent data/spent_test.txt`, set "
-              "split.exclude_test to data/spent_test.txt and a new split.seed, run `dvc repro "
-              "split`, then `symkit preregister` before evaluate runs.")
+              "FOLLOWED AFTER n LOOKS at best. A split whose test pieces show no look (`symkit "
+              "ledger --spent data/spent_test.txt`, split.exclude_test set to it, a new "
+              "split.seed, `dvc repro split`, then `symkit preregister`) gives a test set no "
+              "look has seen, but the report still names the earlier test sets the same "
+              "criteria were tried on (AFTER n EARLIER TEST SETS): a hypothesis tried on "
+              "several test sets is tested more than once.")
     return 0

@@ -167,7 +167,8 @@ def test_preregister_finds_test_scores_in_git_history_and_rebuild_records_them(r
     out = capsys.readouterr().out
     assert "1 look added" in out and "1 look at the 10 test pieces of data/splits.parquet" in out
     assert "10 pieces scored in 1 look written to spent.txt" in out
-    assert "`symkit ledger --spent data/spent_test.txt`, set split.exclude_test" in out
+    assert "(`symkit ledger --spent data/spent_test.txt`, split.exclude_test set to it" in out
+    assert "AFTER n EARLIER TEST SETS" in out
     lines = (repo / "spent.txt").read_text().splitlines()
     assert [x for x in lines if not x.startswith("#")] == sorted(TEST_PIECES)
     assert ledger.read(p.ledger)[0]["source"] == "git"

@@ -35,6 +35,7 @@ TINY = {
     "ngram": {"orders": [1, 2, 3]},
     "evaluate": {"n_boot": 200},
     "transformer": {
+        "replicates": 3,  # several seeds, and a quick run
         "model": {"max_seq_len": 64, "n_layer": 2, "n_head": 2, "n_embd": 32},
         "train": {"micro_batch": 8, "max_steps": 20, "eval_every": 10, "log_every": 10},
         "optim": {"warmup_steps": 2},

@@ -33,7 +33,7 @@ class ModelSection(StageConfig):
 
 class DataSection(StageConfig):
     use_augmented: bool = False
-    val_max_windows: int = Field(64, ge=0)
+    val_max_windows: int = Field(0, ge=0)
     pack: bool = False
 
 
@@ -61,7 +61,7 @@ class TrainSection(StageConfig):
     max_steps: int = Field(2000, ge=1)
     max_tokens: int = Field(0, ge=0)
     eval_every: int = Field(100, ge=1)
-    patience: int = Field(3, ge=0)
+    patience: int = Field(0, ge=0)
     log_every: int = Field(100, ge=1)
     max_minutes: float | None = Field(None, gt=0.0)
 
@@ -96,7 +96,7 @@ class TransformerStageConfig(StageConfig):
     SECTION: ClassVar[str] = "transformer"
 
     seed: int = Field(1234, ge=0)
-    replicates: int = Field(3, ge=1)
+    replicates: int = Field(8, ge=1)
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False

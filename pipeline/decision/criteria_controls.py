@@ -109,7 +109,9 @@ class Sizes:
     quality_stats: int = len(STATS)
     quality_alpha: float = 0.05
     level: float = 0.95
-    n_boot: int = 500
+    n_boot: int = 200
+    """Bootstrap replicates of each simulated interval (the stages use more; 200 keep a
+    simulation of thousands of experiments to minutes)."""
 
     @property
     def gain_se_groups(self) -> float:
@@ -578,7 +580,7 @@ def _defaults(params: Mapping[str, Any]) -> tuple[dict, dict, dict, int]:
              "flag_quantile": 0.95, **(params.get("audit") or {})}
     gen = {"n_samples": 240, "n_continuations": 16, **(params.get("generate") or {})}
     evaluate = {"train_pieces": 256, "ci_level": 0.95, **(params.get("evaluate") or {})}
-    seeds = int((params.get("transformer") or {}).get("replicates", 3))
+    seeds = int((params.get("transformer") or {}).get("replicates", 8))
     return audit, gen, evaluate, seeds
 
 
@@ -698,7 +700,7 @@ def power_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0,
            "rules": rules, "joint": joint}
     if search:
         out["size_for_standard"] = (None if joint["good"]["all"] >= GOOD_AT_LEAST
-                                    else size_for_standard(cfg, sizes, max(draws // 2, 50),
+                                    else size_for_standard(cfg, sizes, max(draws // 4, 50),
                                                            seed))
     return out
 

@@ -175,8 +175,10 @@ def one_per_look(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Run:
-    """What the current run is: a look under this registration (and its amendments), with this
-    judging code, whose scores (when it recorded them) are the current ones, is this run's own."""
+    """What the current run is: a look under this registration whose scores are the current
+    ones is this run's own, whatever code took it (a look is what was seen; a change to the
+    code is judged apart, against the registered code); a look that recorded no scores is this
+    run's when the same code took it, or code that an amendment since registered."""
 
     key: tuple[str, str | None]
     """:func:`look_key` of the current test scores under the current registration."""
@@ -192,14 +194,15 @@ class Run:
             return True
         for r in records:
             reg = r.get("registration") or {}
-            if r.get("code") is None or r.get("code") != self.code \
-                    or reg.get("identity_hash") != self.identity \
-                    or int(reg.get("amendments") or 0) != self.amendments:
+            if r.get("code") is None or reg.get("identity_hash") != self.identity:
                 return False
-            want = self.results.get(str(r.get("kind")))
-            if r.get("results_sha256") is not None and want is not None \
-                    and r["results_sha256"] != want:
-                return False
+            if r.get("results_sha256") is not None:
+                want = self.results.get(str(r.get("kind")))
+                if want is not None and r["results_sha256"] != want:
+                    return False
+            elif r.get("code") != self.code \
+                    and int(reg.get("amendments") or 0) == self.amendments:
+                return False  # rows read by other code, no amendment registering it
         return True
 
 

@@ -421,11 +421,28 @@ def _piece_differences(registered: Any, scored: Mapping[str, Sequence[str]] | No
     return out
 
 
+def _declared(look: ledger.Look, registered: Any) -> bool:
+    """Does the registration declare ``look``: among the looks it was registered over
+    (``looks_before``: the same scores under the same registration) or taken under a
+    registration it says it supersedes?"""
+    then = (look.registration or {}).get("identity_hash")
+    if then is not None and then in {r.get("identity_hash")
+                                     for r in registered.get("supersedes") or []}:
+        return True
+    return any(b.get("registration") == then
+               and b.get("results_sha256") == look.record.get("results_sha256")
+               for b in registered.get("looks_before") or [])
+
+
 def _criteria_changed_after(looks: Sequence[ledger.Look], registered: Any) -> list[str]:
-    """One deviation per earlier look whose registration had other criteria than these: rules
-    changed after test scores of these pieces were seen."""
+    """One deviation per earlier look whose registration had other criteria than these, unless
+    the registration declares that look (registered with ``--force`` over it: the report then
+    reads FOLLOWED AFTER n LOOKS and shows what changed since): rules changed after test scores
+    of these pieces were seen, without saying so."""
     out = []
     for look in looks:
+        if _declared(look, registered):
+            continue
         changed = ledger.changes_since(look, registered)["criteria"]
         if changed:
             shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more"

@@ -326,21 +326,21 @@ def test_more_disagreement_between_seeds_never_means_fewer_fails(guard):
 
 
 def test_the_committed_membership_fails_on_every_seed():
-    """The committed reports: the seeds' mean AUC with its t term read 0.589 to 1.0
-    (INCONCLUSIVE against <= 0.65), while every seed's own interval lies above 0.65."""
+    """The committed reports: every seed's own membership interval lies above the registered
+    limit, so the guard fails on each; the gap rules judge each seed's gap too."""
     reports = {stem: artifacts.read_json(REPO_REPORTS / f"{stem}.json")
                for stem in ("eval", "audit")}
     metrics = build_metrics(reports)
     cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
     verdicts = {v.name: v for v in evaluate_all(cfg, metrics)}
     membership = verdicts["transformer_membership_near_chance"]
+    limit = next(r.threshold for r in cfg.rules if r.name == membership.name)
+    seeds = [str(x) for x in reports["eval"]["seeds"]["transformer"]]
     assert membership.metric == MEMBERSHIP and membership.status == "FAIL"
-    assert metrics[f"{MEMBERSHIP}.ci_low"] < 0.65  # the pooled interval straddled
-    assert [s.seed for s in membership.seeds] == ["1234", "1235", "1236"]
-    assert all(s.ci_low > 0.65 and s.status == "FAIL" for s in membership.seeds)
+    assert [s.seed for s in membership.seeds] == seeds and len(seeds) > 1
+    assert all(s.ci_low > limit and s.status == "FAIL" for s in membership.seeds)
     per_seed = reports["audit"]["judged"]["transformer"]["per_seed"]
     assert [(s.value, s.ci_low, s.ci_high) for s in membership.seeds] == [
         tuple(per_seed[k]["membership_auc"][p] for p in ("value", "ci_low", "ci_high"))
-        for k in ("1234", "1235", "1236")]
-    # the committed eval.json has no per-seed gap blocks: the gap rules judge the mean
-    assert verdicts["transformer_gap_bounded"].seeds == ()
+        for k in seeds]
+    assert [s.seed for s in verdicts["transformer_gap_bounded"].seeds] == seeds

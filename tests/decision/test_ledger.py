@@ -90,9 +90,9 @@ def _registered(root: Path):
 
 
 def test_loosening_a_rule_with_the_scores_moved_away_is_refused_then_deviated(tmp_path):
-    """The way in that issue 34 found: register, score, move eval.json aside, loosen, register
-    again, put it back. The ledger refuses the second registration; the loosened params are
-    then a deviation from the one in force; forced, the rules changed after a look."""
+    """Register, score, move eval.json aside, loosen, register again, put it back. The ledger
+    refuses the second registration; the loosened params are then a deviation from the one in
+    force; forced, the registration declares the look, and the status says it came after it."""
     p, params = _registered(tmp_path)
     assert report(tmp_path, params, p).decision == "PASS"  # evaluate's look is in the ledger
     aside = tmp_path / "aside"
@@ -111,13 +111,14 @@ def test_loosening_a_rule_with_the_scores_moved_away_is_refused_then_deviated(tm
     assert "criterion 'memorisation_at_human_level'.threshold: registered 0.05, now 0.5" in \
         p.md_out.read_text()
 
+    # forced, the registration declares the look it was made after: no longer hidden, it
+    # reads FOLLOWED AFTER 1 LOOK, and the looks table says what changed since
     rec = register(tmp_path, params, p, force=True)
     assert rec["forced"] and len(rec["looks_before"]) == 1
     s = report(tmp_path, params, p)
     md = p.md_out.read_text()
-    assert s.decision == "DEVIATED"
-    assert "the criteria changed after look 1" in md
-    assert "'memorisation_at_human_level' changed" in md
+    assert s.decision == "FOLLOWED AFTER 1 LOOK"
+    assert "criteria: 'memorisation_at_human_level' changed" in md
 
 
 def test_a_registration_after_a_look_with_the_same_rules_reads_followed_after_looks(tmp_path):

@@ -189,20 +189,33 @@ def test_a_shallow_clone_is_unverified(repo, tmp_path_factory):
     assert "a shallow clone" in md
 
 
-def test_the_committed_registration_under_todays_judging_code_is_deviated_and_names_files():
-    """The default experiment's registration predates binding the code: the report compares it
-    with the code git holds at its commit (or, in a shallow clone, says it cannot)."""
-    registered = artifacts.read_json(ROOT / "reports" / "preregistration.json")
-    if "code" in registered["identity"]:
-        pytest.skip("re-registered with the code bound: nothing old to compare")
+def test_an_old_registration_under_todays_judging_code_is_deviated_and_names_files():
+    """The default experiment's registration of d684390 predates binding the code: checked as it
+    was committed, against the code git holds at its commit, it reads DEVIATED and names the
+    judging files changed since."""
+    from pipeline.decision import history
+
     with contextlib.chdir(ROOT):
-        hist = trail.scan(Path("reports/preregistration.json"), Path("reports/ledger.jsonl"))
+        if history.unreadable() is not None:
+            pytest.skip(f"history cannot be read here: {history.unreadable()}")
+        old = [v for v in trail.registrations(Path("reports/preregistration.json"))
+               if v["commit"].startswith("d684390")]
+        if not old:
+            pytest.skip("this history does not hold commit d684390")
+        commit = old[0]["commit"]
+        registered = json.loads(history.file_at(commit, "reports/preregistration.json"))
+        code_then = trail.code_at(commit)
+    assert registered["schema"] == 3 and "code" not in registered["identity"]
     c = check(registered, identity({}, None, {}), evidence=Evidence(
-        code=bound_code.bound_code(), history=hist))
+        code=bound_code.bound_code(), history={"checked": True, "registrations": [],
+                                               "code_at_registration": code_then}))
     assert c.status == "DEVIATED"
-    said = [d for d in c.deviations if "code" in d]
-    assert said and (("is not the code of the registration's commit" in said[0]
-                      and "pipeline/" in said[0]) or "git cannot give the code" in said[0])
+    (said,) = [d for d in c.deviations if "the code that judges" in d]
+    assert "is not the code of the registration's commit" in said
+    assert "judging: models/base.py changed" in said  # the first of many, by path
+    now = bound_code.bound_code()["judging"]
+    assert code_then["judging"]["pipeline/decision/criteria.py"] != \
+        now["pipeline/decision/criteria.py"]  # judged per seed since
 
 
 def test_registrations_lists_every_committed_version(repo):

@@ -187,7 +187,8 @@ def amend_registration(out: Path, why: str, ledger_path: Path) -> dict[str, Any]
     if not isinstance(registered, dict):
         raise NothingToAmend(f"{out} does not exist: there is nothing to amend; register first")
     pieces = ((registered.get("identity") or {}).get("pieces") or {}).get("test") or []
-    looks = [x.record for x in ledger.looks_at(ledger.read(ledger_path), pieces)]
+    looks = [x.record for x in ledger.looks_at(ledger.one_per_look(ledger.read(ledger_path)),
+                                                pieces)]
     record = amend(registered, why, bound_code(), looks)
     artifacts.write_json(out, record)
     return record

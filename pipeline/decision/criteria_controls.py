@@ -30,8 +30,9 @@ How each metric's evidence is simulated:
   ``seeds`` draws (a chi-square), and the interval is what evaluate judges: ``z`` times the
   group term and ``t_{seeds-1}`` times the estimated seed term, added in quadrature;
 - ``generalisation.gap[_per_note].transformer``: for each of ``seeds`` training seeds, drawn
-  independently, a normal estimate around the truth with the experiment's own standard error
-  (the width of the committed gap interval), its interval the estimate plus and minus
+  independently, a normal estimate around the truth with one seed's measured standard error
+  (:mod:`pipeline.decision.spreads`: the val pilot's, or the run's), its interval the estimate
+  plus and minus
   ``z · se`` (what the group bootstrap gives for a statistic this close to normal);
 - ``memorisation.<m>.membership_auc``: losses of train and held-out pieces from two normals
   whose separation gives the true AUC, in as many groups as the split has, for each of

@@ -274,7 +274,7 @@ def power_section(criteria: CriteriaConfig, registered: Any, reports: Mapping[st
                            "joint rates (`symkit preregister` states it from a val pilot, "
                            "`symkit evaluate --pilot reports/pilot`), and at this run's "
                            f"spreads: {why}.", "note")]
-    cols = [j for j in ((block or {}).get("joint"), run_joint)]
+    cols = [(block or {}).get("joint"), run_joint]
 
     def cell(joint: Any, get: Any) -> str:
         if not joint:

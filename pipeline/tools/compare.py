@@ -40,7 +40,6 @@ import numpy as np
 
 from pipeline.core import artifacts
 from pipeline.core.config import parse_section
-from pipeline.decision import ledger
 from pipeline.decision import registered_comparisons as registered
 from pipeline.decision.registered_comparisons import CompareConfig
 from pipeline.report.compare_document import build_document, draw_figures, render, verdict
@@ -59,6 +58,7 @@ from pipeline.tools.runs import (
     EvaluatedRun,
     Gate,
     RunSourceError,
+    add_gate_arguments,
     params_section,
     read_curves,
     read_run,
@@ -264,12 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "compare.equivalence_margin, else 0.005 = 0.5%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/compare"),
                         help="output folder (default reports/compare)")
-    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
-                        help="test-access ledger a comparison on test records its look in "
-                             "(default reports/ledger.jsonl)")
-    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION,
-                        help="the registration a look on test records (default "
-                             "reports/preregistration.json)")
+    add_gate_arguments(parser, "compares test scores")
     parser.add_argument("--no-figures", dest="figures", action="store_false",
                         help="skip the figures (forest plot, learning curves, per-piece "
                              "scatter): faster, and matplotlib is not loaded")

@@ -15,11 +15,13 @@ split) and before ``evaluate`` has scored the test split, then commit
 - ``identity.code``: a digest of each file of the code that judges, trains and stops training
   (:mod:`pipeline.decision.bound_code`);
 - ``identity_hash``: the hash of ``identity`` (the report recomputes it);
-- ``power``: before any training, each rule's pass rates under its planted good and bad
-  controls at the registered sizes (split counts, audit and generate params; spreads stated,
-  :mod:`pipeline.decision.criteria_controls`), and for the gain and the gap the true value each
-  resolves at
-  80% power; the report repeats it;
+- ``power``: before any test piece is scored, each rule's pass rates under its good and bad
+  controls, and all rules' together for the good model and each bad one, at the registered
+  sizes (split counts, audit and generate params) and the spreads of a val pilot
+  (``--pilot``: the trained models scored on val only; :mod:`pipeline.decision.spreads`), the
+  gain the comparison rule passes with 80% probability, and the smallest larger design that
+  would pass the good model 80% of the time (:mod:`pipeline.decision.criteria_controls`); the
+  report shows it beside the same simulation at the run's spreads;
 - ``forced``, ``looks_before`` and ``supersedes``: set only by ``--force``, which registers
   although test scores of these pieces, or an earlier registration of them in git, exist; the
   report then reads ``FOLLOWED AFTER n LOOKS`` or ``REPLACING n REGISTRATIONS`` at best;
@@ -223,8 +225,7 @@ def pilot_sizes(params: dict[str, Any], splits: Path, pilot: Path, tokens: Path)
     if not isinstance(report, dict) or table is None:
         raise SpreadsUnavailable(f"{pilot} holds no eval.json and per_piece.parquet of a val "
                                  "pilot")
-    if any("test" in ((m or {}) if isinstance(m, dict) else {})
-           for m in (report.get("models") or {}).values()):
+    if any(isinstance(m, dict) and "test" in m for m in (report.get("models") or {}).values()):
         raise SpreadsUnavailable(f"{pilot}/eval.json scored test: a pilot scores val only")
     counts = split_counts(splits)
     audit = {"flag_quantile": 0.95, **(params.get("audit") or {})}

@@ -41,7 +41,6 @@ import pandas as pd
 import yaml
 
 from pipeline.core import artifacts
-from pipeline.decision import ledger
 from pipeline.decision.bound_code import bound_code, changes
 from pipeline.decision.ledger import REGISTRATION
 from pipeline.decision.preregistration import (
@@ -55,6 +54,7 @@ from pipeline.tools.runs import (
     Gate,
     RunSource,
     RunSourceError,
+    add_gate_arguments,
     read_run,
     resolve_source,
     with_test_rows,
@@ -297,12 +297,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "registers none and has no comparison rule (default 0.001 = 0.1%%)")
     parser.add_argument("--out", type=Path, default=Path("reports/reproduce.json"),
                         help="the record (default reports/reproduce.json)")
-    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
-                        help="test-access ledger the look at the test scores is appended to "
-                             "(default reports/ledger.jsonl)")
-    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION,
-                        help="the registration the look records (default "
-                             "reports/preregistration.json)")
+    add_gate_arguments(parser, "compares test scores")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -255,6 +255,17 @@ def read_run(src: RunSource, label: str, gate: Gate | None = None) -> EvaluatedR
                         train if isinstance(train, dict) else None, reg)
 
 
+def add_gate_arguments(parser: Any, reads: str) -> None:
+    """``--ledger`` and ``--preregistration``: where a command that ``reads`` test scores
+    records its look, and under which registration (relative to the working directory)."""
+    parser.add_argument("--ledger", type=Path, default=ledger.LEDGER,
+                        help=f"test-access ledger the look is recorded in when the command "
+                             f"{reads} (default reports/ledger.jsonl)")
+    parser.add_argument("--preregistration", type=Path, default=ledger.REGISTRATION,
+                        help="the registration the look records (default "
+                             "reports/preregistration.json)")
+
+
 def with_test_rows(run: EvaluatedRun, gate: Gate) -> EvaluatedRun:
     """``run`` with its test rows, read through ``gate`` (the look recorded first)."""
     return replace(run, per_piece=_per_piece(run.source, gate))

@@ -284,11 +284,11 @@ def power_section(criteria: CriteriaConfig, registered: Any, reports: Mapping[st
 
     rows = [[f"{r.name} (good model)", *[cell(j, lambda j, n=r.name: j["good"]["rules"].get(n))
                                          for j in cols]] for r in criteria.rules]
-    rows.append(["**all rules, good model** (standard >= 80%)",
+    rows.append(["all rules together, good model (standard >= 80%)",
                  *[cell(j, lambda j: j["good"]["all"]) for j in cols]])
     names = [b["model"] for b in ((cols[0] or cols[1]) or {}).get("bad") or []]
     for n in names:
-        rows.append([f"all rules, bad model: {n} (standard <= 5%)",
+        rows.append([f"all rules together, bad model: {n} (standard <= 5%)",
                      *[cell(j, lambda j, n=n: next((b["all"] for b in j["bad"]
                                                     if b["model"] == n), None)) for j in cols]])
     bad_rows = []

@@ -322,7 +322,7 @@ def test_power_at_the_registration_and_at_the_run_is_stated_side_by_side(tmp_pat
     assert "Power of beats at the registration's spreads (val pilot): it passes with 80% " \
            "probability only a true gain of" in md
     direct = joint_block(cfg, planted(), 50)
-    row = next(x for x in md.splitlines() if x.startswith("| **all rules, good model**"))
+    row = next(x for x in md.splitlines() if x.startswith("| all rules together, good model"))
     assert f"| {direct['good']['all']:.0%} | not available |" in row
 
 

@@ -185,7 +185,7 @@ def test_preregister_states_power_before_any_test_look_and_the_report_repeats_it
     report(tmp_path, params, p)
     md = p.md_out.read_text()
     assert "### Power: the good model and the bad ones" in md
-    row = next(x for x in md.splitlines() if x.startswith("| **all rules, good model**"))
+    row = next(x for x in md.splitlines() if x.startswith("| all rules together, good model"))
     assert f"| {power['joint']['good']['all']:.0%} |" in row
 
 

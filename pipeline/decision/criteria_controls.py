@@ -20,7 +20,7 @@ seed and combines them as the report does (:func:`pipeline.decision.criteria.eva
 the seeds are drawn independently, the good controls meet their hardest case (every seed must
 pass: a seed's pass rate to the power ``seeds``) and the bad ones their easiest (any seed
 failing fails the rule); seeds sharing the pieces' noise fall between those rates and one
-seed's.
+seed's, which is how the gap is drawn once the seeds' own spread is measured.
 
 How each metric's evidence is simulated:
 
@@ -29,11 +29,13 @@ How each metric's evidence is simulated:
   per-seed gains over ``seeds`` training seeds); the seeds' spread is itself estimated from
   ``seeds`` draws (a chi-square), and the interval is what evaluate judges: ``z`` times the
   group term and ``t_{seeds-1}`` times the estimated seed term, added in quadrature;
-- ``generalisation.gap[_per_note].transformer``: for each of ``seeds`` training seeds, drawn
-  independently, a normal estimate around the truth with one seed's measured standard error
-  (:mod:`pipeline.decision.spreads`: the val pilot's, or the run's), its interval the estimate
-  plus and minus
-  ``z · se`` (what the group bootstrap gives for a statistic this close to normal);
+- ``generalisation.gap[_per_note].transformer``: for each of ``seeds`` training seeds, a normal
+  estimate around the truth: one draw of the pieces' noise, shared by every seed (all score
+  the same pieces), with one seed's measured standard error, plus each seed's own draw with the
+  measured spread of the seeds' gaps around each other (:mod:`pipeline.decision.spreads`: the
+  val pilot's, or the run's); each interval the estimate plus and minus ``z · se`` (what the
+  group bootstrap gives for a statistic this close to normal). Spreads without the seeds'
+  spread (a registration stated before it was measured) draw the seeds independently;
 - ``memorisation.<m>.membership_auc``: losses of train and held-out pieces from two normals
   whose separation gives the true AUC, in as many groups as the split has, for each of
   ``seeds`` training seeds, each judged alone by
@@ -66,7 +68,7 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from pipeline.audit.memorisation import (
     Extraction,
@@ -131,13 +133,23 @@ class Sizes:
         return self.spreads.gap_se_note
 
     @property
+    def gap_seed_sd(self) -> float | None:
+        return self.spreads.gap_seed_sd_token
+
+    @property
+    def gap_per_note_seed_sd(self) -> float | None:
+        return self.spreads.gap_seed_sd_note
+
+    @property
     def human_flag_rate(self) -> float:
         return self.spreads.human_flag_rate
 
-    def scaled(self, factor: float, seeds: int | None = None) -> Sizes:
+    def scaled(self, factor: float, seeds: int | None = None,
+               samples: float | None = None) -> Sizes:
         """The same design with every held-out and audited count times ``factor`` (standard
-        errors over pieces and groups shrink by ``sqrt(factor)``; the seeds' spread does not)
-        and ``seeds`` training seeds: how large an experiment would have to be."""
+        errors over pieces and groups shrink by ``sqrt(factor)``; the seeds' spreads do not),
+        the generated samples times ``samples`` (default ``factor``) and ``seeds`` training
+        seeds: how large an experiment would have to be."""
         sp = self.spreads
         root = math.sqrt(factor)
         spreads = replace(sp, gain_se_groups=sp.gain_se_groups / root,
@@ -149,7 +161,9 @@ class Sizes:
         return replace(self, spreads=spreads, seeds=seeds or self.seeds,
                        membership_test=up(self.membership_test),
                        membership_test_groups=up(self.membership_test_groups),
-                       extraction_test=up(self.extraction_test), samples=up(self.samples),
+                       extraction_test=up(self.extraction_test),
+                       samples=max(1, round(self.samples * (factor if samples is None
+                                                            else samples))),
                        human_windows=up(self.human_windows), human_pieces=up(self.human_pieces))
 
     @property
@@ -206,14 +220,20 @@ def _over_seeds(blocks: list[dict[str, Any]]) -> dict[str, Any]:
             "seeds": {str(i): b for i, b in enumerate(blocks)}}
 
 
-def _normal(truth: float, se_of: Callable[[Sizes], float]) -> Callable[..., dict[str, Any]]:
-    """Each seed's estimate drawn independently around ``truth``, its interval ``± z · se``."""
+def _normal(truth: float, se_of: Callable[[Sizes], float],
+            seed_sd_of: Callable[[Sizes], float | None] = lambda s: None
+            ) -> Callable[..., dict[str, Any]]:
+    """Each seed's estimate around ``truth``, its interval ``± z · se``: the pieces' noise
+    (``se``) drawn once and shared, each seed's own deviation drawn with ``seed_sd_of``; when
+    that is None, each seed's whole error drawn independently with ``se``."""
     def draw(rng: np.random.Generator, s: Sizes) -> dict[str, Any]:
-        se = se_of(s)
+        se, seed_sd = se_of(s), seed_sd_of(s)
         z = NormalDist().inv_cdf(0.5 + s.level / 2)
+        shared = float(rng.normal(0.0, se)) if seed_sd is not None else 0.0
         blocks = []
         for _ in range(max(s.seeds, 1)):
-            est = float(rng.normal(truth, se))
+            est = (truth + shared + float(rng.normal(0.0, seed_sd)) if seed_sd is not None
+                   else float(rng.normal(truth, se)))
             blocks.append({"value": est, "ci_low": est - z * se, "ci_high": est + z * se})
         return _over_seeds(blocks)
     return draw
@@ -323,17 +343,28 @@ def _se(attr: str) -> Callable[[Sizes], float]:
     return lambda s: float(getattr(s, attr))
 
 
-def _gap(unit: str, se_attr: str) -> tuple[Control, ...]:
-    """The generalisation gap per ``unit`` (token or note), its standard error in ``se_attr``."""
-    se_of = _se(se_attr)
+def _gap_draw(truth: float, unit: str) -> Callable[..., dict[str, Any]]:
+    """The gap per ``unit`` (``token`` or ``note``) at ``truth``, each seed's estimate with the
+    pieces' shared noise and the seeds' own spread (:func:`_normal`)."""
+    se_attr, sd_attr = GAP_SPREADS[unit]
+    return _normal(truth, _se(se_attr), lambda s: getattr(s, sd_attr))
+
+
+GAP_SPREADS = {"token": ("gap_se", "gap_seed_sd"),
+               "note": ("gap_per_note_se", "gap_per_note_seed_sd")}
+"""Unit -> the :class:`Sizes` fields of one seed's gap standard error and the seeds' spread."""
+
+
+def _gap(unit: str) -> tuple[Control, ...]:
+    """The generalisation gap per ``unit`` (token or note)."""
     return (
         good(f"a true gap of 0.2 nats per {unit} (held-out {unit}s e^0.2 = 1.22 times less "
-             "likely)", _normal(0.2, se_of)),
+             "likely)", _gap_draw(0.2, unit)),
         good("a true gap of 0: held-out pieces exactly as predictable as training pieces",
-             _normal(0.0, se_of)),
-        bad("a true gap of 1.0 (memorised training pieces)", _normal(1.0, se_of), "upper"),
+             _gap_draw(0.0, unit)),
+        bad("a true gap of 1.0 (memorised training pieces)", _gap_draw(1.0, unit), "upper"),
         bad("a true gap of -0.5 (held-out pieces easier than training: held-out music leaked "
-            "into training)", _normal(-0.5, se_of), "lower"),
+            "into training)", _gap_draw(-0.5, unit), "lower"),
     )
 
 
@@ -382,8 +413,8 @@ CONTROLS: dict[str, tuple[Control, ...]] = {
         good("no near copy", _count(0)),
         bad("one near copy", _count(1)),
     ),
-    "generalisation.gap.transformer": _gap("token", "gap_se"),
-    "generalisation.gap_per_note.transformer": _gap("note", "gap_per_note_se"),
+    "generalisation.gap.transformer": _gap("token"),
+    "generalisation.gap_per_note.transformer": _gap("note"),
     **{k: v for m in MODELS for k, v in _judged(m).items()},
 }
 """Every metric with controls -> its good and bad models, in the order ``symkit controls``
@@ -465,8 +496,8 @@ def _model(name: str, truth: str, *, gain: float = 0.06, gap: float = 0.2,
     draws: dict[str, Callable[..., dict[str, Any]]] = {
         "test.nll_per_note.rel_improvement": _gain(gain),
         "leakage.test_near_train": _count(near_copies),
-        "generalisation.gap.transformer": _normal(gap, _se("gap_se")),
-        "generalisation.gap_per_note.transformer": _normal(gap, _se("gap_per_note_se")),
+        "generalisation.gap.transformer": _gap_draw(gap, "token"),
+        "generalisation.gap_per_note.transformer": _gap_draw(gap, "note"),
     }
     for m in MODELS:
         draws[f"memorisation.{m}.membership_auc"] = _membership_at_gap(gap)
@@ -541,25 +572,69 @@ def joint_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0) ->
                                              and all(b["all"] <= BAD_AT_MOST for b in bads))}
 
 
-FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
 """Multiples of the held-out and audited counts :func:`size_for_standard` tries."""
+SAMPLE_FACTORS = (1.0, 2.0, 4.0, 8.0, 16.0)
+"""Multiples of the generated samples :func:`within_corpus` tries (``generate.n_samples``)."""
+
+
+def _design(rate: dict[str, Any], bigger: Sizes, factor: float, seeds: int,
+            samples: float) -> dict[str, Any]:
+    return {"factor": factor, "seeds": seeds, "samples_factor": samples,
+            "good_all": rate["all"], "rules": rate["rules"],
+            "test_groups_se": bigger.gain_se_groups, "samples": bigger.samples,
+            "held_out_pieces": bigger.membership_test, "test_pieces": bigger.extraction_test,
+            "human_pieces": bigger.human_pieces}
 
 
 def size_for_standard(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0
                       ) -> dict[str, Any] | None:
-    """The smallest design, among the held-out and audited counts times :data:`FACTORS` and
-    the seeds as they are or doubled, at which the good model passes all rules together at
-    least :data:`GOOD_AT_LEAST` of the time (fewest pieces first); None when none does."""
-    for factor in FACTORS:
-        for seeds in sorted({sizes.seeds, 2 * sizes.seeds}):
-            bigger = sizes.scaled(factor, seeds)
-            rate = joint_rates(cfg, GOOD_MODEL, bigger, draws, seed)["all"]
-            if rate >= GOOD_AT_LEAST:
-                return {"factor": factor, "seeds": seeds, "good_all": rate,
-                        "test_groups_se": bigger.gain_se_groups, "samples": bigger.samples,
-                        "held_out_pieces": bigger.membership_test,
-                        "human_pieces": bigger.human_pieces}
-    return None
+    """The smallest design, among the held-out and audited counts (samples with them) times
+    :data:`FACTORS` and the seeds as they are or doubled, at which the good model passes all
+    rules together at least :data:`GOOD_AT_LEAST` of the time (fewest pieces first, then fewest
+    seeds); None when none does. The factor is found by bisection, which takes the joint rate to
+    grow with the pieces (every interval narrows); its ``rules`` are each rule's own rate
+    there."""
+    best = None
+    for seeds in sorted({sizes.seeds, 2 * sizes.seeds}):
+        cache: dict[int, dict[str, Any]] = {}
+
+        def at(i: int, seeds: int = seeds, cache: dict = cache) -> dict[str, Any]:
+            if i not in cache:
+                cache[i] = joint_rates(cfg, GOOD_MODEL, sizes.scaled(FACTORS[i], seeds),
+                                       draws, seed)
+            return cache[i]
+
+        lo, hi = 0, len(FACTORS) - 1
+        if at(hi)["all"] < GOOD_AT_LEAST:
+            continue
+        while lo < hi:  # the first factor whose joint rate meets the standard
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if at(mid)["all"] >= GOOD_AT_LEAST else (mid + 1, hi)
+        if best is None or FACTORS[lo] < best["factor"]:
+            best = _design(at(lo), sizes.scaled(FACTORS[lo], seeds), FACTORS[lo], seeds,
+                           FACTORS[lo])
+    return best
+
+
+def within_corpus(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0
+                  ) -> dict[str, Any]:
+    """What the recipe can do with the pieces as they are: the generated samples times
+    :data:`SAMPLE_FACTORS` and the seeds as they are or doubled. The first design (fewest
+    seeds, then fewest samples) at which the good model passes all rules together at least
+    :data:`GOOD_AT_LEAST` of the time (``meets_standard``), else the one with the highest joint
+    rate; ``limited_by``: the rules that pass it alone less than that there."""
+    tried = []
+    for seeds in sorted({sizes.seeds, 2 * sizes.seeds}):
+        for k in SAMPLE_FACTORS:
+            bigger = sizes.scaled(1.0, seeds, k)
+            rate = joint_rates(cfg, GOOD_MODEL, bigger, draws, seed)
+            tried.append(_design(rate, bigger, 1.0, seeds, k))
+            if rate["all"] >= GOOD_AT_LEAST:
+                return {**tried[-1], "meets_standard": True, "limited_by": []}
+    top = max(tried, key=lambda d: d["good_all"])  # the first of the highest
+    return {**top, "meets_standard": False,
+            "limited_by": sorted(n for n, v in top["rules"].items() if v < GOOD_AT_LEAST)}
 
 
 # --- sizes of a registered design and of a run -------------------------------------------------
@@ -633,6 +708,26 @@ def run_sizes(params: Mapping[str, Any], audit_report: Mapping[str, Any], spread
         level=float(evaluate["ci_level"]), quality_alpha=float(audit["quality_alpha"]))
 
 
+def per_seed_quantile(p: float, se: float, seed_sd: float | None, k: int) -> float:
+    """The ``p`` quantile of the largest of ``k`` seeds' errors when each is the pieces' shared
+    error (normal, ``se``) plus the seed's own (normal, ``seed_sd``); with ``seed_sd`` None the
+    seeds' errors are independent normals with ``se`` (``Φ⁻¹(p^(1/k)) · se``). The smallest's
+    ``p`` quantile is minus the largest's ``1 - p``."""
+    if seed_sd is None:
+        return NormalDist().inv_cdf(p ** (1 / max(k, 1))) * se
+    grid = np.linspace(-8.0, 8.0, 1601)
+    weight = stats.norm.pdf(grid)
+    weight /= weight.sum()
+
+    def cdf(x: float) -> float:  # P(shared + max of k seeds' own <= x)
+        if seed_sd == 0:
+            return float(stats.norm.cdf(x / se)) if se > 0 else float(x >= 0)
+        return float(weight @ stats.norm.cdf((x - se * grid) / seed_sd) ** k)
+
+    span = 10.0 * (se + seed_sd)
+    return float(optimize.brentq(lambda x: cdf(x) - p, -span, span, xtol=1e-10))
+
+
 def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float | None:
     """For a rule on a normally simulated metric (:data:`SE_OF`), the true value at which it
     reaches its verdict with probability ``power``: the smallest true gain an ``interval`` rule
@@ -641,9 +736,11 @@ def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float 
     ``refute`` rule the value beyond which it FAILs (``t`` minus the margin for ``>=``). None for
     other metrics and judges (their pass rates are in :func:`rates`).
 
-    A metric judged per seed, simulated as ``seeds`` independent seeds, reaches a PASS when
-    every seed does and a FAIL when any seed does: each seed must pass with ``power ** (1 /
-    seeds)``, or fail with ``1 - (1 - power) ** (1 / seeds)``."""
+    A metric judged per seed reaches a PASS when every seed does and a FAIL when any seed does,
+    with the seeds' errors as the controls draw them (:func:`per_seed_quantile`): the pieces'
+    error shared and each seed's own, or, without a measured seeds' spread, each seed's whole
+    error independent (each seed must then pass with ``power ** (1 / seeds)``, or fail with
+    ``1 - (1 - power) ** (1 / seeds)``)."""
     attr = SE_OF.get(rule.metric)
     if attr is None or rule.judge not in ("interval", "refute"):
         return None
@@ -654,12 +751,21 @@ def resolved_effect(rule: Criterion, sizes: Sizes, power: float = 0.8) -> float 
     se = getattr(sizes, attr)
     half = (sizes.gain_half_width if attr == "gain_se"
             else NormalDist().inv_cdf(0.5 + sizes.level / 2) * se)
-    k = max(sizes.seeds, 1) if rule.metric in judged_per_seed() else 1
-    each = power ** (1 / k) if rule.judge == "interval" else 1 - (1 - power) ** (1 / k)
-    margin = half + NormalDist().inv_cdf(each) * se
+    per_seed = rule.metric in judged_per_seed()
+    k = max(sizes.seeds, 1) if per_seed else 1
+    seed_sd = getattr(sizes, SEED_SD_OF[attr]) if per_seed and attr in SEED_SD_OF else None
+
+    def largest(p: float) -> float:
+        return per_seed_quantile(p, se, seed_sd, k)
+
+    t = rule.threshold
     if rule.judge == "interval":
-        return rule.threshold + margin if above else rule.threshold - margin
-    return rule.threshold - margin if above else rule.threshold + margin
+        return t + half + largest(power) if above else t - half - largest(power)
+    return t - half + largest(1 - power) if above else t + half - largest(1 - power)
+
+
+SEED_SD_OF = {"gap_se": "gap_seed_sd", "gap_per_note_se": "gap_per_note_seed_sd"}
+"""A per-seed metric's standard-error field -> the field of the seeds' own spread."""
 
 
 def _resolves(rule: Criterion) -> str:
@@ -680,8 +786,10 @@ def power_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0,
                 search: bool = True) -> dict[str, Any]:
     """The power statement: the sizes and the spreads (with where each was measured), each
     rule's control pass rates, where closed-form the effect it resolves at 80% power, the good
-    and bad models' joint pass rates, and (``search``) the smallest larger design at which the
-    good model passes all rules together at 80%."""
+    and bad models' joint pass rates, and (``search``, when the good model misses 80%) what the
+    recipe reaches with the pieces as they are (:func:`within_corpus`) and, when that misses
+    too, the smallest larger design at which the good model passes all rules together at 80%
+    (:func:`size_for_standard`)."""
     found = rates(cfg, sizes, draws=draws, seed=seed)
     rules = []
     for rule in cfg.rules:
@@ -699,10 +807,13 @@ def power_block(cfg: CriteriaConfig, sizes: Sizes, draws: int, seed: int = 0,
            "sizes": {f.name: getattr(sizes, f.name) for f in fields(sizes)
                      if f.name != "spreads"},
            "rules": rules, "joint": joint}
-    if search:
-        out["size_for_standard"] = (None if joint["good"]["all"] >= GOOD_AT_LEAST
-                                    else size_for_standard(cfg, sizes, max(draws // 4, 50),
-                                                           seed))
+    if search and joint["good"]["all"] < GOOD_AT_LEAST:
+        few = max(draws // 4, 50)
+        out["within_corpus"] = within_corpus(cfg, sizes, few, seed)
+        out["size_for_standard"] = (None if out["within_corpus"]["meets_standard"]
+                                    else size_for_standard(cfg, sizes, few, seed))
+    elif search:
+        out["size_for_standard"] = None
     return out
 
 
@@ -726,10 +837,35 @@ def power_lines(block: Mapping[str, Any]) -> list[str]:
                    + "; ".join(f"{b['model']} passes {b['all']:.0%}"
                                + ("" if b["all"] <= BAD_AT_MOST else " [misses the standard]")
                                for b in joint["bad"]))
-    if "size_for_standard" in block:
+    out += size_lines(block)
+    return out
+
+
+def size_lines(block: Mapping[str, Any]) -> list[str]:
+    """What a :func:`power_block` found when the good model misses the standard: what the
+    recipe reaches with the pieces as they are, and the smallest larger design that would."""
+    out = []
+    within = block.get("within_corpus")
+    sizes = block.get("sizes") or {}
+    if within:
+        design = (f"{within['samples']} samples ({within['samples_factor']:g} times) and "
+                  f"{within['seeds']} seeds")
+        if within["meets_standard"]:
+            out.append(f"with these pieces the good model passes all rules together at 80% "
+                       f"given {design} ({within['good_all']:.0%})")
+        else:
+            limits = ", ".join(f"{n} {within['rules'][n]:.0%}" for n in within["limited_by"])
+            out.append(f"with these pieces no recipe tried reaches 80%: at best {design} pass "
+                       f"the good model {within['good_all']:.0%} of the time, held back by "
+                       f"{limits}")
+    if "size_for_standard" in block and (not within or not within["meets_standard"]):
         size = block["size_for_standard"]
+        test = sizes.get("extraction_test")
         out.append("the good model passes all rules together at 80% only at a larger design: "
-                   + (f"{size['factor']:g} times the held-out and audited pieces with "
-                      f"{size['seeds']} seeds ({size['good_all']:.0%})" if size else
+                   + (f"{size['factor']:g} times the held-out and audited pieces ("
+                      f"{size['test_pieces']} test pieces"
+                      + (f" where there are {test}" if test else "")
+                      + f", {size['held_out_pieces']} held-out, {size['samples']} samples) "
+                      f"with {size['seeds']} seeds ({size['good_all']:.0%})" if size else
                       f"none up to {FACTORS[-1]:g} times the pieces and twice the seeds"))
     return out

@@ -129,16 +129,32 @@ def registered_code(registered: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return ident.get("code") if isinstance(ident, dict) else None
 
 
+def stated_power(registered: Any) -> tuple[Mapping[str, Any] | None, int | None]:
+    """(power block, amendment number): the newest power statement of a registration, its last
+    amendment's that restated one, or its own (amendment None)."""
+    if not isinstance(registered, Mapping):
+        return None, None
+    for a in reversed([a for a in registered.get("amendments") or [] if isinstance(a, dict)]):
+        if isinstance(a.get("power"), Mapping):
+            return a["power"], int(a.get("n") or 0)
+    block = registered.get("power")
+    return (block if isinstance(block, Mapping) else None), None
+
+
 class NothingToAmend(ValueError):
     """An amendment was asked for, but the registration cannot take one or the code is as
     registered."""
 
 
 def amend(registered: Mapping[str, Any], why: str, code: Mapping[str, Any],
-          looks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+          looks: Sequence[Mapping[str, Any]],
+          power: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The registration with one more amendment: the code it binds from now on (``code``), the
     files that changed, ``why``, and the looks at these test pieces before it (``looks``:
-    ledger records). Only code can be amended; params, pieces and versions cannot."""
+    ledger records). Only code can be amended; params, pieces and versions cannot. ``power``:
+    the power statement restated by the amended code at the registered sizes and the val
+    pilot's spreads (the registration's own stays as it was stated); the report shows the
+    newest (:func:`stated_power`)."""
     if not why.strip():
         raise NothingToAmend("--amend needs the reason, in words: --amend \"what the fix is\"")
     if registered.get("schema") != SCHEMA_VERSION:
@@ -151,6 +167,8 @@ def amend(registered: Mapping[str, Any], why: str, code: Mapping[str, Any],
     amendments = list(registered.get("amendments") or [])
     entry = {"n": len(amendments) + 1, "why": why.strip(), "changes": changed,
              "code": dict(code), "looks_before": [_look_summary(r) for r in looks]}
+    if power is not None:
+        entry["power"] = dict(power)
     previous = chain_head(registered)
     entry["hash"] = amendment_hash(entry, previous)
     return {**registered, "amendments": [*amendments, entry]}

@@ -17,6 +17,11 @@ from:
   test (the groups-only interval of the test gain, the per-seed test gains, each seed's gap
   interval, the held-out pieces, the audit's human test windows).
 
+The gap has two spreads: each seed's standard error (its group bootstrap: the pieces' noise,
+which every seed shares, since all score the same pieces) and the spread of the seeds' gaps
+around each other (what training adds). A rule judged on every seed meets the first once and
+the second once per seed.
+
 Every figure is a standard error or a rate, in the units the rule judges.
 """
 
@@ -55,6 +60,13 @@ class Spreads:
     """Spread over held-out pieces of the model's NLL per note (one seed's; :func:`robust_sd`)."""
     human_flag_rate: float
     """Share of held-out human windows the audit flags."""
+    gap_seed_sd_note: float | None = None
+    """Standard deviation of the per-seed gaps on the same pieces, nats per note: how much
+    training seeds disagree once the pieces are fixed. None (a registration stated before it
+    was measured): the controls draw the seeds' gaps independently, the hardest case for a good
+    model."""
+    gap_seed_sd_token: float | None = None
+    """The same per token."""
     source: dict[str, str] = field(default_factory=dict)
     """Field -> where it was measured, in words."""
 
@@ -86,6 +98,17 @@ def _per_seed_gap_se(gap: Mapping[str, Any], unit: str, level: float) -> float |
     if ses:
         return float(np.mean(ses))
     return _se(gap.get(unit), level, "groups_ci_low", "groups_ci_high")
+
+
+def _per_seed_gap_sd(gap: Mapping[str, Any], unit: str) -> float | None:
+    """The standard deviation of the seeds' own gaps (``gap.per_seed.<seed>.<unit>.value``):
+    the seeds scored the same pieces, so this is what training adds to the pieces' noise. None
+    with fewer than two seeds."""
+    seeds = gap.get("per_seed") if isinstance(gap.get("per_seed"), Mapping) else {}
+    values = [number((b.get(unit) or {}).get("value")) for b in seeds.values()
+              if isinstance(b, Mapping) and isinstance(b.get(unit), Mapping)]
+    values = [v for v in values if v is not None]
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
 
 
 def robust_sd(values: np.ndarray) -> float:
@@ -143,17 +166,22 @@ def from_pilot(eval_report: Mapping[str, Any], per_piece: pd.DataFrame, *, held_
         raise SpreadsUnavailable("the pilot's gap has no interval")
     where = (f"val pilot: {n_held} val and {n_train} train pieces, rescaled to {held_out} "
              f"held-out and {train_pieces} train pieces by the pieces' spreads")
+    seeds_where = (f"val pilot: the seeds' gaps on {n_held} val and {n_train} train pieces, "
+                   "not rescaled (what seeds disagree on need not average out over pieces)")
     return Spreads(
         gain_se_groups=float(power["se_groups"]),
         gain_seed_sd=float(number(power.get("seed_sd")) or 0.0),
         gap_se_note=se_note * scale, gap_se_token=se_token * scale,
         piece_sd_note=piece_sd(per_piece, ("val",)),
         human_flag_rate=1.0 - flag_quantile,
+        gap_seed_sd_note=_per_seed_gap_sd(gap, "nats_per_note"),
+        gap_seed_sd_token=_per_seed_gap_sd(gap, "nats_per_token"),
         source={"gain_se_groups": f"val pilot: val's {power.get('n_groups_observed')} groups' "
                                   f"spread scaled to {power.get('n_groups')} test groups",
                 "gain_seed_sd": f"val pilot: {power.get('n_seeds')} seeds' val gains",
                 "gap_se_note": where, "gap_se_token": where,
                 "piece_sd_note": "val pilot: val pieces' NLL per note",
+                "gap_seed_sd_note": seeds_where, "gap_seed_sd_token": seeds_where,
                 "human_flag_rate": "the audit's calibration: 1 − audit.flag_quantile of "
                                    "held-out windows"})
 
@@ -181,10 +209,13 @@ def from_run(eval_report: Mapping[str, Any], per_piece: pd.DataFrame,
         gap_se_note=se_note, gap_se_token=se_token,
         piece_sd_note=piece_sd(per_piece, ("val", "test")),
         human_flag_rate=float(flags),
+        gap_seed_sd_note=_per_seed_gap_sd(gap, "nats_per_note"),
+        gap_seed_sd_token=_per_seed_gap_sd(gap, "nats_per_token"),
         source={"gain_se_groups": "test gain's groups-only interval",
                 "gain_seed_sd": f"{len(seeds)} seeds' test gains",
                 "gap_se_note": "each seed's gap interval", "gap_se_token": "each seed's gap "
                 "interval", "piece_sd_note": "held-out pieces' NLL per note",
+                "gap_seed_sd_note": "the seeds' gaps", "gap_seed_sd_token": "the seeds' gaps",
                 "human_flag_rate": "the audit's human test windows"})
 
 

@@ -69,7 +69,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for field, value in sizes.spreads.to_dict().items():
         if field != "source":
-            print(f"spread {field} = {value:.4g} ({sizes.spreads.source.get(field, '')})")
+            shown = "not measured" if value is None else f"{value:.4g}"
+            print(f"spread {field} = {shown} ({sizes.spreads.source.get(field, '')})")
     found = rates(cfg, sizes, draws=args.draws, seed=args.seed)
     print(f"| criterion | control | planted truth | passes (of {args.draws}) | standard |")
     print("|---|---|---|---|---|")

@@ -19,14 +19,16 @@ split) and before ``evaluate`` has scored the test split, then commit
   controls, and all rules' together for the good model and each bad one, at the registered
   sizes (split counts, audit and generate params) and the spreads of a val pilot
   (``--pilot``: the trained models scored on val only; :mod:`pipeline.decision.spreads`), the
-  gain the comparison rule passes with 80% probability, and the smallest larger design that
-  would pass the good model 80% of the time (:mod:`pipeline.decision.criteria_controls`); the
-  report shows it beside the same simulation at the run's spreads;
+  gain the comparison rule passes with 80% probability, what the recipe can reach with these
+  pieces (more samples, twice the seeds) and the smallest larger design that would pass the
+  good model 80% of the time (:mod:`pipeline.decision.criteria_controls`); the report shows it
+  beside the same simulation at the run's spreads;
 - ``forced``, ``looks_before`` and ``supersedes``: set only by ``--force``, which registers
   although test scores of these pieces, or an earlier registration of them in git, exist; the
   report then reads ``FOLLOWED AFTER n LOOKS`` or ``REPLACING n REGISTRATIONS`` at best;
 - ``amendments``: appended by ``--amend "why"``, a fix to the bound code after a look
-  (:func:`pipeline.decision.preregistration.amend`).
+  (:func:`pipeline.decision.preregistration.amend`), each with the power statement restated by
+  the amended code (the registration's own stays as it was stated).
 
 It prints the hash to publish outside the repository (the identity hash, or the last
 amendment's), so that no later rewrite of the file and its history can pass for it.
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -181,9 +184,12 @@ def earlier_registrations(out: Path, ident: dict[str, Any]) -> list[dict[str, An
     return found
 
 
-def amend_registration(out: Path, why: str, ledger_path: Path) -> dict[str, Any]:
+def amend_registration(out: Path, why: str, ledger_path: Path,
+                       restate: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
+                       ) -> dict[str, Any]:
     """Append an amendment to the registration at ``out``: the code that runs now, with the
-    looks at its test pieces the ledger holds. Refuses (:class:`NothingToAmend`) without a
+    looks at its test pieces the ledger holds, and (``restate``, given the registration) the
+    power statement as the amended code gives it. Refuses (:class:`NothingToAmend`) without a
     registration, for a registration that binds no code, or when the code is unchanged."""
     registered = artifacts.read_json_or_none(out)
     if not isinstance(registered, dict):
@@ -191,9 +197,29 @@ def amend_registration(out: Path, why: str, ledger_path: Path) -> dict[str, Any]
     pieces = ((registered.get("identity") or {}).get("pieces") or {}).get("test") or []
     looks = [x.record for x in ledger.looks_at(ledger.one_per_look(ledger.read(ledger_path)),
                                                 pieces)]
-    record = amend(registered, why, bound_code(), looks)
+    amend(registered, why, bound_code(), looks)  # refuses before minutes of restating power
+    record = amend(registered, why, bound_code(), looks,
+                   restate(registered) if restate is not None else None)
     artifacts.write_json(out, record)
     return record
+
+
+def restated_power(params: Path, splits: Path, pilot: Path, tokens: Path, draws: int
+                   ) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """For an amendment: the registration's power statement computed again by the code that
+    runs now, with its own draws, at the registered sizes and the val pilot's spreads; None
+    when the registration stated none or ``draws`` is 0."""
+    def restate(registered: dict[str, Any]) -> dict[str, Any] | None:
+        block = registered.get("power")
+        if draws <= 0 or not isinstance(block, dict) or not block.get("joint"):
+            return None
+        criteria = load_section("criteria", params, CriteriaConfig)
+        try:
+            return design_power(criteria, read_params(params), splits, pilot, tokens,
+                                int(block.get("draws") or draws))
+        except SpreadsUnavailable as e:
+            return {"not_stated": str(e)}
+    return restate
 
 
 def split_counts(splits: Path) -> dict[str, tuple[int, int]]:
@@ -302,7 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.amend is not None:
         try:
-            rec = amend_registration(args.out, args.amend, args.ledger)
+            rec = amend_registration(args.out, args.amend, args.ledger, restated_power(
+                args.params, args.splits, args.pilot, args.tokens, args.power_draws))
         except NothingToAmend as e:
             print(f"symkit preregister: --amend: {e}", file=sys.stderr)
             return 1
@@ -310,6 +337,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"preregister: amendment {a['n']} ({'; '.join(a['changes'])}), after "
               f"{len(a['looks_before'])} look(s) -> {args.out} (commit it before the results)")
         print(f"preregister: publish this hash outside the repository: {chain_head(rec)}")
+        for line in power_lines(a.get("power") or {}):
+            print(f"preregister: power, restated: {line}")
         return 0
     if adapt_registration.is_adaptation(args.params):
         return _register_adaptation(args)

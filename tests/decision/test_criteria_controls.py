@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.cli import main as cli
@@ -305,3 +306,68 @@ def test_a_guard_judged_on_every_seed_resolves_a_stricter_effect():
     assert resolved_effect(leak, planted(seeds=3)) == pytest.approx(
         0.0 - z * se - NormalDist().inv_cdf(1 - 0.2 ** (1 / 3)) * se)
     assert resolved_effect(leak, planted(seeds=3)) > resolved_effect(leak, planted(seeds=1))
+
+
+def test_seeds_sharing_the_pieces_noise_match_the_closed_form_and_sit_between_the_extremes():
+    """With the seeds' own spread measured, every seed's gap carries one shared draw of the
+    pieces' noise: the gap bound passes 8 seeds as often as P(shared + largest seed's own <=
+    room) says (:func:`per_seed_quantile`), more often than 8 independent seeds and less often
+    than one seed; without the seeds' spread the seeds stay independent."""
+    from dataclasses import replace
+    from statistics import NormalDist
+
+    from pipeline.decision.criteria_controls import (
+        GOOD_MODEL,
+        joint_rates,
+        per_seed_quantile,
+        resolved_effect,
+    )
+
+    cfg = CriteriaConfig(rules=[
+        Criterion(name="gap", metric="generalisation.gap_per_note.transformer", op="<=",
+                  threshold=0.5, judge="interval", rationale="r")])
+    se, sd, z = 0.1, 0.03, NormalDist().inv_cdf(0.975)
+    shared = planted(seeds=8, spreads=replace(SPREADS, gap_se_note=se, gap_seed_sd_note=sd))
+    independent = planted(seeds=8, spreads=replace(SPREADS, gap_se_note=se))
+    room = 0.5 - z * se - 0.2  # the good model's 0.2 passes when every seed's error fits in it
+    grid = np.linspace(-8, 8, 4001)
+    w = NormalDist().pdf
+    closed = float(sum(w(u) * NormalDist().cdf((room - se * u) / sd) ** 8 for u in grid)
+                   * (grid[1] - grid[0]))
+    got = joint_rates(cfg, GOOD_MODEL, shared, 4000, seed=5)["all"]
+    assert abs(got - closed) < 0.025
+    one = NormalDist(0, se).cdf(room)
+    apart = joint_rates(cfg, GOOD_MODEL, independent, 4000, seed=5)["all"]
+    assert abs(apart - one ** 8) < 0.025 and one ** 8 < got < one
+    # the closed form the power statement uses is the simulation's
+    assert per_seed_quantile(closed, se, sd, 8) == pytest.approx(room, abs=1e-6)
+    assert per_seed_quantile(0.8, se, None, 8) == pytest.approx(
+        NormalDist().inv_cdf(0.8 ** (1 / 8)) * se)
+    assert per_seed_quantile(0.8, se, 0.0, 8) == pytest.approx(NormalDist().inv_cdf(0.8) * se)
+    bound = cfg.rules[0]
+    assert resolved_effect(bound, shared) == pytest.approx(
+        0.5 - z * se - per_seed_quantile(0.8, se, sd, 8))
+    assert resolved_effect(bound, planted(seeds=1)) > resolved_effect(bound, shared) > \
+        resolved_effect(bound, independent)
+
+
+def test_with_the_pieces_fixed_more_samples_per_seed_can_meet_the_standard():
+    """Judged on every seed, 8 seeds sharing 256 samples leave each seed 32, too few to clear
+    the copying margin on all of them; the recipe can draw more samples without more music,
+    and :func:`within_corpus` finds how many; a rule that more samples cannot help is named."""
+    from pipeline.decision.criteria_controls import within_corpus
+
+    cfg = CriteriaConfig(rules=[
+        Criterion(name="copies", metric="memorisation.transformer.flag_excess", op="<=",
+                  threshold=0.1, judge="interval", rationale="r")])
+    sizes = planted(seeds=8)
+    found = within_corpus(cfg, sizes, 100, seed=2)
+    assert found["meets_standard"] and found["samples_factor"] > 1
+    assert found["samples"] == round(256 * found["samples_factor"])
+    assert found["held_out_pieces"] == sizes.membership_test  # the pieces as they are
+    gain = CriteriaConfig(rules=[
+        Criterion(name="gain", metric="test.nll_per_note.rel_improvement", op=">=",
+                  threshold=0.02, judge="interval", rationale="r")])
+    wide = planted(seeds=8, spreads=Spreads(**{**SPREADS.to_dict(), "gain_se_groups": 0.04}))
+    stuck = within_corpus(gain, wide, 100, seed=2)
+    assert not stuck["meets_standard"] and stuck["limited_by"] == ["gain"]

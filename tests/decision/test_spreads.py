@@ -60,6 +60,16 @@ def test_the_pilot_gives_spreads_rescaled_to_the_registered_counts():
     assert same.gain_se_groups == 0.02 and same.gain_seed_sd == 0.01
     assert same.gap_se_note == pytest.approx(0.4 / 3.92, rel=1e-3)
     assert same.human_flag_rate == pytest.approx(0.05)
+    assert same.gap_seed_sd_note is None  # one seed: the seeds' spread is not measured
+    two = {**report, "gap": {"transformer": {**report["gap"]["transformer"], "per_seed": {
+        k: {"nats_per_note": {"value": v, "ci_low": v - 0.2, "ci_high": v + 0.2},
+            "nats_per_token": {"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1}}
+        for k, v in (("1", 0.4), ("2", 0.5))}}}}
+    seeds = from_pilot(two, table(), held_out=160, train_pieces=160, flag_quantile=0.95,
+                       level=0.95)
+    assert seeds.gap_seed_sd_note == pytest.approx(np.std([0.4, 0.5], ddof=1))  # not rescaled
+    assert Spreads.from_dict({k: v for k, v in seeds.to_dict().items()
+                              if not k.startswith("gap_seed")}).gap_seed_sd_note is None
     bigger = from_pilot(report, table(), held_out=160, train_pieces=160, flag_quantile=0.95,
                         level=0.95)
     assert bigger.gap_se_note == pytest.approx(same.gap_se_note / 2, rel=1e-6)
@@ -78,4 +88,8 @@ def test_the_committed_run_gives_its_own_spreads():
         (rel["groups_ci_high"] - rel["groups_ci_low"]) / 3.92, rel=1e-3)
     assert s.gain_seed_sd == pytest.approx(np.std(list(rel["per_seed"].values()), ddof=1))
     assert s.human_flag_rate == audit["flag_rate"]["human_test"]
+    gaps = [b["nats_per_note"]["value"]
+            for b in eval_report["gap"]["transformer"]["per_seed"].values()]
+    assert s.gap_seed_sd_note == pytest.approx(np.std(gaps, ddof=1))
+    assert s.gap_seed_sd_note < s.gap_se_note  # the seeds agree: the pieces' noise dominates
     assert Spreads.from_dict(s.to_dict()) == s

@@ -189,6 +189,39 @@ def test_preregister_states_power_before_any_test_look_and_the_report_repeats_it
     assert f"| {power['joint']['good']['all']:.0%} |" in row
 
 
+def test_an_amendment_restates_power_and_the_report_shows_the_restated_statement(
+        tmp_path, monkeypatch):
+    """An amendment carries the power statement as the amended code gives it (the
+    registration's own stays as stated); the report shows the newest and says whose it is."""
+    from pipeline.decision import bound_code
+    from pipeline.decision.preregistration import stated_power
+    from pipeline.tools.preregister import amend_registration, restated_power
+
+    p = make_inputs(tmp_path)
+    interval = {**RULES[0], "judge": "interval"}
+    interval.pop("ci"), interval.pop("ci_metric")
+    params = write_params(tmp_path, rules=[interval, *RULES[1:]])
+    for f in (p.per_piece, p.eval):
+        f.unlink()
+    pilot, tokens = write_pilot(tmp_path)
+    rec = register(tmp_path, params, p, before_scores=True, power_draws=20, pilot=pilot,
+                   tokens=tokens)
+    assert stated_power(rec) == (rec["power"], None)
+    code = bound_code.bound_code()
+    changed = {**code, "judging": {**code["judging"], "pipeline/decision/spreads.py": "0" * 64}}
+    monkeypatch.setattr("pipeline.tools.preregister.bound_code", lambda: changed)
+    amended = amend_registration(p.preregistration, "draw the seeds' gaps with shared pieces",
+                                 p.ledger, restated_power(params, p.splits, pilot, tokens, 20))
+    power = amended["amendments"][0]["power"]
+    assert power["draws"] == 20 and power["joint"]["good"]["rules"]
+    assert amended["power"] == rec["power"]  # as it was stated
+    assert stated_power(amended) == (power, 1)
+    make_inputs(tmp_path)
+    report(tmp_path, params, p)
+    md = p.md_out.read_text()
+    assert "at the registration's spreads, restated by amendment 1" in md
+
+
 # ---- the planned comparisons -------------------------------------------------------------------
 def test_comparisons_are_registered_only_from_a_compare_section(tmp_path):
     params = tmp_path / "params.yaml"

@@ -154,6 +154,61 @@ def loss_curves_png(logs: Mapping[str, Mapping[str, np.ndarray]], ylabel: str,
     return png_bytes(fig)
 
 
+def training_dynamics_png(logs: Mapping[str, Mapping[str, np.ndarray]]) -> bytes:
+    """Beside the loss curves: per run (e.g. training seed), the gradient norm before clipping
+    (left, log scale: a spike of ten times stands out at any level) and the learning rate
+    (right), one colour per run. Each log maps ``step``, ``grad_norm`` and ``lr`` to arrays."""
+    with plt.rc_context(_STYLE):
+        fig, (left, right) = plt.subplots(1, 2, figsize=(8.0, 3.0), layout="constrained")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for k, name in enumerate(sorted(logs)):
+        log, colour = logs[name], colours[k % len(colours)]
+        step = np.asarray(log["step"], dtype=float)
+        for ax, col, style in ((left, "grad_norm", {"linewidth": 0.6, "alpha": 0.6}),
+                               (right, "lr", {"linewidth": 1.2})):
+            y = np.asarray(log.get(col, np.full(step.shape, np.nan)), dtype=float)
+            ok = np.isfinite(y) & (y > 0)
+            if ok.any():
+                ax.plot(step[ok], y[ok], color=colour, label=name or None, **style)
+    left.set_yscale("log")
+    left.set_ylabel("gradient norm (before clipping)")
+    right.set_ylabel("learning rate")
+    for ax in (left, right):
+        ax.set_xlabel("step")
+    if any(logs):
+        fig.legend(*left.get_legend_handles_labels(), loc="outside lower center", frameon=False,
+                   ncols=4)
+    return png_bytes(fig)
+
+
+def lr_range_png(lrs: np.ndarray, losses: np.ndarray, smoothed: np.ndarray,
+                 marks: Mapping[str, float]) -> bytes:
+    """A learning-rate range test: the loss of each step (thin) and its smoothed curve against
+    the learning rate (log scale), with each of ``marks`` (label -> learning rate, e.g. the
+    suggestion and the configured one) as a dashed vertical line."""
+    fig, ax = _figure(7.0, 3.2)
+    lrs = np.asarray(lrs, dtype=float)
+    ax.plot(lrs, np.asarray(losses, dtype=float), linewidth=0.6, alpha=0.45, color="#1f77b4",
+            label="loss of the step")
+    ax.plot(lrs, np.asarray(smoothed, dtype=float), linewidth=1.6, color="#1f77b4",
+            label="smoothed")
+    styles = ("--", ":", "-.")
+    for k, (label, lr) in enumerate(marks.items()):
+        if lr is not None and np.isfinite(lr) and lr > 0:
+            ax.axvline(lr, color="#444", linewidth=1.0, linestyle=styles[k % len(styles)],
+                       label=f"{label}: {lr:.2g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("training loss, nats per token")
+    finite = np.asarray(smoothed, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    if finite.size:
+        lo, hi = float(finite.min()), float(finite[0])
+        ax.set_ylim(lo - 0.1 * (hi - lo + 0.1), hi + 0.5 * (hi - lo + 0.1))
+    fig.legend(loc="outside lower center", frameon=False, ncols=4)
+    return png_bytes(fig)
+
+
 def histograms_png(groups: Mapping[str, np.ndarray], xlabel: str, title: str = "",
                    bins: int = 30) -> bytes:
     """Overlaid density histograms on shared bins, one per named group."""

@@ -1,5 +1,6 @@
 """The report's training seeds: per seed, the transformer's best val loss, test NLL, gain over
-the n-gram and generalisation gap, with their spread; and the per-seed training logs."""
+the n-gram and generalisation gap, with their spread; the per-seed training logs, each seed's
+gradient norm and learning rate, and what the diagnosis flags in each log."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.artifacts import read_table_or_none
-from pipeline.render.document import NA, Document, Heading, Para, Table, fmt
+from pipeline.render.document import NA, Document, Figure, Heading, Para, Table, fmt
+from pipeline.render.figures import training_dynamics_png
 from pipeline.report.context import ReportContext
 from pipeline.report.sections.common import not_available
+from pipeline.training.diagnosis import RunFacts, diagnose
 
 
 def train_logs(path: Path) -> dict[str, dict[str, np.ndarray]]:
@@ -28,15 +31,50 @@ def train_logs(path: Path) -> dict[str, dict[str, np.ndarray]]:
             continue
         label = f.stem.replace("seed-", "seed ") if path.is_dir() else ""
         out[label] = {c: pd.to_numeric(log[c], errors="coerce").to_numpy(dtype=float)
-                      for c in ("step", "train_loss", "val_loss") if c in log.columns}
+                      for c in ("step", "train_loss", "val_loss", "lr", "grad_norm")
+                      if c in log.columns}
     return out
+
+
+def dynamics(doc: Document, ctx: ReportContext) -> None:
+    """Each seed's gradient norm and learning rate beside the loss curves, and what
+    :func:`pipeline.training.diagnosis.diagnose` flags in each seed's log (``symkit diagnose``
+    prints the same with the evidence)."""
+    path = ctx.inputs.get("train_log")
+    logs = train_logs(Path(path)) if path else {}
+    if not logs:
+        return
+    doc.add(Figure("Gradient norm before clipping (log scale) and learning rate of each training "
+                   "seed, step by step: a spike in the norm marks a batch or a step the model "
+                   "found far harder than its neighbours.", training_dynamics_png(logs)))
+    train = ctx.reports.get("train") if isinstance(ctx.reports.get("train"), dict) else {}
+    replicates = train.get("replicates") if isinstance(train.get("replicates"), dict) else {}
+    tcfg = ctx.params.get("transformer") or {}
+    facts = {"max_steps": (tcfg.get("train") or {}).get("max_steps"),
+             "patience": (tcfg.get("train") or {}).get("patience"),
+             "val_max_windows": (tcfg.get("data") or {}).get("val_max_windows")}
+    rows = []
+    for label, log in logs.items():
+        seed = label.removeprefix("seed ").strip()
+        stop = (replicates.get(seed) or {}).get("stop_reason")
+        flags = diagnose(pd.DataFrame(log), RunFacts(stop_reason=stop, **facts))
+        rows.append([label or "run", ", ".join(f"{f.kind} at step {f.step}" for f in flags)
+                     or "nothing"])
+    doc.add(Para("What the training logs show (`symkit diagnose` gives each flag's evidence and "
+                 "likely cause; pipeline/training/diagnosis.py states the rules):", "note"),
+            Table(["seed", "flagged"], rows))
 
 
 def render(doc: Document, ctx: ReportContext) -> None:
     """The spread over training seeds: per seed, the transformer's best val loss, test NLL,
     relative improvement over the n-gram and generalisation gap."""
-    d, reports = ctx.digits, ctx.reports
     doc.add(Heading("Training seeds", 3))
+    _seeds(doc, ctx)
+    dynamics(doc, ctx)
+
+
+def _seeds(doc: Document, ctx: ReportContext) -> None:
+    d, reports = ctx.digits, ctx.reports
     train = reports.get("train") if isinstance(reports.get("train"), dict) else {}
     ev = reports.get("eval") if isinstance(reports.get("eval"), dict) else {}
     seeds = [str(x) for x in train.get("seeds") or []]

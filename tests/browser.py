@@ -18,6 +18,9 @@ WIDTH, HEIGHT = 1280, 900
 # --virtual-time-budget lets the page's images and audio load before the DOM or screen is taken.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=5000")
+# No network for a page that must draw offline: no host name resolves and every request goes
+# through a proxy on a closed port (file:// pages still load).
+OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9")
 
 
 def chromium(page: Path, profile: Path, *action: str,

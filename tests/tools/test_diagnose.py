@@ -8,6 +8,7 @@ from pathlib import Path
 from pipeline.cli import main
 from pipeline.core import artifacts
 from pipeline.tokens.contract import TokenInfo
+from pipeline.tools.diagnose import logs_from_checkpoints
 from pipeline.training.data import load_corpus
 from pipeline.training.loop import train
 from tests._transformer_data import tiny_config, write_token_data
@@ -38,6 +39,8 @@ def test_a_run_without_logs_is_read_from_its_checkpoints(tmp_path, capsys):
     ckpts = tmp_path / "checkpoints"
     train(cfg, info, load_corpus(paths["tokens"], info), ckpts / "run-a", threads=1,
           echo=lambda _: None)
+    (seed, (log, facts)), = logs_from_checkpoints(ckpts).items()
+    assert seed == str(cfg.seed) and len(log) == 40 and facts.max_steps == 40
     rc = main(["diagnose", "--checkpoints", str(ckpts)])
     said = capsys.readouterr().out
     assert f"seed {cfg.seed}: 40 steps" in said and rc in (0, 1)

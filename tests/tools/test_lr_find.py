@@ -7,6 +7,7 @@ import yaml
 
 from pipeline.cli import main
 from pipeline.core import artifacts
+from pipeline.tools.lr_find import add_arguments
 from tests._transformer_data import TINY_PARAMS, write_token_data
 
 
@@ -27,3 +28,14 @@ def test_the_command_suggests_a_learning_rate_and_writes_its_curve(tmp_path, cap
     assert main(["lr-find", "--params", str(params), "--tokens", str(tmp_path / "none"),
                  "--info", str(paths["info"])]) == 2
     assert "dvc repro tokenize" in capsys.readouterr().err
+
+
+def test_the_range_defaults_are_the_rules():
+    import argparse
+
+    from pipeline.training import lr_find
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    got = parser.parse_args([])
+    assert (got.start, got.end, got.steps) == (lr_find.START, lr_find.END, lr_find.STEPS)

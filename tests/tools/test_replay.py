@@ -8,6 +8,7 @@ import yaml
 from pipeline.cli import main
 from pipeline.core import artifacts
 from pipeline.tokens.contract import TokenInfo
+from pipeline.tools.replay import logged
 from pipeline.training.data import load_corpus
 from pipeline.training.loop import train
 from pipeline.training.resume import checkpoint_dir
@@ -28,6 +29,8 @@ def test_the_command_replays_a_logged_step(tmp_path, capsys):
     rows = ["step\ttrain_loss\tgrad_norm"] + [
         f"{r['step']}\t{r['train_loss']:.6g}\t{r['grad_norm']:.6g}" for r in state.log]
     artifacts.write_text(logs / f"seed-{cfg.seed}.tsv", "\n".join(rows) + "\n")
+    assert logged(logs, cfg.seed, 7)["train_loss"] == f"{state.log[6]['train_loss']:.6g}"
+    assert logged(logs, cfg.seed, 999) is None
     args = ["replay", "--params", str(params), "--tokens", str(paths["tokens"]), "--info",
             str(paths["info"]), "--out", str(out), "--logs", str(logs)]
     assert main([*args, "--step", "7"]) == 0

@@ -135,3 +135,32 @@ def test_plots_show_and_diff_pages_draw_with_no_network(template, tmp_path):
                        encoding="utf-8")
     assert EXTERNAL_SCRIPT.search(control.read_text(encoding="utf-8"))
     assert drawn(control, tmp_path)["charts"] == 0, "DVC's CDN page drew: the browser is online"
+
+
+def test_the_projects_loss_plot_drops_the_blank_validation_cells(tmp_path):
+    """val_loss is blank between evaluations; DVC's own templates draw a blank as 0, so the
+    project's plot names .dvc/plots/loss.json, whose filter keeps only numbers: the spec DVC
+    writes carries it, over data that holds the blank cells."""
+    import json
+
+    import yaml
+
+    plots = yaml.safe_load((ROOT / "dvc.yaml").read_text())["plots"]
+    logs = next(p["reports/plots/train_log"] for p in plots if "reports/plots/train_log" in p)
+    assert logs["template"] == "loss"
+    repo = tmp_path / "repo"
+    (repo / "reports" / "plots" / "train_log").mkdir(parents=True)
+    run(repo, "git", "init", "-q")
+    run(repo, "dvc", "init", "-q")
+    (repo / ".dvc" / "plots").mkdir(exist_ok=True)
+    (repo / ".dvc" / "plots" / "loss.json").write_text(
+        (ROOT / ".dvc" / "plots" / "loss.json").read_text())
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"plots": plots}))
+    (repo / "reports" / "plots" / "train_log" / "seed-1.tsv").write_text(
+        "step\ttrain_loss\tval_loss\n1\t3.0\t\n2\t2.5\t2.9\n3\t2.2\t\n")
+    got = json.loads(run(repo, "dvc", "plots", "show", "--json"))
+    spec = got["data"]["reports/plots/train_log/seed-1.tsv"][0]["content"]
+    blank = [v for v in spec["data"]["values"] if v["dvc_inferred_y_value"] == ""]
+    assert len(blank) == 2  # the two steps without an evaluation
+    assert spec["transform"][0] == {"filter": "isValid(datum['dvc_inferred_y_value']) && "
+                                              "datum['dvc_inferred_y_value'] !== ''"}

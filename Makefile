@@ -50,11 +50,13 @@ plots: $(PLOTS_TEMPLATE)
 adaptation: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro experiments/adaptation/dvc.yaml
 
+# One test process per core (pytest-xdist); each test file runs whole in one process, so its
+# module fixtures (the end-to-end project, say) are built once.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not gpu"
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not gpu"
 
 test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu

@@ -154,16 +154,22 @@ def write_pilot(root: Path) -> tuple[Path, Path]:
     return pilot, tokens
 
 
-def test_preregister_states_power_before_any_test_look_and_the_report_repeats_it(tmp_path):
-    """`symkit preregister` simulates each rule, and all rules together on the good and bad
-    models, at the registered sizes and the val pilot's spreads; the report shows them; without
-    a pilot the record says why power is not stated."""
+def before_scores_with_an_interval_rule(tmp_path):
+    """The report's inputs without test scores yet, the first rule judged on its interval."""
     p = make_inputs(tmp_path)
     interval = {**RULES[0], "judge": "interval"}
     interval.pop("ci"), interval.pop("ci_metric")
     params = write_params(tmp_path, rules=[interval, *RULES[1:]])
     for f in (p.per_piece, p.eval):
         f.unlink()
+    return p, params
+
+
+def test_preregister_states_power_before_any_test_look_and_the_report_repeats_it(tmp_path):
+    """`symkit preregister` simulates each rule, and all rules together on the good and bad
+    models, at the registered sizes and the val pilot's spreads; the report shows them; without
+    a pilot the record says why power is not stated."""
+    p, params = before_scores_with_an_interval_rule(tmp_path)
     missing = register(tmp_path, params, p, before_scores=True, power_draws=20)
     assert "val pilot" in missing["power"]["not_stated"]
     pilot, tokens = write_pilot(tmp_path)
@@ -197,12 +203,7 @@ def test_an_amendment_restates_power_and_the_report_shows_the_restated_statement
     from pipeline.decision.preregistration import stated_power
     from pipeline.tools.preregister import amend_registration, restated_power
 
-    p = make_inputs(tmp_path)
-    interval = {**RULES[0], "judge": "interval"}
-    interval.pop("ci"), interval.pop("ci_metric")
-    params = write_params(tmp_path, rules=[interval, *RULES[1:]])
-    for f in (p.per_piece, p.eval):
-        f.unlink()
+    p, params = before_scores_with_an_interval_rule(tmp_path)
     pilot, tokens = write_pilot(tmp_path)
     rec = register(tmp_path, params, p, before_scores=True, power_draws=20, pilot=pilot,
                    tokens=tokens)

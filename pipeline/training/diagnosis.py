@@ -5,9 +5,13 @@ A seed's log (``reports/plots/train_log/seed-<s>.tsv``, or the log rows a checkp
 one row per optimiser step: ``step``, ``train_loss`` (nats per token of that step's batch),
 ``val_loss`` (at evaluation steps only), ``lr`` and ``grad_norm`` (before clipping).
 :func:`diagnose` reads one log and the run's facts (:class:`RunFacts`: why it stopped, its step
-budget and patience) and returns :class:`Flag` s. The rules and their constants were fixed from
-their rationales before they were tried on any run; each is named after the symptom it looks
-for:
+budget and patience) and returns :class:`Flag` s. The constants were fixed from their
+rationales before any run was read. Three rules were then extended once, after their first
+measurement on planted faults, because a fault showed a symptom they had no words for: a loss
+stuck near its first value (``plateau``'s first case, and ``lr_too_high``'s last), and slow
+learning that memorises (``lr_too_low`` yields to ``overfitting``). The committed c91013e logs
+had been read with the first rules; the extension changed no flag on them, and no rule was
+changed for them. Each rule is named after the symptom it looks for:
 
 - ``non_finite``: a NaN or infinite loss or gradient norm. The loop stops there (the last good
   checkpoint keeps the log).

@@ -11,10 +11,10 @@ level (the loss of an untrained model, about ln of the vocabulary: the steps are
 to learn anything); the
 suggested peak learning rate is the one at the smoothed minimum divided by :data:`DIVIDE` (the
 loss is lowest just before the steps get too large; a tenth of it is still on the falling part
-of the curve). The steepest descent is reported beside it. (A first form smoothed with a
-bias-corrected moving average, beta 0.98, and stopped at 4 times the minimum, as fastai's
-``lr_find`` does; on the chorales its trail put the minimum at 0.35, two decades past where
-the step losses blew up, and a bounded cross-entropy never reached 4 times its minimum:
+of the curve). The steepest descent is reported beside it. (The rule was changed twice after
+runs on the chorales: a bias-corrected moving average, beta 0.98, with a stop at 4 times the
+minimum, as fastai's ``lr_find`` has, trailed the learning rate by two decades and never
+stopped; a stop at the first rise above the first steps' loss ended a flat start on noise:
 docs/transformer.md.)
 
 The steps use the training stage's own pieces: the model as ``build_model`` makes it, AdamW as

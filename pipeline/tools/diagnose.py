@@ -38,20 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the flags here")
 
 
-def _train_facts(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The step budget, patience and validation windows of a ``transformer`` params section
-    (or a checkpoint's config)."""
-    train, data = cfg.get("train") or {}, cfg.get("data") or {}
-    return {"max_steps": train.get("max_steps"), "patience": train.get("patience"),
-            "val_max_windows": data.get("val_max_windows")}
-
-
 def logs_from_tsv(folder: Path, train_report: Path, params: dict[str, Any]
                   ) -> dict[str, tuple[pd.DataFrame, RunFacts]]:
     """Seed -> (log, facts) from a folder of TSV logs and the training summary."""
     summary = artifacts.read_json_or_none(train_report)
     replicates = (summary or {}).get("replicates") if isinstance(summary, dict) else None
-    facts = _train_facts(params.get("transformer") or {})
     out = {}
     for f in sorted(Path(folder).glob("seed-*.tsv"), key=lambda f: (len(f.stem), f.stem)):
         seed = f.stem.removeprefix("seed-")
@@ -59,7 +50,7 @@ def logs_from_tsv(folder: Path, train_report: Path, params: dict[str, Any]
         if log is None:
             continue
         stop = ((replicates or {}).get(seed) or {}).get("stop_reason")
-        out[seed] = (log, RunFacts(stop_reason=stop, **facts))
+        out[seed] = (log, RunFacts.of(params.get("transformer") or {}, stop))
     return out
 
 
@@ -76,7 +67,7 @@ def logs_from_checkpoints(folder: Path) -> dict[str, tuple[pd.DataFrame, RunFact
             cfg, ts = state.get("config") or {}, state.get("train_state") or {}
             seed = str(cfg.get("seed", run.name))
             out[seed] = (pd.DataFrame(ts.get("log") or []),
-                         RunFacts(stop_reason=ts.get("stop_reason"), **_train_facts(cfg)))
+                         RunFacts.of(cfg, ts.get("stop_reason")))
             break
     return dict(sorted(out.items(), key=lambda kv: (len(kv[0]), kv[0])))
 

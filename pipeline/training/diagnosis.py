@@ -108,6 +108,14 @@ class RunFacts:
     patience: int | None = None
     val_max_windows: int | None = None
 
+    @classmethod
+    def of(cls, transformer: Mapping[str, Any], stop_reason: str | None = None) -> RunFacts:
+        """The facts a ``transformer`` params section (or a checkpoint's config) gives: the step
+        budget, patience and validation windows, with the run's ``stop_reason``."""
+        train, data = transformer.get("train") or {}, transformer.get("data") or {}
+        return cls(stop_reason=stop_reason, max_steps=train.get("max_steps"),
+                   patience=train.get("patience"), val_max_windows=data.get("val_max_windows"))
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -197,8 +205,7 @@ def diagnose(log: pd.DataFrame, facts: RunFacts = RunFacts()) -> list[Flag]:
         flag("grad_norm_spike", step[i], f"gradient norm {grad[i]:.3g}, {grad[i] / gmed[i]:.0f} "
                                          f"times the median {gmed[i]:.3g} around it")
 
-    smooth = log["train_loss"].where(finite).rolling(WINDOW, center=True, min_periods=5) \
-        .median().to_numpy()
+    smooth = med  # the running median the spikes were measured against
     best = np.fmin.accumulate(np.where(np.isfinite(smooth), smooth, np.inf))
     up = np.isfinite(smooth) & (smooth - best > DIVERGE_NATS)
     if up.any():

@@ -49,15 +49,12 @@ def dynamics(doc: Document, ctx: ReportContext) -> None:
                    "found far harder than its neighbours.", training_dynamics_png(logs)))
     train = ctx.reports.get("train") if isinstance(ctx.reports.get("train"), dict) else {}
     replicates = train.get("replicates") if isinstance(train.get("replicates"), dict) else {}
-    tcfg = ctx.params.get("transformer") or {}
-    facts = {"max_steps": (tcfg.get("train") or {}).get("max_steps"),
-             "patience": (tcfg.get("train") or {}).get("patience"),
-             "val_max_windows": (tcfg.get("data") or {}).get("val_max_windows")}
     rows = []
     for label, log in logs.items():
         seed = label.removeprefix("seed ").strip()
         stop = (replicates.get(seed) or {}).get("stop_reason")
-        flags = diagnose(pd.DataFrame(log), RunFacts(stop_reason=stop, **facts))
+        flags = diagnose(pd.DataFrame(log), RunFacts.of(ctx.params.get("transformer") or {},
+                                                        stop))
         rows.append([label or "run", ", ".join(f"{f.kind} at step {f.step}" for f in flags)
                      or "nothing"])
     doc.add(Para("What the training logs show (`symkit diagnose` gives each flag's evidence and "

@@ -41,7 +41,7 @@ from pipeline.music.parsing import looks_like_midi, parse_many
 from pipeline.tokens.contract import TokenInfo
 from pipeline.tokens.encoding import encode_score
 from pipeline.tokens.entries import pack, parse_block
-from pipeline.tokens.tokenizer import load_tokenizer, tokenizer_hash
+from pipeline.tokens.tokenizer import load_tokenizer, prepare_score, tokenizer_hash
 from pipeline.tokens.vocabulary import apply_model
 
 TIMEOUT_S = 120.0
@@ -256,7 +256,7 @@ def encode_midi(tokenizer: Any, data: bytes) -> list[tuple[int, np.ndarray]]:
     from symusic import Score
 
     score = Score.from_midi(data)
-    pre = tokenizer.preprocess_score(score)
+    pre = prepare_score(tokenizer, score)
     enc = encode_score(tokenizer, pre, int(score.note_num()), check=False)
     if not enc.seqs:
         return [(-1, np.zeros(0, np.int32))]

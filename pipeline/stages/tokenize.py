@@ -90,6 +90,9 @@ class TokenizeConfig(StageConfig):
 
     tokenizer: str = "REMI"
     config: dict[str, Any] = Field(default_factory=lambda: {"use_programs": True})
+    program: int | None = Field(0, ge=0, le=127)
+    """Every pitched track is encoded as this General MIDI program (None: each keeps its own);
+    kept in the tokenizer (:func:`pipeline.tokens.tokenizer.prepare_score`)."""
     model: str = "BPE"
     vocab_size: int = Field(1000, ge=1)
     transpose: list[int] = Field(default_factory=list)
@@ -261,9 +264,10 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     t_plan = time.perf_counter()
     failures: dict[str, tuple[str, str]] = {}
     closing: list[threading.Thread] = []  # idle pools shutting down while the tables are built
-    results, worker_s = encode_missing(jobs, (make_tokenizer, cfg.tokenizer, cfg.config), cache,
-                                       workers=runtime.n_workers(), timeout_s=cfg.timeout_s,
-                                       show_progress=runtime.progress, closing=closing)
+    factory = (make_tokenizer, cfg.tokenizer, cfg.config, cfg.program)
+    results, worker_s = encode_missing(jobs, factory, cache, workers=runtime.n_workers(),
+                                       timeout_s=cfg.timeout_s, show_progress=runtime.progress,
+                                       closing=closing)
     fresh: set[tuple[str, int]] = set()
     for sha, res in results.items():
         if isinstance(res, dict):
@@ -350,7 +354,7 @@ def _segment_ids(cache: TokenCache | None) -> dict[Path, int]:
 
 def make_tokenizer_checked(cfg: TokenizeConfig) -> Any:
     """Base tokenizer for ``cfg``; a vocabulary too small to train is a ParamsError."""
-    tok = make_tokenizer(cfg.tokenizer, cfg.config)
+    tok = make_tokenizer(cfg.tokenizer, cfg.config, cfg.program)
     if cfg.model != "none" and cfg.vocab_size <= len(tok.vocab):
         raise ParamsError(f"params.yaml: tokenize.vocab_size = {cfg.vocab_size}: must exceed the "
                           f"base vocabulary of {cfg.tokenizer} ({len(tok.vocab)} tokens) when "
@@ -365,7 +369,7 @@ def load_shared(cfg: TokenizeConfig, base: Any, path: Path) -> Any:
     ParamsError naming the key, what the file holds and what params say, so params always
     describe the tokenizer in use. Its JSON round-trips exactly, so its ``tokenizer_hash`` in
     info.json is the source run's."""
-    from pipeline.tokens.tokenizer import load_tokenizer
+    from pipeline.tokens.tokenizer import encoded_program, load_tokenizer
 
     where = f"params.yaml: tokenize.from = {str(path)!r}"
     if not path.is_file():
@@ -378,6 +382,9 @@ def load_shared(cfg: TokenizeConfig, base: Any, path: Path) -> Any:
     if name != cfg.tokenizer:
         raise ParamsError(f"{where}: a {name} tokenizer, but tokenize.tokenizer = "
                           f"{cfg.tokenizer}; set it to {name}")
+    if (theirs_program := encoded_program(tok)) != cfg.program:
+        raise ParamsError(f"{where}: it encodes tracks as program {theirs_program}, but "
+                          f"tokenize.program = {cfg.program}; set it to {theirs_program}")
     theirs, ours = (json.loads(json.dumps(t.config.to_dict(serialize=True)))  # tuples: lists
                     for t in (tok, base))
     if theirs != ours:

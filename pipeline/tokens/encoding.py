@@ -23,6 +23,7 @@ from pipeline.core.artifacts import sha256_bytes
 from pipeline.tokens.entries import HEADER, SEQ_FIELDS, Encoding, SeqEncoding, pack, unpack
 from pipeline.tokens.roundtrip import RoundTrip, roundtrip_batch
 from pipeline.tokens.store import TokenCache
+from pipeline.tokens.tokenizer import prepare_score
 
 MIN_CHUNK, MAX_CHUNK = 32, 64  # files per chunk of work sent to a worker (:func:`chunk_size`)
 _TIME = operator.attrgetter("time")
@@ -151,7 +152,7 @@ def encode_file(tokenizer: Any, path: Path | str, sha: str, transposes: tuple[in
     except Exception as e:  # symusic raises RuntimeError; anything else is also the file's fault
         raise MidiFileError("read_error", f"{type(e).__name__}: {e}") from None
     n_input = int(score.note_num())
-    pre = tokenizer.preprocess_score(score)
+    pre = prepare_score(tokenizer, score)
     out = {}
     mine: list[RoundTrip] | None = [] if checks is not None else None
     for offset in transposes:

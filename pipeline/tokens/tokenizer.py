@@ -32,6 +32,11 @@ REFUSED = {
     "BEAT": "not validated end to end by this stage",
 }
 MODELS = ("none", "BPE", "WordPiece")
+PROGRAM_KEY = "symkit_program"
+"""Where a tokenizer keeps ``tokenize.program`` (the program every pitched track is encoded as):
+in miditok's ``config.additional_params``, which ``tokenizer.json`` saves and loads, so a saved
+tokenizer encodes new files (``symkit score``, ``tokenize.from``) as its own pieces were encoded,
+and the setting is part of the tokenizer's identity (:func:`tokenizer_hash`)."""
 
 
 def import_miditok() -> Any:
@@ -85,16 +90,18 @@ def _same(a: Any, b: Any) -> bool:
     return norm(a) == norm(b)
 
 
-def make_tokenizer(name: str, config: dict[str, Any]) -> Any:
-    """Base (untrained) miditok tokenizer; ValueError naming ``config.<key>`` when refused."""
+def make_tokenizer(name: str, config: dict[str, Any], program: int | None = None) -> Any:
+    """Base (untrained) miditok tokenizer; ValueError naming ``config.<key>`` when refused.
+    ``program``: ``tokenize.program``, kept in the tokenizer (:data:`PROGRAM_KEY`)."""
     import warnings
 
     miditok = import_miditok()
     kwargs = {k: _from_yaml(k, v) for k, v in config.items()}
+    extra = {PROGRAM_KEY: int(program)} if program is not None else {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tok = getattr(miditok, name)(miditok.TokenizerConfig(**kwargs))
+            tok = getattr(miditok, name)(miditok.TokenizerConfig(**kwargs, **extra))
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"config: miditok refused it: {e}") from None
     for key, value in kwargs.items():
@@ -106,6 +113,27 @@ def make_tokenizer(name: str, config: dict[str, Any]) -> Any:
         raise ValueError(f"config.special_tokens must include PAD, BOS and EOS (missing "
                          f"{', '.join(missing)})")
     return tok
+
+
+def encoded_program(tokenizer: Any) -> int | None:
+    """The program this tokenizer encodes every pitched track as (``tokenize.program``), or None
+    when it keeps each track's own."""
+    value = tokenizer.config.additional_params.get(PROGRAM_KEY)
+    return None if value is None else int(value)
+
+
+def prepare_score(tokenizer: Any, score: Any) -> Any:
+    """``score`` as the tokenizer encodes it: every pitched (non-drum) track set to
+    :func:`encoded_program` when there is one (tracks that then share a program are merged by
+    miditok's preprocessing, as tracks of one program always are), then miditok's
+    ``preprocess_score``. The one way every path (tokenize, ``symkit score``) turns a parsed file
+    into what is encoded. Changes ``score``'s tracks in place."""
+    program = encoded_program(tokenizer)
+    if program is not None:
+        for track in score.tracks:
+            if not track.is_drum:
+                track.program = program
+    return tokenizer.preprocess_score(score)
 
 
 def load_tokenizer(path: Path | str) -> Any:

@@ -117,6 +117,21 @@ def test_per_track_tokenizers_give_the_stages_rows(tmp_path):
     assert len(encode_midi(tok, files["multi.mid"])) > 1
 
 
+def test_a_file_is_scored_under_the_tokenizers_program(setup):
+    """The default tokenizer encodes every pitched track as program 0 (tokenize.program), and a
+    new file is encoded the same way: its tracks written as program 52 (as one chorale's are)
+    give the ids of the same notes written as program 0, drums left as drums."""
+    tok = load_tokenizer(setup.tokenizer)
+    assert tok.config.additional_params["symkit_program"] == 0
+    rng = np.random.default_rng(7)
+    voices = random_piece(rng, n=16, voices=3)
+    sung = encode_midi(tok, make_midi(voices, programs=[52, 52, 0], drums=[False, False, True]))
+    plain = encode_midi(tok, make_midi(voices, programs=[0, 0, 0], drums=[False, False, True]))
+    assert [ids.tolist() for _, ids in sung] == [ids.tolist() for _, ids in plain]
+    other = encode_midi(tok, make_midi(voices, programs=[0, 0, 0], drums=[False, False, False]))
+    assert [ids.tolist() for _, ids in other] != [ids.tolist() for _, ids in plain]
+
+
 # ------------------------------------------------------------------------------------ refusals
 def test_a_tokenizer_the_model_was_not_trained_with_is_refused(setup, tmp_path, capsys):
     other = tmp_path / "other"

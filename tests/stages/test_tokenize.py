@@ -219,14 +219,50 @@ def test_no_pieces_give_empty_tables(corpus_files, tmp_path):
     assert read_json(tmp_path / "reports/tokenize.json")["sequences"] == 0
 
 
+def as_program(data: bytes, program: int | None) -> Score:
+    """The file's score with every pitched track set to ``program`` (None: as written), done
+    here by hand rather than by the code under test."""
+    score = Score.from_midi(data)
+    for track in score.tracks:
+        if program is not None and not track.is_drum:
+            track.program = program
+    return score
+
+
 def test_ids_equal_plain_miditok_encode(reference, corpus_files):
-    """The stage's cached base ids + model equal miditok's own ``encode`` with the saved file."""
+    """The stage's cached base ids + model equal miditok's own ``encode`` with the saved file, of
+    each file with its pitched tracks set to tokenize.program (0 by default; the synthetic
+    corpus holds programs 0 and 40 and drums, so the setting changes ids)."""
     tok = miditok.REMI(params=reference / "data/tokenizer.json")
     assert tok.is_trained
+    assert tok.config.additional_params["symkit_program"] == 0
     table = pd.read_parquet(reference / "data/tokens/tokens.parquet")
     by_sha = {sha256_bytes(b): b for b in corpus_files.values()}
+    changed = 0
     for sha, ids in zip(table["sha256"], table["ids"], strict=True):
-        assert list(ids) == tok.encode(Score.from_midi(by_sha[sha])).ids, sha
+        assert list(ids) == tok.encode(as_program(by_sha[sha], 0)).ids, sha
+        changed += list(ids) != tok.encode(Score.from_midi(by_sha[sha])).ids
+    assert changed > 0
+
+
+def test_program_null_keeps_each_tracks_program(corpus_files, tmp_path):
+    """tokenize.program: null encodes each track with its own program: the ids of plain miditok
+    ``encode``, Program tokens of 40 included; 0 writes none of them and the tokenizer file
+    says which it did, so ``symkit score`` and ``tokenize.from`` encode new files alike."""
+    files = dict(list(corpus_files.items())[:4])
+    seen = {}
+    for program in (None, 0):
+        root = tmp_path / str(program)
+        write_corpus(root, files)
+        run_stage(root, TokenizeConfig(program=program, model="none"))
+        tok = miditok.REMI(params=root / "data/tokenizer.json")
+        assert tok.config.additional_params.get("symkit_program") == program
+        table = pd.read_parquet(root / "data/tokens/tokens.parquet")
+        for sha, ids in zip(table["sha256"], table["ids"], strict=True):
+            data = next(b for b in files.values() if sha256_bytes(b) == sha)
+            assert list(ids) == tok.encode(as_program(data, program)).ids
+        seen[program] = {tok[int(i)] for ids in table["ids"] for i in ids}
+    assert "Program_40" in seen[None] and "Program_40" not in seen[0]
 
 
 def test_bpe_is_trained_on_train_split_only(corpus_files, tmp_path, monkeypatch):
@@ -301,7 +337,7 @@ def test_other_tokenizers_end_to_end(name, extra, model, corpus_files, tmp_path)
     files = dict(list(corpus_files.items())[:8])  # includes pieces with empty bars
     write_corpus(tmp_path, files)
     cfg = TokenizeConfig(tokenizer=name, config={"use_programs": True, **extra}, model=model,
-                         vocab_size=600)
+                         vocab_size=600, program=None)
     run_stage(tmp_path, cfg)
     tok = getattr(miditok, name)(params=tmp_path / "data/tokenizer.json")
     assert tok.is_trained
@@ -389,6 +425,8 @@ def test_prune_cache_removes_unreferenced_entries(corpus_files, tmp_path):
     ({"config": {"pitch_range": [21, 200]}}, "pitch_range"),
     ({"transpose": [0]}, "tokenize.transpose"),
     ({"vocab_size": "1000"}, "tokenize.vocab_size"),
+    ({"program": 128}, "tokenize.program"),
+    ({"program": "piano"}, "tokenize.program"),
 ], ids=lambda v: str(v) if isinstance(v, str) else "-".join(map(str, v)))
 def test_refused_params_name_the_key(raw, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
@@ -453,8 +491,7 @@ def test_a_shared_tokenizer_is_used_as_it_is(reference, corpus_files, tmp_path):
     manifest = pd.read_parquet(tmp_path / "data/manifest.parquet")
     path_of = dict(zip(manifest["sha256"], manifest["path"], strict=True))
     for sha, ids in zip(tokens["sha256"][:4], tokens["ids"][:4], strict=True):
-        want = tok.encode(tmp_path / "data/raw" / path_of[sha])
-        want = want[0] if isinstance(want, list) else want
+        want = tok.encode(as_program((tmp_path / "data/raw" / path_of[sha]).read_bytes(), 0))
         assert list(ids) == list(want.ids)
     # the same corpus with its own BPE gets other merges, so other ids
     write_corpus(tmp_path / "own", other)
@@ -482,6 +519,7 @@ def test_cli_from_overrides_the_param(reference, corpus_files, tmp_path, monkeyp
     ({"tokenizer": "TSD"}, "a REMI tokenizer, but tokenize.tokenizer = TSD; set it to REMI"),
     ({"model": "none"}, "its trained vocabulary is BPE, but tokenize.model = none"),
     ({"config": {"use_programs": False}}, "use_programs: True there, False here"),
+    ({"program": None}, "encodes tracks as program 0, but tokenize.program = None; set it to 0"),
 ])
 def test_a_shared_tokenizer_params_do_not_describe_is_refused(reference, corpus_files, tmp_path,
                                                               change, match):
@@ -560,7 +598,7 @@ def fixture_tokens(tmp_path_factory, midi_fixtures, midi_expected) -> Path:
     files = {p.name: p.read_bytes() for p in sorted(midi_fixtures.glob("*.mid"))
              if midi_expected["files"][p.name]["expect"] == "ok"}
     write_corpus(root, files)
-    run_stage(root, TokenizeConfig(vocab_size=600))
+    run_stage(root, TokenizeConfig(vocab_size=600, program=None))  # the fixtures' own programs
     return root
 
 

@@ -16,6 +16,16 @@ a target, never in the logits and never in the loss or the NLL. Slot ``k`` owns 
 ``offset_k .. offset_k + size_k - 1``, the first meaning "no condition"; ``cond=None`` gives every
 slot its "none" id (the unconditioned model that condition dropout trains).
 
+Activation checkpointing (``GPT.activation_checkpointing``, set by training from
+``transformer.activation_checkpointing``): when on, a training forward keeps only each block's
+input and recomputes the block's activations during the backward pass
+(``torch.utils.checkpoint``, non-reentrant). Dropout draws from torch's default generators, whose
+state the checkpoint stashes and restores for the recomputation, so the recomputed forward draws
+the masks of the first one and the generators end where they would have: on CPU the gradients
+and the whole run are bit-identical with it on or off (tests/models/test_transformer.py). It is
+a training switch, not architecture: never in ``model.json``, and inactive in eval mode and
+under ``torch.no_grad`` (scoring, generation).
+
 ``save_model``/``load_model`` write and read ``model.safetensors`` (weights) and ``model.json``
 (architecture, vocabulary ids); nothing is unpickled. The scorer that makes a trained model a
 ``models.base.SequenceModel`` is :mod:`pipeline.inference.scorer`.
@@ -31,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from models.base import IGNORE_INDEX
 from pipeline.core.artifacts import read_json, write_bytes, write_json
@@ -157,6 +168,9 @@ class GPT(nn.Module):
             self.register_buffer("cond_none", torch.tensor(cfg.cond_offsets, dtype=torch.long),
                                  persistent=False)
         self.reset_parameters(generator)
+        # Training switch (module docstring): recompute each block in backward instead of
+        # keeping its activations. Less memory, about one more forward pass of compute.
+        self.activation_checkpointing = False
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -216,8 +230,11 @@ class GPT(nn.Module):
         elif cond is not None and cond.numel():
             raise ValueError("this model was trained without conditions; pass cond=None")
         x = self.drop(x)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, mask)  # (B, T, C)
+            # checkpoint keeps x only; the block runs again in backward, same dropout masks
+            x = (checkpoint(block, x, mask, use_reentrant=False) if recompute
+                 else block(x, mask))  # (B, T, C)
         x = self.ln_f(x)
         logits = F.linear(x, self.wte.weight)  # tied output projection: (B, T, V)
         if targets is None:

@@ -51,12 +51,14 @@ def main(args: argparse.Namespace) -> int:
                    dropout=m.dropout, attn_dropout=m.attn_dropout, attention=args.attention,
                    device=args.device or ("cuda" if cfg.device == "cuda" else "cpu"),
                    freeze=cfg.finetune.freeze, lora_rank=cfg.finetune.lora_rank,
-                   lora_targets=cfg.finetune.lora_targets)
+                   lora_targets=cfg.finetune.lora_targets,
+                   activation_checkpointing=cfg.activation_checkpointing)
     if args.json:
         print(json.dumps(asdict(est), indent=2, sort_keys=True))
         return 0
     print(f"vocab {vocab}, seq_len {args.seq_len or m.max_seq_len}, micro-batch "
-          f"{args.micro_batch or cfg.train.micro_batch}, precision {precision}")
+          f"{args.micro_batch or cfg.train.micro_batch}, precision {precision}"
+          + (", activation checkpointing" if cfg.activation_checkpointing else ""))
     print(f"parameters           {est.params:,} (matmul {est.params_matmul:,}, trainable "
           f"{est.params_trainable:,})")
     for name in ("weights", "best", "grads", "optimizer", "activations", "backward", "total"):

@@ -100,6 +100,7 @@ class TransformerStageConfig(StageConfig):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
+    activation_checkpointing: bool = False
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection = Field(default_factory=DataSection)
     optim: OptimSection = Field(default_factory=OptimSection)
@@ -127,8 +128,13 @@ class TransformerStageConfig(StageConfig):
 # Keys that never change the trained weights: excluded from the resume hash. ``replicates`` says
 # how many seeds the stage trains, not what one seed's run is: the run of seed s is the same run
 # (same checkpoints folder, same weights) whatever the number of replicates.
-NON_RESULT_KEYS = {"compile": None, "checkpoint": None, "replicates": None,
-                   "train": {"log_every", "max_minutes"}}
+# ``activation_checkpointing`` trades compute for memory only: the recomputed forward draws the
+# first forward's dropout masks and leaves the generators where they would be, so on CPU the
+# gradients, weights and checkpoints are bit-identical with it on or off
+# (tests/models/test_transformer.py, tests/training/test_loop.py), and a run may resume with it
+# toggled, e.g. turned on after running out of memory.
+NON_RESULT_KEYS = {"compile": None, "activation_checkpointing": None, "checkpoint": None,
+                   "replicates": None, "train": {"log_every", "max_minutes"}}
 
 
 # Keys added after runs were first hashed: they enter the result config only when set to another

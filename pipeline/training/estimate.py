@@ -23,6 +23,17 @@ Counts (all from the architecture; no torch needed):
     the logits with their log-softmax (2·B·T·V fp32);
   - ``backward``: the first tensors backward makes while all activations are still alive: the
     gradient of the log-softmax output and of the logits (2·B·T·V fp32);
+  - with activation checkpointing (``transformer.activation_checkpointing``), the forward keeps
+    only each block's input (L·B·T·C fp32: the residual stream stays fp32 under autocast) and
+    the head's tensors; each block's activations exist again only while its backward runs. The
+    peak is then the larger of two moments: the start of backward (the inputs, the head's
+    activations, the logits' two gradients, as above) or a block's backward (the inputs, one
+    block's recomputed activations, and the gradients of its MLP hidden layer and its output,
+    (mlp_ratio + 1)·B·T·C fp32, which are alive together there); ``activations`` and
+    ``backward`` are those of the larger moment. As backward moves down, the inputs of the
+    blocks done are freed while their gradients appear; counting both whole over-counts by at
+    most the smaller of the two (measured: 1 % on the default model, 15 % of the step's
+    activations and gradients with 8 blocks × 256);
   - ``data``: the window stream's flat int64 copy of the training tokens (8 bytes a token, on the
     host, so counted on CPU only), when ``train_tokens`` is given.
 - FLOPs per token: forward = 2·(matmul parameters) + 2·n_layer·T·C for causal attention (each
@@ -31,8 +42,11 @@ Counts (all from the architecture; no torch needed):
 Not covered, so a measured peak is higher: memory the allocator holds free but resident (glibc
 keeps freed heap pages; CUDA's caching allocator keeps freed blocks), fragmentation, library
 workspaces and thread buffers, the Python objects of the run, and short-lived buffers outside the
-training step (evaluation batches, the bytes of a checkpoint being written). ``benchmarks/
-bench_train.py`` prints estimate vs measured peak.
+training step (evaluation batches, the bytes of a checkpoint being written). Without
+checkpointing the gradient term is not yet alive at the start of backward and hides some of this;
+with it, the gradients are alive at the peak, so the uncovered part shows (a few MiB on CPU).
+``benchmarks/bench_train.py`` and ``benchmarks/bench_checkpointing.py`` print estimate vs
+measured peak.
 """
 
 from __future__ import annotations
@@ -129,7 +143,7 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
              dropout: float = 0.0, attn_dropout: float = 0.0, freeze: Sequence[str] = (),
              lora_rank: int = 0, lora_targets: Sequence[str] = (),
              attention: str = "auto", device: str = "cpu",
-             train_tokens: int = 0) -> Estimate:
+             train_tokens: int = 0, activation_checkpointing: bool = False) -> Estimate:
     """Training-time memory (bytes) and FLOPs per token for one process.
 
     ``freeze`` / ``lora_rank`` + ``lora_targets``: ``transformer.finetune``'s, so gradients and
@@ -137,6 +151,8 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
     add to the weights (their matmuls to the FLOPs are left out: ``r / C`` of a layer's).
     ``attention="auto"``: torch's CPU flash kernel has no dropout, so with attention dropout on
     CPU the math kernel runs and stores the attention matrix; elsewhere a fused kernel is assumed.
+    ``activation_checkpointing``: the activations of the peak moment of a recomputing backward
+    (module docstring), not of every block.
     """
     if attention == "auto":
         attention = "math" if attn_dropout > 0 and device == "cpu" else "flash"
@@ -157,10 +173,18 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
         per_block += B * H * T * T * (2 * a + (a + 1 if attn_dropout > 0 else 0))
     if dropout > 0:
         per_block += 2 * B * T * C  # bool masks (attention and MLP residual branches)
-    acts = L * per_block + 2 * B * T * C * 4 + 2 * B * T * V * 4
+    head = 2 * B * T * C * 4 + 2 * B * T * V * 4  # final LayerNorm in/out; logits, log-softmax
+    backward = 2 * B * T * V * 4
+    acts = L * per_block + head
+    if activation_checkpointing:
+        inputs = L * B * T * C * 4  # the one tensor kept per block
+        block_backward = (mlp_ratio + 1) * B * T * C * 4
+        if per_block + block_backward > head + backward:  # a block's backward is the peak
+            acts, backward = inputs + per_block, block_backward
+        else:  # the start of backward still is
+            acts = inputs + head
     on_host = device == "cpu"
     best = 4 * p["total"] if on_host else 0
-    backward = 2 * B * T * V * 4
     data = 8 * train_tokens if on_host else 0
     fwd = 2 * p["matmul"] + 2 * L * T * C
     return Estimate(params=p["total"], params_trainable=trainable, params_matmul=p["matmul"],

@@ -254,7 +254,7 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
         echo(f"resumed from {resume.checkpoint.path} (step {state.step})")
     if state.stop_reason == "wall_clock":
         state.stop_reason = None  # a guard stop is a pause: continue the same run
-    m = _wrap(model, opt, sched, scaler, dev, cfg.compile)
+    m = _wrap(model, opt, sched, scaler, dev, cfg.compile, cfg.activation_checkpointing)
 
     # The loop: one optimiser step, then the bookkeeping around it.
     last_ckpt = None if resume.checkpoint is None else resume.checkpoint.path
@@ -437,8 +437,12 @@ def _restore(c: ckpt.Checkpoint, model: nn.Module, opt: torch.optim.Optimizer,
 
 
 def _wrap(model: nn.Module, opt: torch.optim.AdamW, sched: torch.optim.lr_scheduler.LambdaLR,
-          scaler: torch.amp.GradScaler, dev: TrainDevice, compile_: bool) -> Parts:
-    """DDP-wrap (several processes) and compile (``transformer.compile``) the restored model."""
+          scaler: torch.amp.GradScaler, dev: TrainDevice, compile_: bool,
+          recompute: bool = False) -> Parts:
+    """DDP-wrap (several processes) and compile (``transformer.compile``) the restored model;
+    ``recompute`` turns on its activation checkpointing (``transformer.activation_checkpointing``;
+    ``GPT`` and LoRA-wrapped ``GPT`` alike, since the adapters sit inside the blocks)."""
+    model.activation_checkpointing = recompute
     ddp = None
     if dev.dist.world_size > 1:
         ids = [dev.dist.local_rank] if dev.device_type == "cuda" else None

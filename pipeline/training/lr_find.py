@@ -114,6 +114,7 @@ def range_test(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, *,
         model, _ = build_model(cfg.model, cfg.finetune, info.vocab_size,
                                torch.Generator().manual_seed(cfg.seed),
                                tokenizer_hash=info.tokenizer_hash)
+        model.activation_checkpointing = cfg.activation_checkpointing  # the memory of training
         model.train()
         opt = make_optimizer(model, cfg.optim, "cpu")
         trainable = [p for p in model.parameters() if p.requires_grad]

@@ -110,7 +110,8 @@ def replay(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
         if start is not None:
             state, _ = _restore(start, model, opt, sched, scaler, dev)
             first = state.step
-        m = _wrap(model, opt, sched, scaler, dev, cfg.compile)
+        m = _wrap(model, opt, sched, scaler, dev, cfg.compile,
+                  cfg.activation_checkpointing)
         for k in range(first, step):
             s = _train_step(m, data, k, dev, cfg.optim.grad_clip)
     positions = data.shard.step_positions(step - 1)

@@ -118,6 +118,23 @@ def test_dropout_acts_on_the_update_only_in_training():
     assert not torch.allclose(lora(x), lora.eval()(x))
 
 
+def test_adapters_get_the_same_gradients_with_activation_checkpointing():
+    """The adapters sit inside the blocks, so a checkpointed block recomputes them too, with the
+    same LoRA dropout masks: their gradients are bit-identical with it on or off."""
+    grads = []
+    for on in (False, True):
+        m = _trained().train()
+        apply_lora(m, 2, 4.0, list(LORA_TARGETS), dropout=0.3,
+                   generator=torch.Generator().manual_seed(1))
+        m.activation_checkpointing = on
+        torch.manual_seed(5)
+        x = torch.randint(3, V, (3, T), generator=torch.Generator().manual_seed(2))
+        m(x, x)[1].backward()
+        grads.append({n: p.grad for n, p in m.named_parameters() if p.requires_grad})
+    assert sorted(grads[0]) == sorted(grads[1]) and grads[0]
+    assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+
 def test_tied_weights_are_counted_once():
     m = _model()
     unique = {id(p): p.numel() for p in m.parameters()}

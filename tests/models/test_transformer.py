@@ -124,6 +124,58 @@ def test_packed_pieces_see_only_themselves():
     assert torch.allclose(same, plain, atol=1e-5)
 
 
+# ------------------------------------------------------------------- activation checkpointing
+def _saved_bytes(m: GPT, x: torch.Tensor) -> int:
+    """Bytes autograd keeps for backward outside checkpointed blocks in one ``m(x, x)``."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.data_ptr()] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        m(x, x)
+    return sum(seen.values())
+
+
+def _grads(on: bool, packed: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Gradients of two training steps' losses (dropout on everywhere) and the RNG state after."""
+    m = _model(dropout=0.2, attn_dropout=0.2).train()
+    m.activation_checkpointing = on
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(11)  # dropout draws from the default generator, as training seeds it
+    for _ in range(2):
+        x = torch.randint(3, V, (3, T), generator=g)
+        segments = (torch.randint(0, 3, (3, T), generator=g).sort(dim=1).values if packed
+                    else None)
+        _, loss = m(x, x, segments=segments)
+        loss.backward()
+    return {n: p.grad for n, p in m.named_parameters()}, torch.get_rng_state()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_activation_checkpointing_gives_bit_identical_gradients(packed):
+    """Recomputed in backward, each block draws the dropout masks of its first forward (the
+    checkpoint restores the generator for it) and leaves the generator where it was: gradients
+    and the RNG state equal those without checkpointing bit for bit on CPU."""
+    off, rng_off = _grads(False, packed)
+    on, rng_on = _grads(True, packed)
+    assert all(torch.equal(on[n], off[n]) for n in off)
+    assert torch.equal(rng_on, rng_off)
+
+
+def test_activation_checkpointing_keeps_less_and_only_while_training():
+    m = _model(dropout=0.1).train()
+    x = torch.randint(3, V, (2, T))
+    full = _saved_bytes(m, x)
+    m.activation_checkpointing = True
+    assert _saved_bytes(m, x) < full / 2  # the blocks' activations are no longer kept
+    assert _saved_bytes(m.eval(), x) == _saved_bytes(_model(dropout=0.1), x)  # eval: plain
+    with torch.no_grad():
+        assert torch.equal(m(x)[0], _model(dropout=0.1)(x)[0])
+    assert "activation_checkpointing" not in m.config.to_dict()  # never in model.json
+
+
 # ------------------------------------------------------------------------------------ save, load
 def test_save_load_round_trip(tmp_path):
     m = _trained()

@@ -87,6 +87,17 @@ def test_the_table_lists_every_memory_term(tmp_path, monkeypatch, capsys):
     assert lines[9] == f"FLOPs/token forward  {est['flops_per_token_forward']:,.0f}"
 
 
+def test_the_section_s_activation_checkpointing_is_counted(tmp_path, monkeypatch, capsys):
+    (tmp_path / "params.yaml").write_text(SECTION.format(device="cpu", precision="fp32")
+                                          + "  activation_checkpointing: true\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["estimate", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == _library(512, activation_checkpointing=True) != _library(512)
+    assert cli_main(["estimate"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith(", activation checkpointing")
+
+
 def test_cli(tmp_path, monkeypatch, capsys):
     (tmp_path / "params.yaml").write_text("transformer: {}\n")
     monkeypatch.chdir(tmp_path)

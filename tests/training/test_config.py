@@ -46,6 +46,20 @@ def test_pack_enters_the_run_identity_only_when_on():
     assert result_config(tiny_config(data={"pack": True}), 1, 1)["data"]["pack"] is True
 
 
+@pytest.mark.parametrize("value", ["yes", 1, "true"], ids=repr)
+def test_bad_activation_checkpointing_is_refused_by_name(value):
+    with pytest.raises(ParamsError, match=r"transformer\.activation_checkpointing = "):
+        parse_section("transformer", {"activation_checkpointing": value}, TransformerStageConfig)
+
+
+def test_activation_checkpointing_stays_out_of_the_run_identity():
+    """On or off, the weights are the same bit for bit (tests/training/test_resume.py), so a run
+    may resume with it toggled: the resume hash never sees it."""
+    on = tiny_config(activation_checkpointing=True)
+    assert on.activation_checkpointing and not tiny_config().activation_checkpointing
+    assert result_config(on, 1, 1) == result_config(tiny_config(), 1, 1)
+
+
 @pytest.mark.parametrize("value", [0, -1, 1.5, "2"], ids=repr)
 def test_bad_replicates_is_refused_by_name(value):
     with pytest.raises(ParamsError, match=r"transformer\.replicates = "):

@@ -1,6 +1,6 @@
 """Where training runs: device and precision resolved once, and DistributedDataParallel on CPU
-(gloo, 2 processes) matching one process with the same effective batch: the data shards tile
-each step and the loss is weighted by global token count."""
+(gloo, 2 processes, activation checkpointing on) matching one process with the same effective
+batch: the data shards tile each step and the loss is weighted by global token count."""
 
 from __future__ import annotations
 
@@ -31,8 +31,11 @@ def _worker(rank: int, world: int, init_file: str, data: dict, out: str) -> None
     tdist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                              world_size=world)
     try:
+        # Activation checkpointing on here, off in the one process: DDP's hooks see the
+        # recomputing backward and the weights still match.
         cfg = tiny_config(train={**OVERRIDES["train"], "micro_batch": 4, "grad_accum": 1},
-                          model=OVERRIDES["model"], checkpoint=OVERRIDES["checkpoint"])
+                          model=OVERRIDES["model"], checkpoint=OVERRIDES["checkpoint"],
+                          activation_checkpointing=True)
         info = TokenInfo.read(Path(data["info"]))
         result = train(cfg, info, load_corpus(Path(data["tokens"]), info), Path(out), threads=1,
                        dist=DistInfo(rank, world, rank), echo=lambda _: None)

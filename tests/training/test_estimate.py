@@ -58,6 +58,29 @@ def test_activation_estimate_is_close_to_what_autograd_saves(dropout, attn_dropo
     assert 0.8 < est.activations_bytes / measured < 1.25, (est.activations_bytes, measured)
 
 
+@pytest.mark.parametrize(("vocab", "block_peak"), [(300, True), (4000, False)], ids=str)
+def test_activation_checkpointing_keeps_the_block_inputs_and_one_block(vocab, block_peak):
+    """With checkpointing the activations are every block's input (L·B·T·C fp32) plus either one
+    block's recomputed activations (with the gradients of its MLP hidden layer and its output as
+    the backward term) or, when the vocabulary makes it larger, the head's tensors at the start
+    of backward (backward term unchanged). The other terms do not move."""
+    B, T, C, L, r = 4, 256, 128, 4, 4
+    kw = {"vocab_size": vocab, "seq_len": T, "n_layer": L, "n_head": 4, "n_embd": C,
+          "micro_batch": B, "dropout": 0.1}
+    off, on = estimate(**kw), estimate(**kw, activation_checkpointing=True)
+    head = 2 * B * T * C * 4 + 2 * B * T * vocab * 4
+    per_block = (off.activations_bytes - head) // L
+    inputs = L * B * T * C * 4
+    if block_peak:
+        assert (on.activations_bytes, on.backward_bytes) == (inputs + per_block,
+                                                             (r + 1) * B * T * C * 4)
+    else:
+        assert (on.activations_bytes, on.backward_bytes) == (inputs + head, off.backward_bytes)
+    assert on.activations_bytes < off.activations_bytes
+    assert on.total_bytes - off.total_bytes == (on.activations_bytes + on.backward_bytes
+                                                - off.activations_bytes - off.backward_bytes)
+
+
 @pytest.mark.parametrize("finetune", [
     {},
     {"freeze": ["wte", "wpe", "blocks.0."]},

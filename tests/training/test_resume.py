@@ -171,6 +171,21 @@ def test_resume_after_kill_gives_identical_weights(data, tmp_path):
     assert env["resumed_from"] == "step-00000006" and env["steps_this_run"] == 6
 
 
+def test_a_run_resumes_with_activation_checkpointing_toggled(data, tmp_path):
+    """Checkpointing changes no bit of a CPU run (models/transformer.py), so it stays out of the
+    run identity: a run killed with it on resumes with it off, e.g. after the reverse, an
+    out-of-memory stop, and ends exactly where a run without it ends; packed rows alike."""
+    for pack in (False, True):
+        cfg = tiny_config(data={"pack": pack})
+        straight, resumed = tmp_path / f"straight-{pack}", tmp_path / f"resumed-{pack}"
+        _run(cfg, data, straight)
+        _train_until_killed(cfg.model_copy(update={"activation_checkpointing": True}), data,
+                            resumed, 7)
+        _run(cfg, data, resumed)
+        assert json.loads((resumed / "env.json").read_text())["resumed_from"] == "step-00000006"
+        _assert_same_run(straight, resumed)
+
+
 DAMAGE = {  # what can be left of a checkpoint folder: file -> its damaged bytes (None: gone)
     "truncated model.safetensors": ("model.safetensors", lambda b: b[: len(b) // 2]),
     "truncated state.json": ("state.json", lambda b: b[: len(b) // 2]),

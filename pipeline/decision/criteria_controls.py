@@ -654,9 +654,9 @@ def _defaults(params: Mapping[str, Any]) -> tuple[dict, dict, dict, int]:
     # stages' defaults)
     audit = {"membership_pieces": 256, "extraction_pieces": 256, "quality_alpha": 0.05,
              "flag_quantile": 0.95, **(params.get("audit") or {})}
-    gen = {"n_samples": 240, "n_continuations": 16, **(params.get("generate") or {})}
+    gen = {"n_samples": 4096, "n_continuations": 16, **(params.get("generate") or {})}
     evaluate = {"train_pieces": 256, "ci_level": 0.95, **(params.get("evaluate") or {})}
-    seeds = int((params.get("transformer") or {}).get("replicates", 8))
+    seeds = int((params.get("transformer") or {}).get("replicates", 12))
     return audit, gen, evaluate, seeds
 
 

@@ -52,7 +52,7 @@ class GenerateConfig(StageConfig):
 
     models: list[Literal["ngram", "transformer"]] = Field(
         default_factory=lambda: ["ngram", "transformer"], min_length=1)
-    n_samples: int = Field(240, ge=1, le=10000)
+    n_samples: int = Field(4096, ge=1, le=10000)
     n_continuations: int = Field(16, ge=0, le=10000)
     max_new_tokens: int = Field(128, ge=1, le=100000)
     prompt_tokens: int = Field(64, ge=1, le=100000)

@@ -95,7 +95,7 @@ class TokenizeConfig(StageConfig):
     kept in the tokenizer (:func:`pipeline.tokens.tokenizer.prepare_score`)."""
     model: str = "BPE"
     vocab_size: int = Field(1000, ge=1)
-    transpose: list[int] = Field(default_factory=list)
+    transpose: list[int] = Field(default_factory=lambda: [-2, -1, 1, 2])
     timeout_s: float = Field(120.0, gt=0)
     from_: str | None = Field(None, alias="from")
     """A saved tokenizer (``tokenizer.json`` of another run, e.g. a pretraining corpus's) used

@@ -51,7 +51,7 @@ class NGramConfig(StageConfig):
     orders: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5, 6, 8], min_length=1)
     smoothing: Smoothing = "kneser_ney"
     k: float = Field(1.0, gt=0.0)
-    use_augmented: bool = False
+    use_augmented: bool = True
 
     @field_validator("orders")
     @classmethod

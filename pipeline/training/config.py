@@ -32,7 +32,7 @@ class ModelSection(StageConfig):
 
 
 class DataSection(StageConfig):
-    use_augmented: bool = False
+    use_augmented: bool = True
     val_max_windows: int = Field(0, ge=0)
     pack: bool = False
 
@@ -45,7 +45,7 @@ class OptimSection(StageConfig):
     beta2: float = Field(0.95, ge=0.0, lt=1.0)
     eps: float = Field(0.00000001, gt=0.0)
     grad_clip: float = Field(1.0, ge=0.0)
-    warmup_steps: int = Field(30, ge=0)
+    warmup_steps: int = Field(200, ge=0)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
 
     @model_validator(mode="after")
@@ -96,7 +96,7 @@ class TransformerStageConfig(StageConfig):
     SECTION: ClassVar[str] = "transformer"
 
     seed: int = Field(1234, ge=0)
-    replicates: int = Field(8, ge=1)
+    replicates: int = Field(12, ge=1)
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False

@@ -134,8 +134,8 @@ def test_design_sizes_follow_the_registered_split_and_params():
     default = design_sizes(params, counts, SPREADS, windows_per_piece=3.0)
     assert (default.membership_train, default.membership_test, default.extraction_train,
             default.samples, default.human_pieces, default.human_windows) == (
-        256, 72, 256, 256, 45, 135)
-    assert default.spreads == SPREADS and default.seeds == 8
+        256, 72, 256, 4096 + 16, 45, 135)
+    assert default.spreads == SPREADS and default.seeds == 12
     # sections left out of params take the stages' own defaults
     assert design_sizes({}, counts, SPREADS, 3.0) == default
     small = design_sizes(params, {"train": (40, 30), "val": (8, 8), "test": (12, 12)},

@@ -399,10 +399,11 @@ def has_nan(col) -> bool:
 def test_prune_cache_removes_unreferenced_entries(corpus_files, tmp_path):
     files = dict(list(corpus_files.items())[:4])
     write_corpus(tmp_path, files)
-    run_stage(tmp_path, TokenizeConfig(model="none"))
+    run_stage(tmp_path, TokenizeConfig(model="none", transpose=[]))  # one entry a piece
     root = tmp_path / "data/token_cache"
     [old] = list(root.iterdir())
-    cfg = TokenizeConfig(model="none", config={"use_programs": True, "num_velocities": 8})
+    cfg = TokenizeConfig(model="none", config={"use_programs": True, "num_velocities": 8},
+                         transpose=[])
     assert run_stage(tmp_path, cfg).encoded == 4  # new base config: new key
     [new] = [p.name for p in root.iterdir() if p != old]
     assert len(TokenCache(root, old.name).present()) == 4

@@ -87,7 +87,8 @@ def corpus(tmp_path):
 
 
 def test_best_order_is_chosen_on_val(corpus, tmp_path):
-    summary, report = run_stage(corpus, tmp_path / "out", orders=[1, 2, 3, 4, 6])
+    summary, report = run_stage(corpus, tmp_path / "out", orders=[1, 2, 3, 4, 6],
+                                use_augmented=False)
     train, val = rows_of(corpus, "train"), rows_of(corpus, "val")
     # Independent check: fit each order directly and score val the same way.
     expected = {o: NGramLM(order=o, vocab_size=VOCAB, bos_id=BOS, eos_id=EOS, pad_id=PAD)
@@ -147,7 +148,7 @@ def test_augmented_rows_only_from_train_pieces(corpus, tmp_path):
     val_sha = pq.read_table(corpus["splits"]).to_pandas().query("split == 'val'")
     aug.append({**aug[0], "sha256": val_sha["sha256"].iloc[0]})  # would leak val into train
     write_parquet(corpus["augmented"], pa.Table.from_pylist(aug))
-    _, plain = run_stage(corpus, tmp_path / "plain", orders=[3])
+    _, plain = run_stage(corpus, tmp_path / "plain", orders=[3], use_augmented=False)
     _, with_aug = run_stage(corpus, tmp_path / "aug", orders=[3], use_augmented=True)
     assert "augmented_sequences" not in plain["data"]
     assert with_aug["data"]["augmented_sequences"] == len(aug) - 1

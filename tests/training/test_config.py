@@ -71,7 +71,7 @@ def test_seeds_follow_the_first():
     assert cfg.seeds == [1234, 1235, 1236]
     assert [cfg.replicate(s).seed for s in cfg.seeds] == cfg.seeds
     assert cfg.replicate(1235).model_dump() == {**cfg.model_dump(), "seed": 1235}
-    assert TransformerStageConfig().replicates == 8
+    assert TransformerStageConfig().replicates == 12
 
 
 @pytest.mark.parametrize(("raw", "message"), [

@@ -858,7 +858,10 @@ def size_lines(block: Mapping[str, Any]) -> list[str]:
             out.append(f"with these pieces no recipe tried reaches 80%: at best {design} pass "
                        f"the good model {within['good_all']:.0%} of the time, held back by "
                        f"{limits}")
-    if "size_for_standard" in block and (not within or not within["meets_standard"]):
+    good = ((block.get("joint") or {}).get("good") or {}).get("all")
+    good_misses = good is None or good < GOOD_AT_LEAST  # a bad model missing needs no size
+    if "size_for_standard" in block and good_misses and (not within
+                                                         or not within["meets_standard"]):
         size = block["size_for_standard"]
         test = sizes.get("extraction_test")
         out.append("the good model passes all rules together at 80% only at a larger design: "

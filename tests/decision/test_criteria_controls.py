@@ -377,3 +377,18 @@ def test_with_the_pieces_fixed_more_samples_per_seed_can_meet_the_standard():
     wide = planted(seeds=8, spreads=Spreads(**{**SPREADS.to_dict(), "gain_se_groups": 0.04}))
     stuck = within_corpus(gain, wide, 100, seed=2)
     assert not stuck["meets_standard"] and stuck["limited_by"] == ["gain"]
+
+
+def test_size_lines_ask_for_a_larger_design_only_when_the_good_model_misses():
+    """A design whose good model meets 80% but whose bad model passes too often needs no larger
+    design (more pieces would not fail the bad model more): no size line. A good model that
+    misses, with no larger design found, says so."""
+    from pipeline.decision.criteria_controls import size_lines
+
+    bad_misses = {"joint": {"good": {"all": 0.83}, "meets_standard": False},
+                  "size_for_standard": None}
+    assert size_lines(bad_misses) == []
+    good_misses = {"joint": {"good": {"all": 0.70}, "meets_standard": False},
+                   "size_for_standard": None}
+    [line] = size_lines(good_misses)
+    assert "only at a larger design: none up to 32 times" in line

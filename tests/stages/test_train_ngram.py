@@ -174,7 +174,8 @@ def test_cli_runs_the_stage(corpus, tmp_path, capsys):
     params.write_text("ngram:\n  orders: [1, 3]\n")
     out = tmp_path / "cli"
     rc = cli_main(["train-ngram", "--params", str(params), "--tokens", str(corpus["tokens"]),
-                   "--info", str(corpus["info"]), "--model-dir", str(out / "ngram"),
+                   "--info", str(corpus["info"]), "--augmented", str(corpus["augmented"]),
+                   "--model-dir", str(out / "ngram"),
                    "--report", str(out / "ngram.json"), "--plot", str(out / "o.tsv")])
     assert rc == 0
     assert "best order 3" in capsys.readouterr().out

@@ -325,9 +325,11 @@ def test_more_disagreement_between_seeds_never_means_fewer_fails(guard):
     assert old_fails[-1] < old_fails[0], old_fails  # the defect the per-seed judging removes
 
 
-def test_the_committed_membership_fails_on_every_seed():
-    """The committed reports: every seed's own membership interval lies above the registered
-    limit, so the guard fails on each; the gap rules judge each seed's gap too."""
+def test_the_committed_membership_is_judged_on_every_seed():
+    """The committed reports: each seed's own membership interval is judged against the
+    registered limit. The registration of cfdddef (models trained without transposed copies)
+    had every seed's interval above it, a FAIL on each; the current one's models have every
+    interval below it, a PASS on each. The gap rules judge each seed's gap too."""
     reports = {stem: artifacts.read_json(REPO_REPORTS / f"{stem}.json")
                for stem in ("eval", "audit")}
     metrics = build_metrics(reports)
@@ -336,9 +338,9 @@ def test_the_committed_membership_fails_on_every_seed():
     membership = verdicts["transformer_membership_near_chance"]
     limit = next(r.threshold for r in cfg.rules if r.name == membership.name)
     seeds = [str(x) for x in reports["eval"]["seeds"]["transformer"]]
-    assert membership.metric == MEMBERSHIP and membership.status == "FAIL"
+    assert membership.metric == MEMBERSHIP and membership.status == "PASS"
     assert [s.seed for s in membership.seeds] == seeds and len(seeds) > 1
-    assert all(s.ci_low > limit and s.status == "FAIL" for s in membership.seeds)
+    assert all(s.ci_high < limit and s.status == "PASS" for s in membership.seeds)
     per_seed = reports["audit"]["judged"]["transformer"]["per_seed"]
     assert [(s.value, s.ci_low, s.ci_high) for s in membership.seeds] == [
         tuple(per_seed[k]["membership_auc"][p] for p in ("value", "ci_low", "ci_high"))

@@ -40,16 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_train import VOCAB, load_average, synthetic_data  # the same corpus and load line
 
 from pipeline.core.memory import FIXED_MMAP, PeakRSS
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training.config import TransformerStageConfig
-from pipeline.training.data import Corpus, load_corpus
+from pipeline.training.data import Corpus
 from pipeline.training.estimate import estimate
 from pipeline.training.loop import train
-from pipeline.training.synthetic import write_token_data
 
-VOCAB = 300
 SETTINGS: dict[str, dict[str, Any]] = {
     "default": {},
     "larger": {"model": {"n_layer": 8, "n_head": 8, "n_embd": 256, "max_seq_len": 512},
@@ -66,12 +65,6 @@ def make_cfg(setting: str, on: bool, device: str, steps: int) -> TransformerStag
                   "log_every": 10**6},
         "data": {"val_max_windows": 4},  # the final evaluation stays short
         "optim": {"warmup_steps": 1}, "checkpoint": {"every": 10**6}})
-
-
-def _data(tmp: Path) -> tuple[TokenInfo, Corpus]:
-    paths = write_token_data(tmp, n_pieces=370, vocab_size=VOCAB, mean_len=1400)
-    info = TokenInfo.read(paths["info"])
-    return info, load_corpus(paths["tokens"], info)
 
 
 def step_seconds(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus,
@@ -95,7 +88,7 @@ def memory_child(args: argparse.Namespace) -> None:
     """Runs in a fresh process: warm up, then measure one ``train`` call; prints JSON."""
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        info, corpus = _data(Path(tmp))
+        info, corpus = synthetic_data(Path(tmp))
         tiny = TransformerStageConfig.model_validate({
             "device": args.device, "precision": "fp32",
             "model": {"max_seq_len": 8, "n_layer": 1, "n_head": 1, "n_embd": 8},
@@ -127,10 +120,6 @@ def memory(args: argparse.Namespace, setting: str, on: bool) -> dict[str, int]:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
-def _load() -> str:
-    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
@@ -152,9 +141,9 @@ def main() -> None:
         memory_child(args)
         return
     torch.set_num_threads(args.threads)
-    print(_load())
+    print(load_average())
     with tempfile.TemporaryDirectory() as tmp:
-        info, corpus = _data(Path(tmp))
+        info, corpus = synthetic_data(Path(tmp))
         for setting in args.settings:
             cfgs = {on: make_cfg(setting, on, args.device, args.steps) for on in (False, True)}
             m, tr = cfgs[False].model, cfgs[False].train
@@ -197,7 +186,7 @@ def main() -> None:
                 print(f"              on / off {statistics.median(ratios[k]):.2f} ({what}; median "
                       f"of {args.repeats} paired rounds, min {min(ratios[k]):.2f}, max "
                       f"{max(ratios[k]):.2f})")
-    print(_load())
+    print(load_average())
 
 
 if __name__ == "__main__":

@@ -138,11 +138,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _load() -> str:
+def load_average() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _data(tmp: Path) -> tuple[TokenInfo, Corpus]:
+def synthetic_data(tmp: Path) -> tuple[TokenInfo, Corpus]:
     paths = write_token_data(tmp, n_pieces=370, vocab_size=VOCAB, mean_len=1400)
     info = TokenInfo.read(paths["info"])
     return info, load_corpus(paths["tokens"], info)
@@ -186,7 +186,7 @@ def memory_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     precision = args.precision
     with tempfile.TemporaryDirectory() as tmp:
-        info, corpus = _data(Path(tmp))
+        info, corpus = synthetic_data(Path(tmp))
         # warm-up on a tiny model: pays the one-off imports without growing the heap much
         tiny = TransformerStageConfig.model_validate({
             "device": args.device, "precision": precision,
@@ -244,10 +244,10 @@ def main() -> None:
         memory_child(args)
         return
     torch.set_num_threads(args.threads)
-    print(_load())
+    print(load_average())
     precisions = ["fp32", "bf16"] if args.device.startswith("cuda") else ["fp32"]
     with tempfile.TemporaryDirectory() as tmp:
-        info, corpus = _data(Path(tmp))
+        info, corpus = synthetic_data(Path(tmp))
         base_tps = None
         for precision in precisions:
             cfg = make_cfg(args.device, precision, args.steps, args.pack)
@@ -303,7 +303,7 @@ def main() -> None:
                 tok = steps_default * cfg.train.micro_batch * m.max_seq_len
                 print(f"default run    ~{tok / tps / 60:.1f} min of training for "
                       f"{steps_default} steps (evaluations extra)")
-    print(_load())
+    print(load_average())
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ How each metric's evidence is simulated:
   as generate does, and of human windows grouped in pieces; each seed's own samples judged
   against the same windows by :func:`~pipeline.audit.memorisation.judge_flag_rate`;
 - ``quality.<m>.score`` and ``quality.<m>.margin``: each of the statistics outside its band
-  independently (probability ``quality_alpha`` for human-like music; the band's calibration
-  assumes no more), the band's low score the ``1 - quality_alpha`` quantile of that count;
+  independently (for human-like music at the level that leaves any of them outside in
+  ``quality_alpha`` of draws, as the audit calibrates its bands together), the band's score 1:
+  every statistic inside;
 - ``leakage.test_near_train``: a count, 0 or planted.
 
 Pure functions of a seed: the same ``seed`` gives the same rates.
@@ -322,15 +323,17 @@ def _flags_times(factor: float) -> Callable[..., dict[str, Any]]:
 
 
 def _quality(p_outside: float | None, margin: bool) -> Callable[..., dict[str, float]]:
-    """Each statistic outside its band with ``p_outside`` (None: ``quality_alpha``, what the
-    band's calibration gives human-like music)."""
+    """Each statistic outside its band with ``p_outside``, independently. None: human-like
+    music, which the audit's bands, calibrated together, leave outside any of them in
+    ``quality_alpha`` of draws; for independent statistics that is each at
+    ``1 - (1 - quality_alpha)^(1/k)`` (correlated ones share their failures and the audit gives
+    each more room, :func:`pipeline.music.descriptors.family_level`). The band's score is 1:
+    a set passes with every statistic inside."""
     def draw(rng: np.random.Generator, s: Sizes) -> dict[str, float]:
         k = s.quality_stats
-        p = s.quality_alpha if p_outside is None else p_outside
+        p = 1 - (1 - s.quality_alpha) ** (1 / k) if p_outside is None else p_outside
         score = 1 - int((rng.random(k) < p).sum()) / k
-        null = rng.random((4000, k)) < s.quality_alpha  # human-like sets, as audit calibrates
-        band = float(np.quantile(1 - null.sum(axis=1) / k, s.quality_alpha))
-        return {"value": score - band if margin else score}
+        return {"value": score - 1.0 if margin else score}
     return draw
 
 
@@ -371,7 +374,7 @@ def _gap(unit: str) -> tuple[Control, ...]:
 def _judged(m: str) -> dict[str, tuple[Control, ...]]:
     """The audit's judgements of model ``m`` (``audit.judged.<m>``)."""
     quality = {f"quality.{m}.{key}": (
-        good("human-like: each statistic outside its band at the calibrated quality_alpha",
+        good("human-like: a statistic outside its band in quality_alpha of draws, as calibrated",
              _quality(None, margin=margin)),
         *(bad(f"each statistic outside its band with {p:.0%}", _quality(p, margin=margin))
           for p in (0.5, 0.6)),

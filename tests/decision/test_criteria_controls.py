@@ -392,3 +392,31 @@ def test_size_lines_ask_for_a_larger_design_only_when_the_good_model_misses():
                    "size_for_standard": None}
     [line] = size_lines(good_misses)
     assert "only at a larger design: none up to 32 times" in line
+
+
+def test_size_lines_say_when_no_single_rule_holds_the_good_model_back():
+    """Each rule passing 80% alone can still leave all together below it: the line says the
+    misses add up rather than naming nothing, and gives its draws."""
+    from pipeline.decision.criteria_controls import size_lines
+
+    within = {"samples": 16384, "samples_factor": 4.0, "seeds": 24, "good_all": 0.75,
+              "meets_standard": False, "limited_by": [], "rules": {"a": 0.9}, "draws": 100}
+    lines = size_lines({"joint": {"good": {"all": 0.72}}, "within_corpus": within,
+                        "size_for_standard": None})
+    assert "(100 draws)" in lines[0] and "no rule alone" in lines[0]
+    assert "held back by ," not in lines[0] and not lines[0].endswith("held back by ")
+
+
+def test_designs_are_simulated_on_common_random_numbers():
+    """A metric whose sizes two designs share is drawn the same in both, so more samples move
+    only the rules that read samples (with one generator for every metric, the samples'
+    draws shifted every later metric's)."""
+    from pipeline.decision.criteria_controls import GOOD_MODEL, joint_rates
+
+    cfg = load_section("criteria", REPO_PARAMS, CriteriaConfig)
+    base = planted(seeds=3)
+    one = joint_rates(cfg, GOOD_MODEL, base, 40, seed=3)
+    more = joint_rates(cfg, GOOD_MODEL, base.scaled(1.0, 3, 4.0), 40, seed=3)
+    for rule in ("transformer_beats_ngram", "transformer_gap_bounded",
+                 "transformer_membership_near_chance", "transformer_samples_human_like"):
+        assert one["rules"][rule] == more["rules"][rule], rule

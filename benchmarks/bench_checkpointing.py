@@ -157,7 +157,8 @@ def main() -> None:
                                dropout=m.dropout, attn_dropout=m.attn_dropout,
                                device="cuda" if args.device.startswith("cuda") else "cpu",
                                train_tokens=0 if args.device.startswith("cuda")
-                               else mem["train_tokens"], activation_checkpointing=on)
+                               else mem["train_tokens"], activation_checkpointing=on,
+                               threads=args.threads)
                 measured[on] = mem["steps"]
                 print(f"checkpointing {'on ' if on else 'off'}  peak {_mib(mem['steps'])} "
                       f"measured, {_mib(est.total_bytes)} estimated (activations "

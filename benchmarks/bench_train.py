@@ -259,7 +259,7 @@ def main() -> None:
                            n_head=m.n_head, n_embd=m.n_embd, micro_batch=cfg.train.micro_batch,
                            precision=precision, dropout=m.dropout, attn_dropout=m.attn_dropout,
                            device="cuda" if args.device.startswith("cuda") else "cpu",
-                           train_tokens=mem["train_tokens"])
+                           train_tokens=mem["train_tokens"], threads=args.threads)
             print(f"== {args.device} {precision}, batch {cfg.train.micro_batch}×{m.max_seq_len}, "
                   f"{args.steps} steps, {args.repeats} repeats, {args.threads} threads"
                   f"{', packed' if args.pack else ''}")

@@ -1,8 +1,8 @@
 """``symkit estimate``: memory and compute of a transformer configuration, before training it.
 
 The counts and what each covers are :mod:`pipeline.training.estimate`'s; this command reads the
-``transformer`` section (and the vocabulary size from ``data/tokens/info.json`` when it exists)
-and prints them.
+``transformer`` section, ``runtime.torch_threads`` (and the vocabulary size from
+``data/tokens/info.json`` when it exists) and prints them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from pipeline.core.config import load_section
+from pipeline.core.config import RuntimeConfig, load_section
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.estimate import BYTES, estimate
@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention", choices=["auto", "flash", "math"], default="auto")
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="default: cuda when transformer.device is cuda, else cpu")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: runtime.torch_threads)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -52,7 +54,9 @@ def main(args: argparse.Namespace) -> int:
                    device=args.device or ("cuda" if cfg.device == "cuda" else "cpu"),
                    freeze=cfg.finetune.freeze, lora_rank=cfg.finetune.lora_rank,
                    lora_targets=cfg.finetune.lora_targets,
-                   activation_checkpointing=cfg.activation_checkpointing)
+                   activation_checkpointing=cfg.activation_checkpointing,
+                   threads=args.threads or load_section("runtime", args.params,
+                                                        RuntimeConfig).torch_threads)
     if args.json:
         print(json.dumps(asdict(est), indent=2, sort_keys=True))
         return 0
@@ -61,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
           + (", activation checkpointing" if cfg.activation_checkpointing else ""))
     print(f"parameters           {est.params:,} (matmul {est.params_matmul:,}, trainable "
           f"{est.params_trainable:,})")
-    for name in ("weights", "best", "grads", "optimizer", "activations", "backward", "total"):
+    for name in ("weights", "best", "grads", "optimizer", "activations", "backward", "threads",
+                 "total"):
         print(f"{name + ' memory':<21}{_mib(getattr(est, name + '_bytes'))}")
     print(f"FLOPs/token forward  {est.flops_per_token_forward:,.0f}")
     print(f"FLOPs/token training {est.flops_per_token_train:,.0f}")

@@ -35,16 +35,22 @@ Counts (all from the architecture; no torch needed):
     most the smaller of the two (measured: 1 % on the default model, 15 % of the step's
     activations and gradients with 8 blocks × 256);
   - ``data``: the window stream's flat int64 copy of the training tokens (8 bytes a token, on the
-    host, so counted on CPU only), when ``train_tokens`` is given.
+    host, so counted on CPU only), when ``train_tokens`` is given;
+  - ``threads``: on CPU with more than one intra-op thread, :data:`CPU_PARALLEL_BYTES` of
+    scratch the parallel kernels keep beside the tensors. Measured, not derived: with
+    ``benchmarks/bench_checkpointing.py --repeats 0`` (torch 2.13's CPU build, x86_64) the peak
+    RSS grew by 3.4-5.1 MiB from 1 to 2 threads on both of its settings, and little more at 3
+    and 4 threads (default setting, checkpointing on: 33.4 MiB at 1 thread, 37.1 at 2, 38.5 at
+    3, 38.3 at 4, means of 2-4 runs), so one fixed amount, not one per thread.
 - FLOPs per token: forward = 2·(matmul parameters) + 2·n_layer·T·C for causal attention (each
   query sees T/2 keys on average); training = 3 × forward (backward ≈ 2 × forward).
 
 Not covered, so a measured peak is higher: memory the allocator holds free but resident (glibc
 keeps freed heap pages; CUDA's caching allocator keeps freed blocks), fragmentation, library
-workspaces and thread buffers, the Python objects of the run, and short-lived buffers outside the
-training step (evaluation batches, the bytes of a checkpoint being written). Without
-checkpointing the gradient term is not yet alive at the start of backward and hides some of this;
-with it, the gradients are alive at the peak, so the uncovered part shows (a few MiB on CPU).
+workspaces beyond the parallel scratch above, the Python objects of the run, and short-lived
+buffers outside the training step (evaluation batches, the bytes of a checkpoint being written).
+Without checkpointing the gradient term is not yet alive at the start of backward and hides some
+of this; with it, the gradients are alive at the peak, so the uncovered part shows.
 ``benchmarks/bench_train.py`` and ``benchmarks/bench_checkpointing.py`` print estimate vs
 measured peak.
 """
@@ -55,6 +61,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+CPU_PARALLEL_BYTES = 4 * 2**20
+"""Scratch of torch's parallel CPU kernels with more than one thread (measured, module
+docstring): counted once, whatever the number of threads above one."""
 
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "L4": 121.0,
                "A10": 125.0, "RTX 4090": 165.0, "V100": 125.0, "T4": 65.0}
@@ -70,12 +79,14 @@ class Estimate:
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
-    total_bytes: int  # weights + best + grads + optimizer + activations + backward + data
+    total_bytes: int  # the sum of the terms: weights, best, grads, optimizer, activations,
+    # backward, data, threads
     flops_per_token_forward: float
     flops_per_token_train: float
     best_bytes: int = 0
     backward_bytes: int = 0
     data_bytes: int = 0
+    threads_bytes: int = 0
 
 
 def count_params(vocab_size: int, seq_len: int, n_layer: int, n_embd: int, mlp_ratio: int = 4,
@@ -143,7 +154,8 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
              dropout: float = 0.0, attn_dropout: float = 0.0, freeze: Sequence[str] = (),
              lora_rank: int = 0, lora_targets: Sequence[str] = (),
              attention: str = "auto", device: str = "cpu",
-             train_tokens: int = 0, activation_checkpointing: bool = False) -> Estimate:
+             train_tokens: int = 0, activation_checkpointing: bool = False,
+             threads: int = 1) -> Estimate:
     """Training-time memory (bytes) and FLOPs per token for one process.
 
     ``freeze`` / ``lora_rank`` + ``lora_targets``: ``transformer.finetune``'s, so gradients and
@@ -152,7 +164,8 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
     ``attention="auto"``: torch's CPU flash kernel has no dropout, so with attention dropout on
     CPU the math kernel runs and stores the attention matrix; elsewhere a fused kernel is assumed.
     ``activation_checkpointing``: the activations of the peak moment of a recomputing backward
-    (module docstring), not of every block.
+    (module docstring), not of every block. ``threads``: torch's CPU threads
+    (``runtime.torch_threads``); above one, the parallel kernels' scratch is counted on CPU.
     """
     if attention == "auto":
         attention = "math" if attn_dropout > 0 and device == "cpu" else "flash"
@@ -186,13 +199,16 @@ def estimate(*, vocab_size: int, seq_len: int, n_layer: int, n_head: int, n_embd
     on_host = device == "cpu"
     best = 4 * p["total"] if on_host else 0
     data = 8 * train_tokens if on_host else 0
+    parallel = CPU_PARALLEL_BYTES if on_host and threads > 1 else 0
     fwd = 2 * p["matmul"] + 2 * L * T * C
     return Estimate(params=p["total"], params_trainable=trainable, params_matmul=p["matmul"],
                     weights_bytes=weights, grads_bytes=grads, optimizer_bytes=optim,
                     activations_bytes=acts,
-                    total_bytes=weights + best + grads + optim + acts + backward + data,
+                    total_bytes=weights + best + grads + optim + acts + backward + data
+                    + parallel,
                     flops_per_token_forward=float(fwd), flops_per_token_train=3.0 * fwd,
-                    best_bytes=best, backward_bytes=backward, data_bytes=data)
+                    best_bytes=best, backward_bytes=backward, data_bytes=data,
+                    threads_bytes=parallel)
 
 
 def saved_activation_bytes(model, x, y) -> int:

@@ -41,7 +41,8 @@ def _library(vocab: int, **kw) -> dict:
     args = {"vocab_size": vocab, "seq_len": 64, "n_layer": 2, "n_head": 2, "n_embd": 32,
             "mlp_ratio": m.mlp_ratio, "bias": m.bias, "micro_batch": 3, "precision": "fp32",
             "dropout": m.dropout, "attn_dropout": m.attn_dropout, "attention": "auto",
-            "device": "cpu", "freeze": [], "lora_rank": 2, "lora_targets": ["attn.qkv"]}
+            "device": "cpu", "freeze": [], "lora_rank": 2, "lora_targets": ["attn.qkv"],
+            "threads": 2}  # runtime.torch_threads' default, which a params file without it gets
     return asdict(estimate(**{**args, **kw}))
 
 
@@ -81,10 +82,22 @@ def test_the_table_lists_every_memory_term(tmp_path, monkeypatch, capsys):
     assert lines[0] == "vocab 512, seq_len 64, micro-batch 3, precision fp32"
     assert lines[1] == (f"parameters           {est['params']:,} (matmul "
                         f"{est['params_matmul']:,}, trainable {est['params_trainable']:,})")
-    assert [line.split()[0] for line in lines[2:9]] == [
-        "weights", "best", "grads", "optimizer", "activations", "backward", "total"]
-    assert lines[8] == f"total memory         {est['total_bytes'] / 2**20:,.1f} MiB"
-    assert lines[9] == f"FLOPs/token forward  {est['flops_per_token_forward']:,.0f}"
+    assert [line.split()[0] for line in lines[2:10]] == [
+        "weights", "best", "grads", "optimizer", "activations", "backward", "threads", "total"]
+    assert lines[9] == f"total memory         {est['total_bytes'] / 2**20:,.1f} MiB"
+    assert lines[10] == f"FLOPs/token forward  {est['flops_per_token_forward']:,.0f}"
+
+
+def test_the_threads_come_from_runtime_unless_given(tmp_path, monkeypatch, capsys):
+    """runtime.torch_threads above one counts the parallel kernels' scratch; one does not."""
+    (tmp_path / "params.yaml").write_text(SECTION.format(device="cpu", precision="fp32")
+                                          + "runtime:\n  torch_threads: 1\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["estimate", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == _library(512, threads=1)
+    assert cli_main(["estimate", "--json", "--threads", "4"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got == _library(512, threads=4) and got["threads_bytes"] > 0
 
 
 def test_the_section_s_activation_checkpointing_is_counted(tmp_path, monkeypatch, capsys):

@@ -45,6 +45,20 @@ def test_memory_terms_and_flops():
     assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("cpu") is None
 
 
+def test_parallel_cpu_scratch_is_counted_once_above_one_thread():
+    """Measured: RSS grows by about 4 MiB from 1 to 2 CPU threads and little more after, so
+    the term is one fixed amount above one thread, on the host only."""
+    kw = {"vocab_size": 300, "seq_len": 256, "n_layer": 4, "n_head": 4, "n_embd": 128,
+          "micro_batch": 4}
+    one, two, eight = (estimate(**kw, threads=t) for t in (1, 2, 8))
+    assert one.threads_bytes == 0 and two.threads_bytes == eight.threads_bytes == 4 * 2**20
+    assert two.total_bytes - one.total_bytes == 4 * 2**20 == two.threads_bytes
+    assert estimate(**kw, threads=2, device="cuda").threads_bytes == 0
+    assert two.total_bytes == (two.weights_bytes + two.best_bytes + two.grads_bytes
+                               + two.optimizer_bytes + two.activations_bytes
+                               + two.backward_bytes + two.data_bytes + two.threads_bytes)
+
+
 @pytest.mark.parametrize(("dropout", "attn_dropout"), [(0.0, 0.0), (0.1, 0.0), (0.1, 0.1)],
                          ids=str)
 def test_activation_estimate_is_close_to_what_autograd_saves(dropout, attn_dropout):

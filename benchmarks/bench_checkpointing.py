@@ -40,7 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_train import VOCAB, load_average, synthetic_data  # the same corpus and load line
+from bench_train import (  # the same corpus, options and load line
+    VOCAB,
+    load_average,
+    start,
+    synthetic_data,
+    training_parser,
+)
 
 from pipeline.core.memory import FIXED_MMAP, PeakRSS
 from pipeline.tokens.contract import TokenInfo
@@ -125,23 +131,13 @@ def _mib(n: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap = training_parser(steps=6)
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
-    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--setting", default="default", help=argparse.SUPPRESS)
     ap.add_argument("--on", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.steps < 4:
-        ap.error("--steps must be at least 4 (the steady part is steps 2..N-1)")
-    if args.memory_child:
-        memory_child(args)
+    args = start(ap, memory_child)
+    if args is None:
         return
-    torch.set_num_threads(args.threads)
-    print(load_average())
     with tempfile.TemporaryDirectory() as tmp:
         info, corpus = synthetic_data(Path(tmp))
         for setting in args.settings:

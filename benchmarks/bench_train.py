@@ -138,6 +138,32 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def training_parser(steps: int) -> argparse.ArgumentParser:
+    """The options every training benchmark takes (``--steps`` defaulting to ``steps``), the
+    hidden ``--memory-child`` among them; a benchmark adds its own."""
+    ap = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    return ap
+
+
+def start(ap: argparse.ArgumentParser, child) -> argparse.Namespace | None:
+    """Parse the options; in a memory child run ``child(args)`` and return None; otherwise set
+    the threads, print the load line and return the options."""
+    args = ap.parse_args()
+    if args.steps < 4:
+        ap.error("--steps must be at least 4 (the steady part is steps 2..N-1)")
+    if args.memory_child:
+        child(args)
+        return None
+    torch.set_num_threads(args.threads)
+    print(load_average())
+    return args
+
+
 def load_average() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -229,22 +255,12 @@ def memory(args: argparse.Namespace, precision: str, fixed_mmap: bool) -> dict[s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--threads", type=int, default=2)
+    ap = training_parser(steps=20)
     ap.add_argument("--pack", action="store_true", help="transformer.data.pack: true")
-    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.steps < 4:
-        ap.error("--steps must be at least 4 (the steady part is steps 2..N-1)")
-    if args.memory_child:
-        memory_child(args)
+    args = start(ap, memory_child)
+    if args is None:
         return
-    torch.set_num_threads(args.threads)
-    print(load_average())
     precisions = ["fp32", "bf16"] if args.device.startswith("cuda") else ["fp32"]
     with tempfile.TemporaryDirectory() as tmp:
         info, corpus = synthetic_data(Path(tmp))

@@ -106,3 +106,36 @@ def row_group_reads(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", counting)
     return reads
+
+
+@pytest.fixture
+def compound_tokens(tmp_path) -> dict[str, Path]:
+    """Token outputs of a compound tokenizer (CPWord, two codebooks), as ``symkit tokenize``
+    writes them: ``info.json``, ``tokens.parquet`` and ``augmented.parquet`` (rows with codes
+    and empty ids), under ``tmp_path/tokens``. Every stage that models one id stream must
+    refuse them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.tokens.contract import TokenInfo, augmented_schema, tokens_schema
+
+    folder = tmp_path / "tokens"
+    folder.mkdir()
+    books = [{"name": "Pitch", "size": 10, "pad_id": 0, "bos_id": 1, "eos_id": 2},
+             {"name": "Duration", "size": 8, "pad_id": 0, "bos_id": 1, "eos_id": 2}]
+    info = TokenInfo(vocab_size=18, pad_id=0, bos_id=1, eos_id=2, tokenizer_hash="t" * 64,
+                     split_hash="s" * 64, tokenizer="CPWord", model="none", base_vocab_size=18,
+                     one_token_stream=True, compound=True, codebooks=books)
+    info.write(folder / "info.json")
+    rows = [{"sha256": f"{i:064x}", "split": split, "track": -1, "program": -1,
+             "is_drum": False, "ids": [], "codes": [[4, 5, 6], [4, 4, 5]], "n_tokens": 3,
+             "n_notes": 3, "n_notes_input": 3, "roundtrip_f1": 1.0, "flags": []}
+            for i, split in enumerate(["train", "train", "val", "test"])]
+    pq.write_table(pa.Table.from_pylist(rows, schema=tokens_schema(True)),
+                   folder / "tokens.parquet")
+    aug = [{"sha256": rows[0]["sha256"], "transpose": 1, "track": -1, "ids": [],
+            "codes": [[5, 6, 7], [4, 4, 5]], "n_tokens": 3}]
+    pq.write_table(pa.Table.from_pylist(aug, schema=augmented_schema(True)),
+                   folder / "augmented.parquet")
+    return {"info": folder / "info.json", "tokens": folder / "tokens.parquet",
+            "augmented": folder / "augmented.parquet"}

@@ -13,6 +13,12 @@ Inputs: ``data/raw/`` (MIDI), ``data/manifest.parquet`` (``path``, ``sha256``, `
 - ``data/tokens/augmented.parquet``: transposed train pieces (``sha256``, ``transpose``,
   ``track``, ``ids``, ``n_tokens``);
 - ``data/tokens/info.json``: vocabulary size, special ids, ``tokenizer_hash``, ``split_hash``;
+
+A compound tokenizer (CPWord, Octuple: one id per codebook per step) writes its steps in the
+tables' ``codes`` column (one list per codebook) with empty ``ids``, and ``info.json`` lists its
+codebooks (:mod:`pipeline.tokens.contract`); it trains no vocabulary (``model`` must be none).
+Octuple pieces longer than its ``max_bar_embedding`` bars are clipped by miditok and flagged
+``truncated_bars``.
 - ``.cache/tokens/``: base encodings per file, in segments (see :mod:`pipeline.tokens.store`;
   a cache, not an output: the outputs never depend on what it holds);
 - ``reports/tokenize.json`` (metrics) and ``reports/tokenize.env.json`` (timings, worker
@@ -62,9 +68,13 @@ from pipeline.tokens.encoding import encode_missing
 from pipeline.tokens.store import Entries, TokenCache, config_key
 from pipeline.tokens.tables import train_model, write_tables
 from pipeline.tokens.tokenizer import (
+    COMPOUND,
+    EXTRA_CONFIG,
     MODELS,
     REFUSED,
     SUPPORTED,
+    codebooks,
+    is_compound,
     make_tokenizer,
     tokenizer_config_args,
     tokenizer_hash,
@@ -135,6 +145,16 @@ class TokenizeConfig(StageConfig):
             raise ValueError(f"unknown model; use one of {', '.join(MODELS)}")
         return v
 
+    @model_validator(mode="after")
+    def _compound_trains_nothing(self) -> TokenizeConfig:
+        # after the fields, so that the default model (BPE) is refused too
+        if self.tokenizer in COMPOUND and self.model != "none":
+            raise ValueError(f"tokenize.model: {self.model} — {self.tokenizer} has several "
+                             "vocabularies (one id per codebook per step); miditok trains "
+                             "BPE/WordPiece on single-stream tokenizers only; use "
+                             "tokenize.model: none")
+        return self
+
     @field_validator("transpose")
     @classmethod
     def _offsets(cls, v: list[int]) -> list[int]:
@@ -148,6 +168,8 @@ class TokenizeConfig(StageConfig):
     def _config_keys(cls, v: dict[str, Any]) -> dict[str, Any]:
         allowed = tokenizer_config_args()
         for key in sorted(v):
+            if key in EXTRA_CONFIG:  # checked against the tokenizer by make_tokenizer
+                continue
             if key not in allowed:
                 usable = sorted(k for k in allowed if not k.startswith("ac_"))
                 raise ValueError(f"config.{key}: not a miditok TokenizerConfig argument; "
@@ -286,7 +308,8 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
                                "missing")
     t_encode = time.perf_counter()
 
-    base_vocab = len(base.vocab)
+    # a compound tokenizer's vocab is a list of codebooks: its size is their sum (miditok's len)
+    base_vocab = len(base) if is_compound(base) else len(base.vocab)
     if cfg.from_ is not None:
         tokenizer, trained_on = load_shared(cfg, base, Path(cfg.from_)), []
     else:
@@ -301,12 +324,16 @@ def run(cfg: TokenizeConfig, runtime: RuntimeConfig, *, raw_dir: Path, manifest:
     tok_text = tokenizer_text(tokenizer)
     tok_hash = tokenizer_hash(tokenizer)
     s_hash, s_agrees = split_hash(pieces, split_report)
+    books = codebooks(tokenizer)
+    first = books[0] if books else {"pad_id": tokenizer.pad_token_id,
+                                    "bos_id": tokenizer.vocab["BOS_None"],
+                                    "eos_id": tokenizer.vocab["EOS_None"]}
     info = TokenInfo(tokenizer=cfg.tokenizer, model=cfg.model, vocab_size=len(tokenizer),
-                     base_vocab_size=base_vocab, pad_id=int(tokenizer.pad_token_id),
-                     bos_id=int(tokenizer.vocab["BOS_None"]),
-                     eos_id=int(tokenizer.vocab["EOS_None"]),
+                     base_vocab_size=base_vocab, pad_id=int(first["pad_id"]),
+                     bos_id=int(first["bos_id"]), eos_id=int(first["eos_id"]),
                      one_token_stream=bool(base.one_token_stream),
-                     tokenizer_hash=tok_hash, split_hash=s_hash)
+                     tokenizer_hash=tok_hash, split_hash=s_hash,
+                     compound=True if books else None, codebooks=books or None)
     train_shas = sorted(trained_on)
     metrics = {**stats, **info.to_dict(),
                "model_trained_on_pieces": len(train_shas),

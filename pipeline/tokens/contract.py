@@ -7,7 +7,10 @@ One home for each piece of it, with one reader and one writer:
   :data:`AUGMENTED_SCHEMA` and :func:`read_tokens`;
 - special ids: :data:`SPECIAL_TOKENS` (PAD, BOS, EOS, required of every tokenizer),
   :meth:`TokenInfo.special_ids` and :func:`never_sampled`; padded targets are
-  :data:`models.base.IGNORE_INDEX`, which every model reads.
+  :data:`models.base.IGNORE_INDEX`, which every model reads;
+- compound tokens (CPWord, Octuple: one id per codebook per step): the tables'
+  ``codes`` column (:func:`tokens_schema`), ``TokenInfo.codebooks``, and
+  :func:`refuse_compound`, the one refusal of every reader that models one id stream.
 
 Token tables hold no BOS/EOS: a model frames each row as ``BOS x_1..x_n EOS``.
 """
@@ -23,7 +26,11 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.core.artifacts import ArtifactError, read_json, read_parquet, write_json
+from pipeline.core.config import ParamsError
 
+COMPOUND = ("CPWord", "Octuple")
+"""Compound (multi-vocabulary) tokenizers: one id per codebook per step. Tokenised; not yet
+modelled (:func:`refuse_compound`)."""
 SPECIAL_TOKENS = ("PAD_None", "BOS_None", "EOS_None")
 """miditok special tokens every tokenizer must have (the tokenize stage refuses others)."""
 
@@ -41,6 +48,23 @@ AUGMENTED_SCHEMA = pa.schema([
     ("ids", pa.list_(pa.int32())), ("n_tokens", pa.int32()),
 ])
 """``augmented.parquet``: transposed copies of train pieces only."""
+CODES_FIELD = pa.field("codes", pa.list_(pa.list_(pa.int32())))
+"""Compound tokens: one list per codebook, each ``n_tokens`` ids long (one per step). Only the
+tables of a compound tokenizer have the column (their ``ids`` are then empty): single-stream
+tables keep :data:`TOKENS_SCHEMA` and :data:`AUGMENTED_SCHEMA`, byte for byte, and a reader that
+asks for ``codes`` of one gets none (:func:`read_tokens`)."""
+
+
+def tokens_schema(compound: bool) -> pa.Schema:
+    """``tokens.parquet``'s schema: :data:`TOKENS_SCHEMA`, with ``codes`` after ``ids`` for a
+    compound tokenizer."""
+    return TOKENS_SCHEMA.insert(6, CODES_FIELD) if compound else TOKENS_SCHEMA
+
+
+def augmented_schema(compound: bool) -> pa.Schema:
+    """``augmented.parquet``'s schema: :data:`AUGMENTED_SCHEMA`, with ``codes`` after ``ids``
+    for a compound tokenizer."""
+    return AUGMENTED_SCHEMA.insert(4, CODES_FIELD) if compound else AUGMENTED_SCHEMA
 
 
 TOKEN_ROW_DEFAULTS: dict[str, Any] = {"program": 0, "is_drum": False, "n_notes": 0,
@@ -82,6 +106,14 @@ class TokenInfo:
     """Trained vocabulary: ``BPE``, ``WordPiece`` or ``none``."""
     base_vocab_size: int | None = None
     one_token_stream: bool | None = None
+    compound: bool | None = None
+    """True for a compound tokenizer (CPWord, Octuple): the tables hold ``codes``, one id per
+    codebook per step, and ``ids`` are empty. Unset (absent from the file) otherwise."""
+    codebooks: list[dict[str, Any]] | None = None
+    """Compound tokens: per codebook, in miditok's order, ``name`` (its token types, e.g.
+    ``Pitch``), ``size`` and its own ``pad_id``, ``bos_id``, ``eos_id``. ``vocab_size`` is then
+    the sum of the sizes (miditok's ``len``) and ``pad_id``/``bos_id``/``eos_id`` the first
+    codebook's."""
 
     @classmethod
     def read(cls, path: Path | str) -> TokenInfo:
@@ -94,9 +126,16 @@ class TokenInfo:
         if missing:
             raise ArtifactError.for_path(path, f"lacks {', '.join(missing)}")
         try:
-            return cls(**{k: raw[k] for k in names if k in raw})
+            info = cls(**{k: raw[k] for k in names if k in raw})
         except TypeError as e:
             raise ArtifactError.for_path(path, f"is not a token info file ({e})") from None
+        keys = {"name", "size", "pad_id", "bos_id", "eos_id"}
+        if bool(info.compound) != bool(info.codebooks) or not all(
+                isinstance(c, dict) and keys <= c.keys() for c in info.codebooks or []):
+            raise ArtifactError.for_path(path, "has compound and codebooks that disagree (a "
+                                         "compound tokenizer lists its codebooks, each with "
+                                         f"{', '.join(sorted(keys))})")
+        return info
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, without the optional keys that are unset."""
@@ -108,6 +147,23 @@ class TokenInfo:
     def special_ids(self) -> tuple[int, ...]:
         """PAD, BOS and EOS ids, sorted and distinct."""
         return tuple(sorted({self.pad_id, self.bos_id, self.eos_id}))
+
+
+NOT_YET_MODELLED = ("compound tokenizers (one id per codebook per step) are tokenised but not "
+                    "yet modelled: the model, loss and sampling for them come next; use "
+                    "tokenize.tokenizer: REMI, TSD, MIDILike or Structured")
+
+
+def refuse_compound(info: TokenInfo | None, what: str, *, tokenizer: str | None = None) -> None:
+    """Refuse compound tokens where ``what`` (a stage or command) models one id stream: a
+    :class:`~pipeline.core.config.ParamsError` naming ``tokenize.tokenizer`` and its value.
+    The one check every such entry point makes at its start, from the tokens' ``info`` or,
+    without one (a model folder's tokenizer), from the ``tokenizer`` class name given."""
+    name = info.tokenizer if info is not None else tokenizer
+    compound = bool(info.compound) if info is not None else name in COMPOUND
+    if compound:
+        raise ParamsError(f"tokenize.tokenizer: {name} — {what} reads one id stream, and "
+                          f"{NOT_YET_MODELLED}")
 
 
 def never_sampled(info: TokenInfo, tokenizer: Any | None = None) -> list[int]:
@@ -134,7 +190,15 @@ def read_tokens(path: Path | str, columns: Iterable[str] | None = None,
     if "test" in wanted:
         raise ValueError(f"read_tokens: {NOT_HERE}")
     cols = list(columns) if columns is not None else None
-    df = read_parquet(path, columns=None if cols is None else sorted({*cols, "split"}))
+    compound = is_compound_table(path) if Path(path).is_file() else False
+    if cols is not None and "ids" in cols and "codes" not in cols and compound:
+        raise ParamsError(f"{path}: compound tokens (empty ids, one list of codes per codebook) "
+                          f"read for their ids; {NOT_YET_MODELLED}")
+    wanted_cols = None if cols is None else sorted({*cols, "split"} - (
+        set() if compound else {CODES_FIELD.name}))
+    df = read_parquet(path, columns=wanted_cols)
+    if cols is not None and CODES_FIELD.name in cols and not compound:
+        df[CODES_FIELD.name] = None  # a single-stream table: no codes
     df = df[df["split"].isin(wanted)]
     if cols is not None:
         df = df[cols]
@@ -142,3 +206,14 @@ def read_tokens(path: Path | str, columns: Iterable[str] | None = None,
     if keys:
         df = df.sort_values(keys, kind="stable")
     return df.reset_index(drop=True)
+
+
+def is_compound_table(path: Path | str) -> bool:
+    """Whether a token table (``tokens.parquet``, ``augmented.parquet``) holds compound tokens
+    (it has the ``codes`` column); an unreadable file is an ArtifactError naming its stage."""
+    import pyarrow.parquet as pq
+
+    try:
+        return CODES_FIELD.name in pq.read_schema(path).names
+    except (pa.ArrowException, OSError):
+        raise ArtifactError.for_path(path, "is not a readable Parquet file") from None

@@ -30,7 +30,7 @@ import pandas as pd
 from models.base import IGNORE_INDEX
 from pipeline.core.artifacts import read_parquet
 from pipeline.core.splits import SPLIT_NAMES
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 from pipeline.tokens.tokenizer import load_tokenizer
 
 
@@ -92,7 +92,9 @@ class Experiment:
                            splits=None if split is None else [split])
 
     def sequences(self, split: str, augmented: bool = False) -> list[np.ndarray]:
-        """The split's non-empty id sequences in table order (plus augmentations for train)."""
+        """The split's non-empty id sequences in table order (plus augmentations for train).
+        Compound tokens (CPWord, Octuple) are refused: they hold no single id stream."""
+        refuse_compound(self.info, "the token dataset (pipeline.tokens.dataset)")
         seqs = [np.asarray(x, np.int64) for x in self.tokens(split)["ids"] if len(x)]
         if augmented:
             if split != "train":

@@ -23,7 +23,7 @@ from pipeline.core.artifacts import sha256_bytes
 from pipeline.tokens.entries import HEADER, SEQ_FIELDS, Encoding, SeqEncoding, pack, unpack
 from pipeline.tokens.roundtrip import RoundTrip, roundtrip_batch
 from pipeline.tokens.store import TokenCache
-from pipeline.tokens.tokenizer import prepare_score
+from pipeline.tokens.tokenizer import codes_from_steps, is_compound, prepare_score
 
 MIN_CHUNK, MAX_CHUNK = 32, 64  # files per chunk of work sent to a worker (:func:`chunk_size`)
 _TIME = operator.attrgetter("time")
@@ -66,9 +66,14 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
     """Encode a *preprocessed* score with base ids; with ``check``, decode and compare notes.
 
     With ``checks`` the round-trip checks are appended there, to be settled later for a whole
-    chunk of files (:func:`settle`), and the counts are left at -1 meanwhile."""
+    chunk of files (:func:`settle`), and the counts are left at -1 meanwhile.
+
+    A compound tokenizer's steps are stored one after the other (one id per codebook each;
+    bar and beat starts count steps), and a piece it clips (:func:`truncated_bars`) says so."""
     from miditok import TokSequence
 
+    compound = is_compound(tokenizer)
+    clipped = compound and truncated_bars(tokenizer, score)
     tokseqs = tokenizer.encode(score, encode_ids=False, no_preprocess_score=True)
     one_stream = isinstance(tokseqs, TokSequence)
     if one_stream:
@@ -85,15 +90,19 @@ def encode_score(tokenizer: Any, score: Any, n_notes_input: int, *, check: bool,
             n_notes = len(tracks[i].notes)
         else:  # miditok gives one (empty) sequence for a score without tracks
             track, program, is_drum, n_notes = i, 0, False, 0
-        ids = np.asarray(ts.ids, dtype=np.int32)
+        if compound:
+            ids = codes_from_steps(ts.ids, len(tokenizer.vocab)).T.reshape(-1)
+            times = [step[0].time for step in ts.events]
+        else:
+            ids = np.asarray(ts.ids, dtype=np.int32)
+            times = list(map(_TIME, ts.events))
         if check:
             mine.append(RoundTrip(file, i, ids, score, one_stream, (program, is_drum)))
-        times = list(map(_TIME, ts.events))
         ordered = times == sorted(times)
         seqs.append(SeqEncoding(track, program, is_drum, n_notes, ids,
                                 chunk_starts(times, ts._ticks_bars, ordered),
                                 chunk_starts(times, ts._ticks_beats, ordered), -1, -1))
-    enc = Encoding(n_notes_input=n_notes_input, seqs=tuple(seqs))
+    enc = Encoding(n_notes_input=n_notes_input, seqs=tuple(seqs), truncated_bars=clipped)
     if checks is not None:
         checks.extend(mine)
         return enc
@@ -118,6 +127,18 @@ def settle_packed(tokenizer: Any, checks: list[RoundTrip], packed: list[np.ndarr
     for c, (matched, decoded) in zip(checks, roundtrip_batch(tokenizer, checks), strict=True):
         row = HEADER + c.index * SEQ_FIELDS
         packed[c.file][row + 7 : row + 9] = (matched, decoded)
+
+
+def truncated_bars(tokenizer: Any, score: Any) -> bool:
+    """Whether ``tokenizer`` clips the preprocessed ``score``: Octuple encodes a note's bar as
+    one of ``max_bar_embedding`` Bar tokens and cuts a piece with more bars (counted as miditok
+    counts them: up to the last note onset) with only a warning."""
+    limit = tokenizer.config.additional_params.get("max_bar_embedding")
+    if type(tokenizer).__name__ != "Octuple" or limit is None:
+        return False
+    from miditok.utils import get_bars_ticks
+
+    return len(get_bars_ticks(score, only_notes_onsets=True)) > int(limit)
 
 
 def transposition_allowed(tokenizer: Any, score: Any, offset: int) -> bool:

@@ -1,10 +1,12 @@
 """The entry format: a file's base encoding and how it is packed (:func:`pack`).
 
 A *base encoding* is what the tokenizer gives one MIDI file before any trained vocabulary (BPE,
-WordPiece) is applied: base token ids per sequence, where each bar and beat starts (the trained
-vocabulary never merges across those), note counts and the round-trip check against miditok's
-preprocessed score. It depends only on the file's bytes, the base tokenizer configuration and the
-transposition, so the token store (:mod:`pipeline.tokens.store`) keeps it under exactly that key.
+WordPiece) is applied: base token ids per sequence (a compound tokenizer's steps one after the
+other, one id per codebook each: the tokenizer says how many codebooks), where each bar and
+beat starts (the trained vocabulary never merges across those), note counts and the round-trip
+check against miditok's preprocessed score. It depends only on the file's bytes, the base
+tokenizer configuration and the transposition, so the token store (:mod:`pipeline.tokens.store`)
+keeps it under exactly that key.
 
 An *entry* is one base encoding packed as one int32 array (:func:`pack`): a header starting with
 a magic/format number, a table of the sequences, then their ids, bar starts and beat starts.
@@ -21,6 +23,8 @@ FORMAT = 0x53540001  # magic "ST" + entry format version 1
 HEADER = 4  # FORMAT, n_seq, n_notes_input, flag bits
 SEQ_FIELDS = 9  # track, program, is_drum, n_notes, n_ids, n_bar, n_beat, rt_matched, rt_decoded
 OUT_OF_RANGE = 1  # flag bit: transposition would push a pitch out of the tokenizer's range
+TRUNCATED_BARS = 2  # flag bit: the tokenizer clipped the piece at its last bar (Octuple's
+# max_bar_embedding)
 Key = tuple[str, int]  # (sha256, transpose)
 
 
@@ -32,7 +36,7 @@ class SeqEncoding:
     program: int  # MIDI program of the track; -1 for one-stream sequences
     is_drum: bool
     n_notes: int  # notes this sequence encodes (after miditok's preprocessing)
-    ids: np.ndarray  # int32 base ids
+    ids: np.ndarray  # int32 base ids (compound: steps × codebooks, flattened step by step)
     bar_starts: np.ndarray  # int32 index where each bar's tokens start
     beat_starts: np.ndarray  # int32 index where each beat's tokens start
     rt_matched: int  # notes matched by the decoded sequence (-1: not checked)
@@ -50,6 +54,7 @@ class Encoding:
     n_notes_input: int  # notes in the file as parsed, all tracks
     seqs: tuple[SeqEncoding, ...]
     out_of_range: bool = False  # transposition refused: no sequences
+    truncated_bars: bool = False  # the tokenizer clipped the piece (bars beyond its limit)
 
 
 def f1_from_counts(matched: int, n_ref: int, n_dec: int) -> float:
@@ -65,8 +70,9 @@ def pack(enc: Encoding) -> np.ndarray:
     """Encoding -> one int32 array: header, per-sequence table, then ids, bar and beat starts."""
     table = [[s.track, s.program, int(s.is_drum), s.n_notes, len(s.ids), len(s.bar_starts),
               len(s.beat_starts), s.rt_matched, s.rt_decoded] for s in enc.seqs]
-    parts = [np.array([FORMAT, len(enc.seqs), enc.n_notes_input,
-                       OUT_OF_RANGE if enc.out_of_range else 0], dtype=np.int32),
+    bits = (OUT_OF_RANGE if enc.out_of_range else 0) | (TRUNCATED_BARS if enc.truncated_bars
+                                                        else 0)
+    parts = [np.array([FORMAT, len(enc.seqs), enc.n_notes_input, bits], dtype=np.int32),
              np.array(table, dtype=np.int32).reshape(-1)]
     parts += [s.ids for s in enc.seqs] + [s.bar_starts for s in enc.seqs]
     parts += [s.beat_starts for s in enc.seqs]
@@ -87,15 +93,16 @@ def entry_ok(arr: np.ndarray) -> bool:
 class EntryBlock:
     """Packed entries parsed together (:func:`parse_block`), end to end in ``flat``. Per entry
     (in ``keys`` order): its sequences ``first_seq[e]`` to ``first_seq[e + 1]``, the notes of its
-    file and whether its transposition was refused. Per sequence: its row of the entry's table
-    (``table``, ``SEQ_FIELDS`` columns as :func:`pack` writes them) and where its ids, bar
-    starts and beat starts begin in ``flat``."""
+    file, whether its transposition was refused and whether the tokenizer clipped it. Per
+    sequence: its row of the entry's table (``table``, ``SEQ_FIELDS`` columns as :func:`pack`
+    writes them) and where its ids, bar starts and beat starts begin in ``flat``."""
 
     keys: list[Key]
     flat: np.ndarray
     first_seq: np.ndarray
     n_input: np.ndarray
     out_of_range: np.ndarray
+    truncated_bars: np.ndarray
     table: np.ndarray
     ids_at: np.ndarray
     bars_at: np.ndarray
@@ -118,7 +125,8 @@ class EntryBlock:
         return Encoding(n_notes_input=int(self.n_input[e]),
                         seqs=tuple(self.sequence(j)
                                    for j in range(self.first_seq[e], self.first_seq[e + 1])),
-                        out_of_range=bool(self.out_of_range[e]))
+                        out_of_range=bool(self.out_of_range[e]),
+                        truncated_bars=bool(self.truncated_bars[e]))
 
 
 class BadEntry(ValueError):
@@ -186,6 +194,7 @@ def parse_block(keys: list[Key], arrays: list[np.ndarray]) -> EntryBlock:
         begin = begin + np.bincount(entry, weights=counts, minlength=n).astype(np.int64)
     refuse(begin != ends)
     return EntryBlock(keys=list(keys), flat=flat, first_seq=first_seq, n_input=head[:, 2],
-                      out_of_range=(head[:, 3] & OUT_OF_RANGE) != 0, table=table, ids_at=at[0],
+                      out_of_range=(head[:, 3] & OUT_OF_RANGE) != 0,
+                      truncated_bars=(head[:, 3] & TRUNCATED_BARS) != 0, table=table, ids_at=at[0],
                       bars_at=at[1], beats_at=at[2])
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.tokens.remi_keys import remi_note_columns
+from pipeline.tokens.tokenizer import miditok_ids
 
 
 def note_keys(score: Any, grid: int, program: int | None = None) -> np.ndarray:
@@ -201,11 +202,12 @@ def roundtrip_counts(tokenizer: Any, ids: np.ndarray, reference: Any, track: int
     """(matched, decoded) note counts of miditok's ``decode`` of base ``ids`` against the
     preprocessed reference (miditok maps the ids back to their tokens, a bijection). Per-track
     sequences are compared with their own track, programs ignored (the stream does not encode
-    them; they are passed back to the decoder).
+    them; they are passed back to the decoder). A compound tokenizer's ``ids`` are its steps
+    one after the other, as the store packs them (:func:`miditok_ids`).
     """
     from miditok import TokSequence
 
-    fresh = TokSequence(ids=[int(i) for i in ids])
+    fresh = TokSequence(ids=miditok_ids(tokenizer, ids))
     if one_stream:
         return match_counts(reference, tokenizer.decode(fresh))
     decoded = tokenizer.decode([fresh], programs=[program])

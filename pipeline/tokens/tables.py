@@ -1,7 +1,8 @@
 """The tokenize stage's outputs from cached base encodings: the trained vocabulary (learnt on
 the train split's pieces only, :func:`train_model`) and the token tables, assembled ``BATCH``
 pieces at a time (:func:`write_tables`), with the statistics ``reports/tokenize.json`` reports.
-Outputs do not depend on ``BATCH``."""
+Outputs do not depend on ``BATCH``. A compound tokenizer's rows hold ``codes`` (one list per
+codebook) and empty ``ids``; its ``n_tokens`` and token counts count steps."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import pyarrow as pa
 
 from pipeline.core.arrays import list_array
 from pipeline.core.artifacts import ROW_GROUP_ROWS, table_writer
-from pipeline.tokens.contract import AUGMENTED_SCHEMA, TOKENS_SCHEMA
+from pipeline.tokens.contract import augmented_schema, tokens_schema
 from pipeline.tokens.entries import EntryBlock, SeqEncoding, f1_from_counts
 from pipeline.tokens.roundtrip import match_counts
 from pipeline.tokens.store import Entries
+from pipeline.tokens.tokenizer import is_compound
 from pipeline.tokens.vocabulary import apply_model, base_byte_table, expand, expansion_table, words
 
 BATCH = 2048
@@ -88,12 +90,16 @@ def write_tables(tokenizer: Any, pieces: pd.DataFrame, wanted: dict[str, tuple[i
     """Write the tokens and augmented tables (sorted by key), ``BATCH`` pieces at a time, and
     return the report's statistics. ``pieces`` is sorted by sha256."""
     table = expansion_table(tokenizer) if tokenizer.is_trained else None
-    summary = [TOKENS_SCHEMA.empty_table().drop_columns(["ids"])]  # rows without their ids,
-    # for the statistics
+    compound = is_compound(tokenizer)
+    schema = tokens_schema(compound)
+    id_columns = ["ids", "codes"] if compound else ["ids"]
+    summary = [schema.empty_table().drop_columns(id_columns)]  # rows without their ids, for
+    # the statistics
     examples: list[dict[str, Any]] = []
     counts = Counter()
-    with table_writer(tokens_path, TOKENS_SCHEMA, ROW_GROUP_ROWS) as put_tokens, \
-            table_writer(augmented_path, AUGMENTED_SCHEMA, ROW_GROUP_ROWS) as put_augmented:
+    with table_writer(tokens_path, schema, ROW_GROUP_ROWS) as put_tokens, \
+            table_writer(augmented_path, augmented_schema(compound),
+                         ROW_GROUP_ROWS) as put_augmented:
         shas, splits = pieces["sha256"].tolist(), pieces["split"].tolist()
         for lo in range(0, len(shas), BATCH):
             part = shas[lo : lo + BATCH]
@@ -104,11 +110,11 @@ def write_tables(tokenizer: Any, pieces: pd.DataFrame, wanted: dict[str, tuple[i
                                              examples, counts)
             put_tokens(tokens)
             put_augmented(augmented)
-            summary.append(tokens.drop_columns(["ids"]))
+            summary.append(tokens.drop_columns(id_columns))
     return _stats(pa.concat_tables(summary), counts, examples)
 
 
-FLAG_BITS = ("model_lossy", "no_notes", "notes_dropped", "roundtrip_lossy")
+FLAG_BITS = ("model_lossy", "no_notes", "notes_dropped", "roundtrip_lossy", "truncated_bars")
 """Row flags computed for encoded pieces, in sorted order (bit ``k`` of a row's flag code)."""
 
 
@@ -125,8 +131,9 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
     first, tab = block.first_seq, block.table
     seq_entry = np.repeat(np.arange(len(block.keys)), np.diff(first))
     n_seq = np.diff(first)
-    n_tokens = tab[:, 4] if final is None else np.fromiter(map(len, final), np.int64,
-                                                            count=len(final))
+    width = len(tokenizer.vocab) if is_compound(tokenizer) else 1  # ids per step
+    n_tokens = tab[:, 4] // width if final is None else np.fromiter(map(len, final), np.int64,
+                                                                     count=len(final))
     # per sequence: the round-trip F1 (a trained model that loses notes lowers it) and flags
     matched, n_notes, decoded = tab[:, 7], tab[:, 3], tab[:, 8]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -142,7 +149,7 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
                 lossy[j] = True
                 f1[j] = _lossy_f1(tokenizer, block.sequence(j), recovered, one_stream)
     notes = np.bincount(seq_entry, weights=n_notes, minlength=len(block.keys)).astype(np.int64)
-    entry_code = 2 * (notes == 0) + 4 * (notes < block.n_input)
+    entry_code = 2 * (notes == 0) + 4 * (notes < block.n_input) + 16 * block.truncated_bars
     seq_code = entry_code[seq_entry] + lossy + 8 * (f1 < 1.0)
 
     # one row per sequence of each piece's base entry; one row for a piece without sequences
@@ -166,7 +173,8 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
     code = np.zeros(len(piece), np.int64)
     code[has] = seq_code[at]
     code[bare] = entry_code[entry[bare]]
-    flag_lists = [[f for k, f in enumerate(FLAG_BITS) if c >> k & 1] for c in range(16)]
+    flag_lists = [[f for k, f in enumerate(FLAG_BITS) if c >> k & 1]
+                  for c in range(2 ** len(FLAG_BITS))]
     flags = [flag_lists[c] for c in code.tolist()]
     for r in np.flatnonzero(entry < 0).tolist():
         sha = shas[piece[r]]
@@ -179,6 +187,11 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
     for r, j in zip(np.flatnonzero(has).tolist(), at.tolist(), strict=True):
         ids_of[r] = final[j] if final is not None else \
             block.flat[block.ids_at[j] : block.ids_at[j] + tab[j, 4]]
+    schema = tokens_schema(width > 1)
+    codes = {}
+    if width > 1:  # compound: the stored steps as codes, and no ids
+        codes["codes"] = codes_column(ids_of, width)
+        ids_of = [_NO_IDS] * len(piece)
     piece_list = piece.tolist()
     tokens = pa.table({
         "sha256": pa.array([shas[p] for p in piece_list], pa.string()),
@@ -186,31 +199,50 @@ def batch_tables(tokenizer: Any, table: tuple[np.ndarray, np.ndarray] | None,
         "track": pa.array(per_row(tab[:, 0], -1, np.int16)),
         "program": pa.array(per_row(tab[:, 1], -1, np.int16)),
         "is_drum": pa.array(per_row(tab[:, 2] != 0, False, bool)),
-        "ids": list_array(ids_of, TOKENS_SCHEMA.field("ids").type),
+        "ids": list_array(ids_of, schema.field("ids").type),
+        **codes,
         "n_tokens": pa.array(per_row(n_tokens, 0, np.int32)),
         "n_notes": pa.array(per_row(n_notes, 0, np.int32)),
         "n_notes_input": pa.array(n_input.astype(np.int32)),
         "roundtrip_f1": pa.array(per_row(f1, np.nan, np.float64), mask=~has),
-        "flags": pa.array(flags, TOKENS_SCHEMA.field("flags").type),
-    }, schema=TOKENS_SCHEMA)
+        "flags": pa.array(flags, schema.field("flags").type),
+    }, schema=schema)
     base_seqs = base_entry[seq_entry]
-    counts["base_tokens"] += int(tab[base_seqs, 4].sum())
+    counts["base_tokens"] += int(tab[base_seqs, 4].sum()) // width
     counts["augmented_sequences"] += int((~base_seqs).sum())
     counts["augment_out_of_range"] += int(block.out_of_range[~base_entry].sum())
     aug = [j for e in sorted(np.flatnonzero(~base_entry).tolist(), key=block.keys.__getitem__)
            for j in range(first[e], first[e + 1])]
     aug_ids = [final[j] if final is not None else block.ids(j) for j in aug]
+    aug_schema = augmented_schema(width > 1)
+    aug_codes = {}
+    if width > 1:
+        aug_codes["codes"] = codes_column(aug_ids, width)
+        aug_ids = [_NO_IDS] * len(aug)
     augmented = pa.table({
         "sha256": pa.array([block.keys[e][0] for e in seq_entry[aug].tolist()], pa.string()),
         "transpose": pa.array([block.keys[e][1] for e in seq_entry[aug].tolist()], pa.int8()),
         "track": pa.array(tab[aug, 0].astype(np.int16)),
-        "ids": list_array(aug_ids, AUGMENTED_SCHEMA.field("ids").type),
+        "ids": list_array(aug_ids, aug_schema.field("ids").type),
+        **aug_codes,
         "n_tokens": pa.array(n_tokens[aug].astype(np.int32)),
-    }, schema=AUGMENTED_SCHEMA)
+    }, schema=aug_schema)
     return tokens, augmented
 
 
 _NO_IDS = np.zeros(0, np.int32)
+
+
+def codes_column(steps: list[np.ndarray], width: int) -> pa.Array:
+    """The ``codes`` column of rows whose stored ids are ``steps`` (each a compound sequence's
+    steps one after the other, ``width`` ids each): per row ``width`` lists, the ids of each
+    codebook in step order (a row without ids gets ``width`` empty lists)."""
+    inner = [c for flat in steps for c in np.asarray(flat).reshape(-1, width).T]
+    values = list_array(inner, pa.list_(pa.int32()))
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    offsets = pa.array(np.arange(len(steps) + 1, dtype=np.int32) * width, pa.int32())
+    return pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.list_(pa.int32())))
 
 
 def _stats(tokens: pa.Table, counts: Counter, examples: list[dict[str, Any]]) -> dict[str, Any]:

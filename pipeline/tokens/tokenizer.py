@@ -1,6 +1,12 @@
 """miditok tokenizers: which are supported, how one is built from params, loaded from
 ``data/tokenizer.json`` and decoded. The only place that constructs or loads a tokenizer.
 
+Compound tokenizers (:data:`COMPOUND`: CPWord, Octuple) have one vocabulary per position of a
+step (a *codebook*): each step is one id per codebook. miditok calls the steps' ids a list of
+lists (``[[pitch, position, bar, ...], ...]``); the token tables keep one list per codebook
+(``codes``, :mod:`pipeline.tokens.contract`). :func:`steps_from_codes` and
+:func:`codes_from_steps` turn one into the other; :func:`codebooks` describes the codebooks.
+
 ``import miditok`` pulls in torch (2-4 s) through its optional ``miditok.pytorch_data``, which
 nothing here uses; :func:`import_miditok` imports miditok without it when torch is not loaded
 yet, and is called inside the functions.
@@ -16,22 +22,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.artifacts import ArtifactError, read_json, sha256_bytes
-from pipeline.tokens.contract import SPECIAL_TOKENS
+import numpy as np
 
-SUPPORTED = ("REMI", "TSD", "MIDILike", "Structured")
+from pipeline.core.artifacts import ArtifactError, read_json, sha256_bytes
+from pipeline.tokens.contract import COMPOUND, SPECIAL_TOKENS
+
+SUPPORTED = ("REMI", "TSD", "MIDILike", "Structured", *COMPOUND)
 REFUSED = {
-    "CPWord": "multi-vocabulary (several ids per step): gives no single id stream and cannot be "
-              "trained with BPE",
-    "Octuple": "multi-vocabulary (several ids per step): gives no single id stream and cannot be "
-               "trained with BPE; it also truncates long pieces (max_bar_embedding)",
-    "MuMIDI": "multi-vocabulary (several ids per step): gives no single id stream and cannot be "
-              "trained with BPE",
+    "MuMIDI": "multi-vocabulary with steps of varying width (3 ids for a Bar, Position or "
+              "Program step, 5 for a note), so its ids form no table of one column per "
+              "codebook; it also clips pieces longer than max_bar_embedding bars",
     "MMM": "needs a base tokenizer (config.additional_params) and is not supported here",
     "PerTok": "needs ticks_per_quarter and microtiming settings and is not supported here",
     "BEAT": "not validated end to end by this stage",
 }
 MODELS = ("none", "BPE", "WordPiece")
+EXTRA_CONFIG = {"max_bar_embedding": ("Octuple",)}
+"""``tokenize.config`` keys that are not ``TokenizerConfig`` arguments but miditok reads from its
+``additional_params``, and the tokenizers that read them. Octuple encodes a note's bar as a token
+of its Bar codebook, ``Bar_0`` to ``Bar_<max_bar_embedding - 1>`` (miditok's default: 60), and
+clips a longer piece; the tokenize stage flags such pieces ``truncated_bars``."""
 PROGRAM_KEY = "symkit_program"
 """Where a tokenizer keeps ``tokenize.program`` (the program every pitched track is encoded as):
 in miditok's ``config.additional_params``, which ``tokenizer.json`` saves and loads, so a saved
@@ -105,6 +115,13 @@ def make_tokenizer(name: str, config: dict[str, Any], program: int | None = None
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"config: miditok refused it: {e}") from None
     for key, value in kwargs.items():
+        if key in EXTRA_CONFIG:
+            if name not in EXTRA_CONFIG[key]:
+                raise ValueError(f"config.{key}: read by {', '.join(EXTRA_CONFIG[key])} only, "
+                                 f"not by {name}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"config.{key} = {value!r}: must be a positive integer")
+            continue
         if key != "special_tokens" and not _same(getattr(tok.config, key), value):
             raise ValueError(f"config.{key} = {config[key]!r}: not supported by {name} "
                              f"(it uses {getattr(tok.config, key)!r})")
@@ -160,15 +177,80 @@ def tokenizer_hash(tokenizer: Any) -> str:
     return sha256_bytes(tokenizer_text(tokenizer).encode("utf-8"))
 
 
-def decode_ids(tokenizer: Any, ids: Sequence[int]) -> tuple[Any, str | None]:
-    """ids -> (symusic Score or None, error message or None). Never raises."""
-    ids = [int(i) for i in ids]
+def is_compound(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` has several vocabularies (one id per codebook per step)."""
+    return bool(getattr(tokenizer, "is_multi_voc", False))
+
+
+def codebooks(tokenizer: Any) -> list[dict[str, Any]]:
+    """The codebooks of a compound tokenizer, in miditok's order: per codebook its ``name`` (the
+    token types miditok puts there, ``/``-joined in miditok's order, e.g. ``Pitch`` or
+    CPWord's ``Position/Bar``), its ``size`` and its own PAD, BOS and EOS ids (each vocabulary
+    has its own special tokens: miditok puts them first in every one). Empty for a
+    single-stream tokenizer."""
+    if not is_compound(tokenizer):
+        return []
+    names: dict[int, list[str]] = {}
+    for type_, k in getattr(tokenizer, "vocab_types_idx", {}).items():
+        if k >= 0:
+            names.setdefault(int(k), []).append(type_)
+    out = []
+    for k, vocab in enumerate(tokenizer.vocab):
+        out.append({"name": "/".join(names.get(k, [f"codebook{k}"])), "size": len(vocab),
+                    "pad_id": int(vocab["PAD_None"]), "bos_id": int(vocab["BOS_None"]),
+                    "eos_id": int(vocab["EOS_None"])})
+    return out
+
+
+def steps_from_codes(codes: Sequence[Sequence[int]] | np.ndarray) -> list[list[int]]:
+    """A compound sequence as the token tables store it (``codes``: one list per codebook, each
+    one id per step) -> miditok's ids (one list of an id per codebook for each step), the input
+    of ``tokenizer.decode``. Inverse of :func:`codes_from_steps`."""
+    arr = np.asarray([np.asarray(c, dtype=np.int64) for c in codes], dtype=np.int64)
+    if arr.ndim != 2:
+        raise ValueError("codes: one list per codebook, all of the same length")
+    return arr.T.tolist()
+
+
+def codes_from_steps(steps: Sequence[Sequence[int]] | np.ndarray, n_codebooks: int
+                     ) -> np.ndarray:
+    """miditok's ids of a compound sequence (one list of ``n_codebooks`` ids per step) -> the
+    (``n_codebooks``, steps) int32 array the token tables store as ``codes``. A step of another
+    width is a ValueError."""
+    arr = np.asarray(steps, dtype=np.int64)
+    if arr.size == 0:
+        arr = arr.reshape(0, n_codebooks)
+    if arr.ndim != 2 or arr.shape[1] != n_codebooks:
+        raise ValueError(f"compound steps must each hold {n_codebooks} ids (one per codebook)")
+    return np.ascontiguousarray(arr.T, dtype=np.int32)
+
+
+def miditok_ids(tokenizer: Any, ids: np.ndarray | Sequence[Any]) -> list[Any]:
+    """Base ids as miditok's ``TokSequence(ids=...)`` takes them: a flat list of ints, or for a
+    compound tokenizer one list per step (``ids`` given as steps, or flat, step after step, as
+    the token store packs them)."""
+    if not is_compound(tokenizer):
+        return [int(i) for i in ids]
+    k = len(tokenizer.vocab)
+    return np.asarray(ids, dtype=np.int64).reshape(-1, k).tolist()
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[Any] | np.ndarray) -> tuple[Any, str | None]:
+    """ids -> (symusic Score or None, error message or None). Never raises. For a compound
+    tokenizer ``ids`` are its steps (one id per codebook each: :func:`steps_from_codes` of a
+    row's ``codes``)."""
     try:
+        ids = miditok_ids(tokenizer, ids)
         if not ids:
             import symusic
 
             return symusic.Score(tokenizer.time_division), None
         one_stream = bool(getattr(tokenizer, "one_token_stream", False))
+        if is_compound(tokenizer):  # a TokSequence: miditok cannot tell steps from sequences
+            from miditok import TokSequence
+
+            seq = TokSequence(ids=ids)
+            return tokenizer.decode(seq if one_stream else [seq]), None
         return tokenizer.decode(ids if one_stream else [ids]), None
     except Exception as e:  # malformed sequences are data, reported per sample
         return None, f"{type(e).__name__}: {e}"[:500]

@@ -362,6 +362,97 @@ def test_per_track_sequences(corpus_files, tmp_path):
         assert [list(x) for x in group["ids"]] == [s.ids for s in seqs]
 
 
+def compound_config(name: str, **extra) -> TokenizeConfig:
+    """A compound tokenizer as the stage takes it: no trained vocabulary (``vocab_size`` is then
+    unused, as it is for every tokenizer with ``model: none``)."""
+    return TokenizeConfig(tokenizer=name, config={"use_programs": True, **extra}, model="none",
+                          vocab_size=5, program=None, transpose=[-2, 2])
+
+
+@pytest.mark.parametrize("name", ["CPWord", "Octuple"])
+def test_compound_tokens_are_codes_per_codebook_and_deterministic(name, corpus_files, tmp_path):
+    """Compound tokens: per row one list of codes per codebook, each ``n_tokens`` long, equal to
+    plain miditok ``encode``, and empty ids; info.json lists the codebooks; transposed copies
+    shift the pitch codebook alone; the same bytes with 1 and 2 workers, shuffled inputs and
+    no cache."""
+    from pipeline.tokens.tokenizer import steps_from_codes
+
+    files = dict([*list(corpus_files.items())[:7], ("bach/0.mid", corpus_files["bach/0.mid"])])
+    write_corpus(tmp_path / "a", files)
+    run_stage(tmp_path / "a", compound_config(name), workers=2)
+    write_corpus(tmp_path / "b", files, order_seed=5)
+    run_stage(tmp_path / "b", compound_config(name), workers=1, cache=False)
+    assert output_bytes(tmp_path / "a") == output_bytes(tmp_path / "b")
+
+    root = tmp_path / "a"
+    tok = getattr(miditok, name)(params=root / "data/tokenizer.json")
+    info = read_json(root / "data/tokens/info.json")
+    assert info["compound"] is True and info["tokenizer"] == name and info["model"] == "none"
+    assert [c["size"] for c in info["codebooks"]] == [len(v) for v in tok.vocab]
+    assert info["vocab_size"] == len(tok) == sum(len(v) for v in tok.vocab)
+    table = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    assert len(table) == len(files) and (table["ids"].map(len) == 0).all()
+    for sha, codes, n in zip(table["sha256"], table["codes"], table["n_tokens"], strict=True):
+        assert [len(c) for c in codes] == [n] * len(tok.vocab)
+        data = next(b for b in files.values() if sha256_bytes(b) == sha)
+        assert steps_from_codes(codes) == tok.encode(Score.from_midi(data)).ids
+    assert (table["roundtrip_f1"] == 1.0).all()
+    assert not [f for fl in table["flags"] for f in fl if f != "notes_dropped"]  # preprocessing
+
+    aug = pd.read_parquet(root / "data/tokens/augmented.parquet")
+    assert set(aug["transpose"]) == {-2, 2} and (aug["ids"].map(len) == 0).all()
+    k = next(k for k, v in enumerate(tok.vocab) if "Pitch_60" in v)
+    is_pitch = np.array([t.startswith("Pitch_")
+                         for t in sorted(tok.vocab[k], key=tok.vocab[k].get)])
+    base = dict(zip(table["sha256"], table["codes"], strict=True))
+    for sha, t, codes in zip(aug["sha256"], aug["transpose"], aug["codes"], strict=True):
+        mine, theirs = np.stack(codes), np.stack(base[sha])
+        notes = is_pitch[theirs[k]]
+        assert notes.any() and (mine[k][notes] == theirs[k][notes] + t).all()
+        assert (np.delete(mine, k, axis=0) == np.delete(theirs, k, axis=0)).all()
+        assert (mine[k][~notes] == theirs[k][~notes]).all()
+
+
+def test_octuple_flags_the_pieces_it_clips(corpus_files, tmp_path):
+    """Octuple encodes at most ``max_bar_embedding`` bars and miditok clips longer pieces with a
+    warning: such a piece is flagged truncated_bars (and its round trip is lossy)."""
+    from miditok.utils import get_bars_ticks
+
+    files = dict(list(corpus_files.items())[:8])
+    write_corpus(tmp_path, files)
+    run_stage(tmp_path, compound_config("Octuple", max_bar_embedding=6))
+    tok = miditok.Octuple(params=tmp_path / "data/tokenizer.json")
+    table = pd.read_parquet(tmp_path / "data/tokens/tokens.parquet")
+    clipped = []
+    for sha, flags, f1 in zip(table["sha256"], table["flags"], table["roundtrip_f1"],
+                              strict=True):
+        data = next(b for b in files.values() if sha256_bytes(b) == sha)
+        bars = len(get_bars_ticks(tok.preprocess_score(Score.from_midi(data)),
+                                  only_notes_onsets=True))
+        assert ("truncated_bars" in flags) == (bars > 6)
+        if bars > 6:
+            clipped.append(sha)
+            assert f1 < 1.0 and "roundtrip_lossy" in flags
+    assert 0 < len(clipped) < len(files)
+    report = read_json(tmp_path / "reports/tokenize.json")
+    assert report["flags"]["truncated_bars"] == len(clipped)
+
+
+def test_a_shared_compound_tokenizer_is_used_as_it_is(corpus_files, tmp_path):
+    files = dict(list(corpus_files.items())[:4])
+    write_corpus(tmp_path / "a", files)
+    run_stage(tmp_path / "a", compound_config("CPWord"))
+    write_corpus(tmp_path / "b", files)
+    cfg = compound_config("CPWord").model_copy(
+        update={"from_": str(tmp_path / "a/data/tokenizer.json")})
+    run_stage(tmp_path / "b", cfg)
+    assert output_bytes(tmp_path / "b")["data/tokens/tokens.parquet"] == \
+        output_bytes(tmp_path / "a")["data/tokens/tokens.parquet"]
+    with pytest.raises(ParamsError, match=r"a CPWord tokenizer, but tokenize\.tokenizer = Oct"):
+        run_stage(tmp_path / "b", compound_config("Octuple").model_copy(
+            update={"from_": str(tmp_path / "a/data/tokenizer.json")}))
+
+
 def test_bad_sources_are_flagged_not_fatal(corpus_files, tmp_path):
     files = dict(list(corpus_files.items())[:4])
     garbage = b"MThd this is not midi"
@@ -417,8 +508,17 @@ def test_prune_cache_removes_unreferenced_entries(corpus_files, tmp_path):
 
 @pytest.mark.parametrize(("raw", "key"), [
     ({"model": "Unigram"}, "tokenize.model"),
-    ({"tokenizer": "CPWord", "model": "BPE"}, "tokenize.tokenizer"),
-    ({"tokenizer": "Octuple"}, "tokenize.tokenizer"),
+    ({"tokenizer": "CPWord", "model": "BPE"},
+     "tokenize.model: BPE — CPWord has several vocabularies"),
+    ({"tokenizer": "Octuple"}, "tokenize.model: BPE — Octuple"),  # BPE is the default
+    ({"tokenizer": "Octuple", "model": "WordPiece"},
+     "tokenize.model: WordPiece — Octuple has several vocabularies"),
+    ({"tokenizer": "MuMIDI", "model": "none"}, "tokenize.tokenizer = 'MuMIDI': Value error, "
+                                               "MuMIDI is refused: multi-vocabulary with steps"),
+    ({"tokenizer": "CPWord", "model": "none", "config": {"max_bar_embedding": 90}},
+     "config.max_bar_embedding: read by Octuple only"),
+    ({"tokenizer": "Octuple", "model": "none", "config": {"max_bar_embedding": -1}},
+     "config.max_bar_embedding"),
     ({"tokenizer": "Remi"}, "tokenize.tokenizer"),
     ({"config": {"use_programz": True}}, "config.use_programz"),
     ({"tokenizer": "Structured", "config": {"use_rests": True}}, "config.use_rests"),
@@ -432,6 +532,16 @@ def test_prune_cache_removes_unreferenced_entries(corpus_files, tmp_path):
 def test_refused_params_name_the_key(raw, key):
     with pytest.raises(ParamsError, match=key.replace(".", r"\.")):
         parse_section("tokenize", raw, TokenizeConfig)
+
+
+@pytest.mark.parametrize("name", ["REMI", "CPWord", "Octuple"])
+def test_vocab_size_is_unused_without_a_trained_vocabulary(name):
+    """With ``model: none`` no vocabulary is trained and ``vocab_size`` is not read, for a
+    compound tokenizer as for a single-stream one (the default 1000 stays valid there)."""
+    for size in (5, 1000):
+        cfg = parse_section("tokenize", {"tokenizer": name, "model": "none",
+                                         "vocab_size": size}, TokenizeConfig)
+        assert cfg.vocab_size == size
 
 
 def test_vocab_size_must_exceed_base_vocabulary(corpus_files, tmp_path):

@@ -18,8 +18,8 @@ def seq(track: int, n: int, seed: int = 0) -> SeqEncoding:
 
 
 def assert_same(a: Encoding, b: Encoding) -> None:
-    assert (a.n_notes_input, a.out_of_range, len(a.seqs)) == (b.n_notes_input, b.out_of_range,
-                                                              len(b.seqs))
+    assert (a.n_notes_input, a.out_of_range, a.truncated_bars, len(a.seqs)) == (
+        b.n_notes_input, b.out_of_range, b.truncated_bars, len(b.seqs))
     for x, y in zip(a.seqs, b.seqs, strict=True):
         for field in ("ids", "bar_starts", "beat_starts"):
             np.testing.assert_array_equal(getattr(x, field), getattr(y, field))

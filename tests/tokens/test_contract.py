@@ -87,3 +87,63 @@ def test_read_tokens_sorts_by_piece_and_track_and_picks_splits(tmp_path):
         read_tokens(tmp_path / "tokens.parquet", ["sha256", "split"], ["val", "test"])
     with pytest.raises(ArtifactError, match="has no column 'notes'"):
         read_tokens(tmp_path / "tokens.parquet", ["notes"])
+
+
+# ------------------------------------------------------------------------------ compound tokens
+def test_compound_info_round_trips_and_lists_its_codebooks(compound_tokens):
+    info = TokenInfo.read(compound_tokens["info"])
+    assert info.compound is True
+    assert [(c["name"], c["size"]) for c in info.codebooks] == [("Pitch", 10), ("Duration", 8)]
+    single = TokenInfo(600, 0, 1, 2, "t", "s", tokenizer="REMI")
+    assert "compound" not in single.to_dict() and "codebooks" not in single.to_dict()
+
+
+@pytest.mark.parametrize("raw", [{"compound": True}, {"codebooks": [{"name": "Pitch"}]},
+                                 {"compound": True, "codebooks": [{"name": "Pitch", "size": 4}]}],
+                         ids=["no-codebooks", "not-compound", "codebook-lacks-ids"])
+def test_compound_info_without_consistent_codebooks_is_refused(tmp_path, raw):
+    write_json(tmp_path / "info.json", {**dict.fromkeys(REQUIRED, 0), **raw})
+    with pytest.raises(ArtifactError, match="compound and codebooks"):
+        TokenInfo.read(tmp_path / "info.json")
+
+
+def test_refuse_compound_names_the_key_and_its_value(compound_tokens):
+    from pipeline.core.config import ParamsError
+    from pipeline.tokens.contract import refuse_compound
+
+    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: CPWord — symkit x reads one id "
+                                          r"stream.*tokenised but not yet modelled"):
+        refuse_compound(TokenInfo.read(compound_tokens["info"]), "symkit x")
+    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: Octuple"):
+        refuse_compound(None, "symkit score", tokenizer="Octuple")
+    refuse_compound(TokenInfo(600, 0, 1, 2, "t", "s", tokenizer="REMI"), "symkit x")
+    refuse_compound(None, "symkit score", tokenizer="REMI")
+
+
+def test_compound_tables_refuse_to_be_read_for_their_ids(compound_tokens, tmp_path):
+    """A compound table is never read as empty ids; its codes are read as written, and a
+    single-stream table read for codes gives none."""
+    from pipeline.core.config import ParamsError
+
+    with pytest.raises(ParamsError, match=r"compound tokens.*not yet modelled"):
+        read_tokens(compound_tokens["tokens"], ["sha256", "ids"])
+    rows = read_tokens(compound_tokens["tokens"], ["sha256", "codes", "n_tokens"])
+    assert [[list(c) for c in codes] for codes in rows["codes"]] == [[[4, 5, 6], [4, 4, 5]]] * 3
+    assert list(rows["n_tokens"]) == [3, 3, 3]
+    write_parquet(tmp_path / "single.parquet",
+                  tokens_table([{"sha256": "a", "split": "train", "track": 0, "ids": [5]}]))
+    single = read_tokens(tmp_path / "single.parquet", ["sha256", "ids", "codes"])
+    assert single["codes"].isna().all() and list(single["ids"][0]) == [5]
+
+
+def test_compound_schemas_add_codes_after_ids_and_leave_single_stream_ones_alone():
+    from pipeline.tokens.contract import (
+        AUGMENTED_SCHEMA,
+        augmented_schema,
+        tokens_schema,
+    )
+
+    assert tokens_schema(False) is TOKENS_SCHEMA and augmented_schema(False) is AUGMENTED_SCHEMA
+    names = tokens_schema(True).names
+    assert names[names.index("ids") + 1] == "codes"
+    assert augmented_schema(True).names[:5] == ["sha256", "transpose", "track", "ids", "codes"]

@@ -139,3 +139,12 @@ def test_end_to_end_with_stage_output(tmp_path):
     x, _, m = exp.dataset("val", seq_len=4096)[0]
     ids = x[m.bool()].tolist()[1:]  # drop BOS
     assert sum(len(t.notes) for t in exp.tokenizer.decode(ids).tracks) == 20
+
+
+def test_compound_tokens_are_refused_not_read_as_empty_sequences(compound_tokens, tmp_path):
+    from pipeline.core.config import ParamsError
+
+    shutil.copytree(compound_tokens["info"].parent, tmp_path / "exp" / "data" / "tokens")
+    exp = load_experiment(tmp_path / "exp")
+    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: CPWord — the token dataset"):
+        exp.sequences("train")

@@ -24,7 +24,9 @@ from tests.tokens._encodings import assert_same, seq
     Encoding(n_notes_input=7, seqs=(seq(-1, 40),)),
     Encoding(n_notes_input=9, seqs=(seq(0, 10), seq(1, 0), seq(2, 33, 1))),
     Encoding(n_notes_input=3, seqs=(), out_of_range=True),
-], ids=["one-stream", "per-track", "out-of-range"])
+    Encoding(n_notes_input=9, seqs=(seq(-1, 21),), truncated_bars=True),
+    Encoding(n_notes_input=3, seqs=(), out_of_range=True, truncated_bars=True),
+], ids=["one-stream", "per-track", "out-of-range", "truncated-bars", "both-flags"])
 def test_pack_roundtrip(enc):
     arr = pack(enc)
     assert arr.dtype == np.int32

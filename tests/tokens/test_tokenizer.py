@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -72,3 +74,59 @@ def test_a_built_tokenizer_hashes_its_config_and_decodes_its_own_ids():
     assert error is None and sum(len(tr.notes) for tr in empty.tracks) == 0
     broken, error = decode_ids(tok, [len(tok) + 7])
     assert broken is None and error
+
+
+# ------------------------------------------------------------------------------ compound tokens
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures/midi"
+
+
+@pytest.mark.parametrize("name", ["CPWord", "Octuple"])
+def test_compound_steps_become_codes_and_decode_back(name):
+    """A compound tokenizer's steps turn into one list per codebook and back exactly; decode_ids
+    decodes the steps to the notes encoded; codebooks name each vocabulary with its size and
+    its own special ids."""
+    import numpy as np
+    from symusic import Score
+
+    from pipeline.tokens.tokenizer import (
+        codebooks,
+        codes_from_steps,
+        decode_ids,
+        is_compound,
+        make_tokenizer,
+        steps_from_codes,
+    )
+
+    tok = make_tokenizer(name, {"use_programs": True})
+    books = codebooks(tok)
+    assert is_compound(tok) and len(books) == len(tok.vocab) > 1
+    assert [b["size"] for b in books] == [len(v) for v in tok.vocab]
+    assert all((b["pad_id"], b["bos_id"], b["eos_id"]) == (v["PAD_None"], v["BOS_None"],
+                                                           v["EOS_None"])
+               for b, v in zip(books, tok.vocab, strict=True))
+    assert "Pitch" in [b["name"] for b in books]
+    score = Score(str(FIXTURES / "four_voices.mid"))
+    steps = tok.encode(score).ids
+    codes = codes_from_steps(steps, len(books))
+    assert codes.shape == (len(books), len(steps)) and codes.dtype == np.int32
+    assert steps_from_codes(codes) == steps
+    assert steps_from_codes([list(c) for c in codes]) == steps
+    decoded, error = decode_ids(tok, steps)
+    assert error is None
+    assert decoded.note_num() == tok.preprocess_score(score).note_num() > 0
+    assert decode_ids(tok, [])[1] is None
+    with pytest.raises(ValueError, match=f"{len(books)} ids"):
+        codes_from_steps([[4, 4]], len(books))
+    assert codebooks(make_tokenizer("REMI", {})) == []
+
+
+def test_max_bar_embedding_is_octuples_alone():
+    from pipeline.tokens.tokenizer import make_tokenizer
+
+    tok = make_tokenizer("Octuple", {"max_bar_embedding": 100})
+    assert tok.config.additional_params["max_bar_embedding"] == 100
+    assert len(tok.vocab[tok.vocab_types_idx["Bar"]]) == 100 + 4  # Bar_0..Bar_99, 4 specials
+    with pytest.raises(ValueError, match=r"config\.max_bar_embedding: read by Octuple only"):
+        make_tokenizer("REMI", {"max_bar_embedding": 100})
+    with pytest.raises(ValueError, match=r"config\.max_bar_embedding = 0: must be a positive"):
+        make_tokenizer("Octuple", {"max_bar_embedding": 0})

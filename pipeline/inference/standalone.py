@@ -38,7 +38,7 @@ from pipeline.core.artifacts import read_json, sha256_file
 from pipeline.core.parallel import ItemFailure, isolated_map
 from pipeline.inference.protocol import clean_sequences
 from pipeline.music.parsing import looks_like_midi, parse_many
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.tokens.encoding import encode_score
 from pipeline.tokens.entries import pack, parse_block
 from pipeline.tokens.tokenizer import load_tokenizer, prepare_score, tokenizer_hash
@@ -144,6 +144,7 @@ def open_model(model_dir: Path | str, tokenizer_path: Path | str) -> Inference:
         raise InferenceError(f"{tokenizer_path.as_posix()}: no such file; --tokenizer takes the "
                              "tokenizer.json the model was trained with (data/tokenizer.json)")
     tokenizer = load_tokenizer(tokenizer_path)
+    refuse_compound(None, "symkit score and symkit sample", tokenizer=type(tokenizer).__name__)
     ours, theirs = tokenizer_hash(tokenizer), str(meta["tokenizer_hash"])
     if ours != theirs:
         raise InferenceError(

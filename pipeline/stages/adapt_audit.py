@@ -63,7 +63,7 @@ from pipeline.core.config import (
 from pipeline.decision import ledger, looks
 from pipeline.inference import generation as generate
 from pipeline.inference.loading import ModelUnavailable, load_models, set_torch_threads
-from pipeline.tokens.contract import read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 
 HELP = "memorisation audit of every adaptation arm against target and source"
 
@@ -109,6 +109,7 @@ def run(gcfg: generate.GenerateConfig, acfg: audit.AuditConfig,
     paths, in the one tokenizer of ``info``), each reference's test rows read through the gate
     (its look to ``ledger_path``, None: nowhere, under ``registration``). Returns what
     ``report`` holds."""
+    refuse_compound(TokenInfo.read(info), "symkit adapt-audit")  # before any look at test rows
     t0 = time.perf_counter()
     names = list(models)
     # no continuations here (check_sections), so no test row is read for prompts
@@ -176,6 +177,7 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = same_tokenizer(args.info, args.source_info)
+        refuse_compound(info, "symkit adapt-audit")
     except ParamsError as e:
         print(f"symkit adapt-audit: {e}", file=sys.stderr)
         return 1

@@ -85,7 +85,7 @@ from pipeline.inference.pieces import (
 )
 from pipeline.inference.protocol import clean_sequences
 from pipeline.stats.aggregate import aggregate
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 
 HELP = "score every adaptation arm on target and source; choose the arm"
 
@@ -180,6 +180,7 @@ def run(cfg: AdaptationConfig, runtime: RuntimeConfig, *, target: Mapping[str, P
         audit: Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     info = same_tokenizer(target["info"], source["info"])
+    refuse_compound(info, "symkit adapt-evaluate")  # before the look at the target test rows
     # a look at the target test pieces, recorded in the ledger before their rows are read
     test, look = looks.test_tokens(
         "adapt_evaluate", target["tokens"], COLUMNS,

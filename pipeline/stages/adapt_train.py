@@ -33,7 +33,7 @@ from pipeline.adaptation.config import ZERO_SHOT, AdaptationConfig, arm_config
 from pipeline.core.artifacts import read_json, write_sidecar
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
 from pipeline.core.memory import PeakRSS
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.training.checkpoint import CheckpointMismatch
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import load_corpus
@@ -70,6 +70,7 @@ def run(cfg: AdaptationConfig, base: TransformerStageConfig, runtime: RuntimeCon
     """Train arm ``arm`` over its seeds; returns its summary."""
     spec = cfg.arm(arm)
     tinfo = TokenInfo.read(info)
+    refuse_compound(tinfo, "symkit adapt-train")
     acfg = arm_config(base, cfg, arm)
     threads = runtime.torch_threads
     dist = DistInfo.from_env()

@@ -103,7 +103,7 @@ from pipeline.inference.loading import (
     load_named,
     named_seeds,
 )
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 
 HELP = "memorisation audit and music statistics"
 
@@ -128,6 +128,7 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     """:func:`pipeline.audit.judging.run` on the token table ``tokens``, its test rows read
     through the gate (module docstring): the look goes to ``ledger_path`` (None: nowhere) under
     the registration ``preregistration``, then the digest of audit.json's ``judged`` block."""
+    refuse_compound(TokenInfo.read(info), "symkit audit")  # before any look at test rows
     table, look = token_rows(tokens, ledger_path=ledger_path, preregistration=preregistration)
     summary = judging.run(cfg, models, samples=samples, table=table, info=info,
                           tokenizer=tokenizer, per_sample=per_sample, report=report,
@@ -164,6 +165,7 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = TokenInfo.read(args.info)
+        refuse_compound(info, "symkit audit")
         models = load_named(cfg.models, ngram_dir=args.ngram_dir,
                             transformer_dir=args.transformer_dir, device=cfg.device, info=info,
                             torch_threads=runtime.torch_threads)

@@ -116,7 +116,7 @@ from pipeline.stats.aggregate import (
     generalisation,
     power_blocks,
 )
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 
 HELP = "score every model on val/test with one protocol"
 
@@ -216,6 +216,7 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     A conditioned model reads its pieces' conditions from ``conditions``."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
+    refuse_compound(tok_info, "symkit evaluate")
     columns = ["sha256", "split", "track", "ids", "flags"]
     all_rows = read_tokens(tokens, columns, splits=[*(s for s in cfg.splits if s != "test"),
                                                     "train"])

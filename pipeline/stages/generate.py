@@ -75,7 +75,7 @@ from pipeline.inference.loading import (
     load_named,
     named_seeds,
 )
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 
 HELP = "sample music from trained models"
 
@@ -89,6 +89,7 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
     """:func:`pipeline.inference.generation.run`, the continuations' prompts drawn from the test
     rows of ``tokens`` read through the gate (module docstring): the look goes to
     ``ledger_path`` (None: nowhere) under the registration ``preregistration``."""
+    refuse_compound(TokenInfo.read(info), "symkit generate")  # before any look at test rows
     prompt_rows = None
     if cfg.n_continuations:
         prompt_rows, _ = looks.test_tokens("generate", tokens, PROMPT_COLUMNS,
@@ -122,6 +123,7 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = TokenInfo.read(args.info)
+        refuse_compound(info, "symkit generate")
         models = load_named(cfg.models, ngram_dir=args.ngram_dir,
                             transformer_dir=args.transformer_dir, device=cfg.device, info=info,
                             torch_threads=runtime.torch_threads)

@@ -36,7 +36,7 @@ from models.ngram_counts import IdSpace, count_ngrams
 from pipeline.core.artifacts import read_parquet, write_json, write_sidecar, write_text
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
 from pipeline.inference.protocol import clean_sequences
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 
 HELP = "fit n-gram baselines, choose the order on val"
 
@@ -104,6 +104,7 @@ def run(cfg: NGramConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
     """Fit every order in ``cfg.orders`` on train, keep the best on val."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
+    refuse_compound(tok_info, "symkit train-ngram")
     rows = read_tokens(tokens, ["sha256", "split", "track", "ids"], splits=["train", "val"])
     rows, excluded = clean_sequences(rows, tok_info)
     aug = None

@@ -31,7 +31,7 @@ from pipeline.conditions.assign import PieceConditions, piece_conditions
 from pipeline.conditions.config import ConditionConfig
 from pipeline.conditions.table import read_conditions
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.training.checkpoint import CheckpointMismatch
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import Corpus, load_corpus
@@ -59,6 +59,7 @@ def run(cfg: TransformerStageConfig, runtime: RuntimeConfig, *, tokens: Path, in
     condition = condition or ConditionConfig()
     with process_group(dist, cfg.device):
         tinfo = TokenInfo.read(info)
+        refuse_compound(tinfo, "symkit train-transformer")
         pieces = _piece_conditions(cfg, condition, conditions)
         corpus = _read_corpus(cfg, tokens, tinfo, augmented, pieces)
         ident = condition_identity(corpus, condition.dropout)

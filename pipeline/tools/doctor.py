@@ -45,7 +45,7 @@ import numpy as np
 
 from pipeline.core.artifacts import read_parquet
 from pipeline.core.config import load_section
-from pipeline.tokens.contract import TokenInfo, read_tokens
+from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
 from pipeline.tokens.tokenizer import load_tokenizer
 from pipeline.training.config import TransformerStageConfig
 
@@ -231,6 +231,7 @@ def run_checks(cfg: Any, *, tokens: Path, info: Path, tokenizer: Path,
             results.append(CheckResult("data", "SKIP", "no token data: model checks use "
                                                        "synthetic pieces"))
         tinfo = TokenInfo.read(info)
+        refuse_compound(tinfo, "symkit doctor")
         table = read_tokens(tokens, ["split", "ids", "n_notes"])
         rows = [np.asarray(r, dtype=np.int64) for r in table["ids"]]
         if real:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.core.config import RuntimeConfig, load_section
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.estimate import BYTES, estimate
 
@@ -44,7 +44,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_section("transformer", args.params, TransformerStageConfig)
     vocab = args.vocab_size
     if vocab is None:
-        vocab = TokenInfo.read(args.info).vocab_size if args.info.exists() else 512
+        info = TokenInfo.read(args.info) if args.info.exists() else None
+        refuse_compound(info, "symkit estimate")
+        vocab = info.vocab_size if info is not None else 512
     precision = args.precision or (cfg.precision if cfg.precision != "auto" else "fp32")
     m = cfg.model
     est = estimate(vocab_size=vocab, seq_len=args.seq_len or m.max_seq_len, n_layer=m.n_layer,

@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.core import artifacts
 from pipeline.core.config import load_section, read_params
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.training import lr_find
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import load_corpus
@@ -44,6 +44,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"symkit {e}", file=sys.stderr)
         return 2
     info = TokenInfo.read(args.info)
+    refuse_compound(info, "symkit lr-find")
     corpus = load_corpus(args.tokens, info)
     threads = int((read_params(args.params).get("runtime") or {}).get("torch_threads", 1))
     test = lr_find.range_test(cfg, info, corpus, start=args.start, end=args.end,

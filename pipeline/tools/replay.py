@@ -19,7 +19,7 @@ import pandas as pd
 from pipeline.conditions.config import ConditionConfig
 from pipeline.core import artifacts
 from pipeline.core.config import RuntimeConfig, load_section
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.training.checkpoint import CheckpointMismatch
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import load_corpus
@@ -69,6 +69,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"symkit replay: {args.tokens} or {args.info} missing", file=sys.stderr)
         return 2
     info = TokenInfo.read(args.info)
+    refuse_compound(info, "symkit replay")
     augmented = args.augmented if cfg.data.use_augmented else None
     corpus = load_corpus(args.tokens, info, augmented)
     rcfg = cfg.replicate(seed)

@@ -297,3 +297,21 @@ def test_open_model_needs_both_files(setup, tmp_path):
     with pytest.raises(InferenceError, match=r"model\.safetensors: no such file"):
         open_model(tmp_path / "m", setup.tokenizer)
     assert open_model(setup.plain, setup.tokenizer).vocab is None
+
+
+def test_a_compound_tokenizer_is_refused_naming_it(tmp_path):
+    """symkit score and symkit sample open a model folder and its tokenizer: a compound
+    tokenizer's ids are no single stream, so it is refused before anything is scored."""
+    from pipeline.core.artifacts import write_json, write_text
+    from pipeline.core.config import ParamsError
+    from pipeline.tokens.tokenizer import make_tokenizer, tokenizer_hash, tokenizer_text
+
+    tok = make_tokenizer("Octuple", {"use_programs": True})
+    write_text(tmp_path / "tokenizer.json", tokenizer_text(tok))
+    model = tmp_path / "model"
+    model.mkdir()
+    write_json(model / "model.json", {"tokenizer_hash": tokenizer_hash(tok),
+                                      "vocab_size": len(tok), "bos_id": 1, "eos_id": 2})
+    (model / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: Octuple — symkit score"):
+        open_model(model, tmp_path / "tokenizer.json")

@@ -137,3 +137,15 @@ def test_settings_it_cannot_honour_fail_fast_naming_the_key(tmp_path, params, ke
     (tmp_path / "params.yaml").write_text(params)
     with pytest.raises(ParamsError, match=key.replace(".", r"\.").replace("[", r"\[")):
         adapt_audit.check_sections(tmp_path / "params.yaml")
+
+
+def test_compound_tokens_are_refused_before_the_test_rows_are_read(compound_tokens, tmp_path):
+    with pytest.raises(ParamsError,
+                       match=r"tokenize\.tokenizer: CPWord — symkit adapt-audit reads"):
+        adapt_audit.run(GenerateConfig(n_continuations=0), AuditConfig(), {}, {},
+                        references={"target": {"tokens": compound_tokens["tokens"]}},
+                        info=compound_tokens["info"], tokenizer=tmp_path / "tokenizer.json",
+                        fingerprint=None, samples_out=tmp_path / "samples.parquet",
+                        samples_dir=tmp_path / "samples", audit_dir=tmp_path / "audit",
+                        report=tmp_path / "r.json", ledger_path=tmp_path / "ledger.jsonl")
+    assert not (tmp_path / "ledger.jsonl").exists() and not (tmp_path / "samples").exists()

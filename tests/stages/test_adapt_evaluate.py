@@ -190,3 +190,18 @@ def test_zero_shot_trains_nothing_of_the_pretrained_model(tmp_path):
     cfg = CFG.model_copy(update={"pretrained": str(tmp_path)})
     assert adapt_evaluate._zero_shot_params(cfg) == {"total": 1234, "trainable": 0,
                                                       "frozen": 1234}
+
+
+def test_compound_tokens_are_refused_before_the_test_rows_are_read(compound_tokens, tmp_path):
+    from pipeline.core.config import ParamsError, RuntimeConfig
+
+    cfg = parse_section("adaptation", {"pretrained": "pre", "arms": {"scratch": {
+        "kind": "scratch"}}}, AdaptationConfig)
+    with pytest.raises(ParamsError,
+                       match=r"tokenize\.tokenizer: CPWord — symkit adapt-evaluate reads"):
+        adapt_evaluate.run(cfg, RuntimeConfig(), target=compound_tokens,
+                           source=compound_tokens, arms_dir=tmp_path / "arms",
+                           arm_reports=tmp_path / "reports", per_piece=tmp_path / "pp.parquet",
+                           report=tmp_path / "r.json", markdown=tmp_path / "r.md",
+                           figure=tmp_path / "f.png")
+    assert not (tmp_path / "r.json").exists()

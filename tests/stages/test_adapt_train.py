@@ -104,3 +104,10 @@ def test_the_cli_reports_a_missing_token_table_in_one_line(data, tmp_path, monke
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing.parquet" in err[0]
     assert not (tmp_path / "reports").exists()
+
+
+def test_compound_tokens_are_refused_before_anything_is_read(compound_tokens, tmp_path):
+    with pytest.raises(ParamsError,
+                       match=r"tokenize\.tokenizer: CPWord — symkit adapt-train reads"):
+        _run(compound_tokens, tmp_path)
+    assert not (tmp_path / "arm").exists()

@@ -187,3 +187,12 @@ def test_no_val_is_a_clear_error(corpus, tmp_path):
     write_parquet(corpus["tokens"], tokens_table(table))
     with pytest.raises(ValueError, match="0 val sequences"):
         run_stage(corpus, tmp_path / "out", orders=[2])
+
+
+def test_compound_tokens_are_refused_before_anything_is_read(compound_tokens, tmp_path):
+    with pytest.raises(ParamsError,
+                       match=r"tokenize\.tokenizer: CPWord — symkit train-ngram reads"):
+        run(NGramConfig(), RuntimeConfig(), tokens=compound_tokens["tokens"],
+            info=compound_tokens["info"], augmented=compound_tokens["augmented"],
+            model_dir=tmp_path / "m", report=tmp_path / "r.json", plot=tmp_path / "p.tsv")
+    assert not (tmp_path / "m").exists()

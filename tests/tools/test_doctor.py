@@ -157,3 +157,11 @@ def test_cli_exit_status(tmp_path, monkeypatch, capsys):
                    "tokenizer.json", "--overfit-steps", "50"])
     out = capsys.readouterr().out
     assert rc == 1 and "FAIL  decode" in out and "PASS  padding" in out
+
+
+def test_compound_tokens_are_refused_before_any_check(compound_tokens, tmp_path):
+    from pipeline.core.config import ParamsError
+
+    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: CPWord — symkit doctor reads"):
+        doctor.run_checks(CFG, tokens=compound_tokens["tokens"], info=compound_tokens["info"],
+                          tokenizer=tmp_path / "tokenizer.json")

@@ -117,3 +117,10 @@ def test_cli(tmp_path, monkeypatch, capsys):
     assert cli_main(["estimate", "--vocab-size", "300", "--precision", "bf16"]) == 0
     out = capsys.readouterr().out
     assert "parameters           864,512" in out and "precision bf16" in out
+
+
+def test_compound_tokens_are_refused(compound_tokens, tmp_path, monkeypatch):
+    from pipeline.core.config import ParamsError
+
+    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: CPWord — symkit estimate reads"):
+        _json(tmp_path, monkeypatch, None, "--info", str(compound_tokens["info"]))

@@ -26,6 +26,12 @@ and the whole run are bit-identical with it on or off (tests/models/test_transfo
 a training switch, not architecture: never in ``model.json``, and inactive in eval mode and
 under ``torch.no_grad`` (scoring, generation).
 
+Compound tokens (``codebook_sizes``): a CPWord or Octuple step is one id per codebook. The model
+of such steps, :class:`models.compound.CompoundGPT`, is this GPT with one embedding table and one
+tied output head per codebook; it shares everything else here (blocks, positions, conditions,
+initialisation) through :meth:`GPT.token_embedding` and :meth:`GPT.hidden_states`. ``GPT`` itself
+refuses a compound configuration.
+
 ``save_model``/``load_model`` write and read ``model.safetensors`` (weights) and ``model.json``
 (architecture, vocabulary ids); nothing is unpickled. The scorer that makes a trained model a
 ``models.base.SequenceModel`` is :mod:`pipeline.inference.scorer`.
@@ -63,12 +69,24 @@ class TransformerConfig:
     attn_dropout: float = 0.0  # attention probabilities; > 0 forces the slow math kernel on CPU
     bias: bool = True
     cond_slot_sizes: tuple[int, ...] = ()  # ids per condition slot, its "none" id included
+    # None: one id stream. Otherwise the size of each codebook of a compound step (CPWord,
+    # Octuple), in the tokenizer's order; vocab_size is then their sum (info.json's vocab_size).
+    codebook_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cond_slot_sizes", tuple(int(n) for n in self.cond_slot_sizes))
         if any(n < 2 for n in self.cond_slot_sizes):
             raise ValueError(f"cond_slot_sizes={list(self.cond_slot_sizes)}: every slot needs its "
                              "'none' id and at least one label")
+        if self.codebook_sizes is not None:
+            sizes = tuple(int(n) for n in self.codebook_sizes)
+            object.__setattr__(self, "codebook_sizes", sizes)
+            if not sizes or any(n < 1 for n in sizes):
+                raise ValueError(f"codebook_sizes={list(sizes)}: give one size >= 1 per codebook "
+                                 "(None for a single id stream)")
+            if self.vocab_size != sum(sizes):
+                raise ValueError(f"vocab_size={self.vocab_size} must equal the sum of "
+                                 f"codebook_sizes {list(sizes)} ({sum(sizes)})")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
         for name in ("vocab_size", "max_seq_len", "n_layer", "n_head", "n_embd", "mlp_ratio"):
@@ -82,12 +100,14 @@ class TransformerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The architecture as plain data; ``cond_slot_sizes`` only when the model has conditions
-        (an unconditioned model's ``model.json`` is what it was before conditions existed)."""
+        and ``codebook_sizes`` only for compound tokens (a single-stream, unconditioned model's
+        ``model.json`` is what it was before either existed)."""
         d = asdict(self)
-        if d["cond_slot_sizes"]:
-            d["cond_slot_sizes"] = list(d["cond_slot_sizes"])
-        else:
-            del d["cond_slot_sizes"]
+        for key in ("cond_slot_sizes", "codebook_sizes"):
+            if d[key]:
+                d[key] = list(d[key])
+            else:
+                del d[key]
         return d
 
     @classmethod
@@ -155,7 +175,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: TransformerConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wte = self.token_embedding(cfg)
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
@@ -171,6 +191,14 @@ class GPT(nn.Module):
         # Training switch (module docstring): recompute each block in backward instead of
         # keeping its activations. Less memory, about one more forward pass of compute.
         self.activation_checkpointing = False
+
+    def token_embedding(self, cfg: TransformerConfig) -> nn.Module:
+        """One table of ``vocab_size`` rows (its weight is also the output head). A compound
+        configuration is refused: its model is :class:`models.compound.CompoundGPT`."""
+        if cfg.codebook_sizes is not None:
+            raise ValueError(f"codebook_sizes={list(cfg.codebook_sizes)}: compound tokens are "
+                             "modelled by models.compound.CompoundGPT, not GPT")
+        return nn.Embedding(cfg.vocab_size, cfg.n_embd)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -216,16 +244,31 @@ class GPT(nn.Module):
         ``cond`` (B, K) condition ids of each row (conditioned models only; None = "none" in
         every slot). A condition is added to the inputs, never predicted.
         """
-        T = idx.shape[1]
+        x = self.hidden_states(self.wte(idx), segments, cond)  # (B, T, C)
+        logits = F.linear(x, self.wte.weight)  # tied output projection: (B, T, V)
+        if targets is None:
+            return logits, None
+        return logits, masked_cross_entropy(logits, targets, loss_mask, reduction)
+
+    def hidden_states(
+        self,
+        tok_emb: torch.Tensor,
+        segments: torch.Tensor | None = None,
+        cond: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Token embeddings (B, T, C) -> the final hidden states (B, T, C), before the output
+        heads: positions and conditions added, dropout, the blocks, the final LayerNorm.
+        ``segments`` and ``cond`` as in :meth:`forward`."""
+        B, T = tok_emb.shape[:2]
         if self.config.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.config.max_seq_len}")
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        pos = torch.arange(T, device=tok_emb.device)  # (T,)
         mask = None
         if segments is not None:
             pos, mask = segment_positions_and_mask(segments)  # (B, T), (B, 1, T, T)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        x = tok_emb + self.wpe(pos)  # (B, T, C)
         if self.wce is not None:  # on the window's first position: later ones attend to it
-            c = self.condition_embedding(cond, idx.shape[0])  # (B, C)
+            c = self.condition_embedding(cond, B)  # (B, C)
             x = torch.cat([x[:, :1] + c[:, None, :], x[:, 1:]], dim=1)
         elif cond is not None and cond.numel():
             raise ValueError("this model was trained without conditions; pass cond=None")
@@ -235,11 +278,7 @@ class GPT(nn.Module):
             # checkpoint keeps x only; the block runs again in backward, same dropout masks
             x = (checkpoint(block, x, mask, use_reentrant=False) if recompute
                  else block(x, mask))  # (B, T, C)
-        x = self.ln_f(x)
-        logits = F.linear(x, self.wte.weight)  # tied output projection: (B, T, V)
-        if targets is None:
-            return logits, None
-        return logits, masked_cross_entropy(logits, targets, loss_mask, reduction)
+        return self.ln_f(x)
 
     def condition_embedding(self, cond: torch.Tensor | None, batch: int) -> torch.Tensor:
         """(B, K) condition ids (None: every slot's "none") -> (B, C), the sum over slots."""

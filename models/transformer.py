@@ -40,6 +40,7 @@ refuses a compound configuration.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -348,8 +349,12 @@ def save_model(model_dir: Path, model: GPT, meta: dict[str, Any]) -> None:
                {"format": MODEL_FORMAT, "config": model.config.to_dict(), **meta})
 
 
-def load_model(model_dir: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any]]:
-    """Read a model written by :func:`save_model`; returns ``(model in eval mode, model.json)``."""
+def load_model(model_dir: Path, device: str = "cpu",
+               build: Callable[[TransformerConfig], type[GPT]] | None = None
+               ) -> tuple[GPT, dict[str, Any]]:
+    """Read a model written by :func:`save_model`; returns ``(model in eval mode, model.json)``.
+    ``build`` picks the class from the config (default ``GPT``, which refuses a compound one);
+    :func:`models.loading.load_trained` passes the one that knows compound models."""
     from safetensors.torch import load_file
 
     model_dir = Path(model_dir)
@@ -361,6 +366,7 @@ def load_model(model_dir: Path, device: str = "cpu") -> tuple[GPT, dict[str, Any
     if meta.get("format") != MODEL_FORMAT:
         raise ValueError(f"{meta_path}: format {meta.get('format')!r}, expected {MODEL_FORMAT!r}")
     # A private generator for the throw-away init: loading never touches the caller's global RNG.
-    model = GPT(TransformerConfig.from_dict(meta["config"]), torch.Generator().manual_seed(0))
+    cfg = TransformerConfig.from_dict(meta["config"])
+    model = (build or (lambda _: GPT))(cfg)(cfg, torch.Generator().manual_seed(0))
     model.load_state_dict(load_file(str(weights_path)), strict=True)
     return model.to(device).eval(), meta

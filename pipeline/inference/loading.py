@@ -24,6 +24,7 @@ from pathlib import Path
 from models.base import SequenceModel
 from pipeline.core.artifacts import read_json
 from pipeline.core.config import ParamsError
+from pipeline.inference.protocol import NOT_APPLICABLE
 from pipeline.tokens.contract import TokenInfo
 
 Loader = Callable[[Path, str], SequenceModel]
@@ -61,7 +62,11 @@ def load_transformer(model_dir: Path, device: str = "cpu",
     """The transformer scorer; ``stride`` (``evaluate.stride``) is its sliding-window step, by
     default the scorer's own (``max_seq_len // 4``). A stride outside ``1..max_seq_len`` raises
     :class:`ParamsError` naming ``evaluate.stride``."""
-    from pipeline.inference.scorer import TransformerScorer, load_scorer  # torch: only when needed
+    from pipeline.inference.scorer import (  # torch: only when needed
+        CompoundScorer,
+        TransformerScorer,
+        load_scorer,
+    )
 
     scorer = load_scorer(model_dir, device=device)
     if stride is None:
@@ -70,6 +75,9 @@ def load_transformer(model_dir: Path, device: str = "cpu",
     if not 1 <= stride <= limit:
         raise ParamsError(f"evaluate.stride: {stride} does not fit the transformer in "
                           f"{Path(model_dir).as_posix()} (max_seq_len {limit}); use 1..{limit}")
+    if isinstance(scorer, CompoundScorer):
+        return CompoundScorer(scorer.model, codebooks=scorer.codebooks, device=device,
+                              stride=stride, batch_size=scorer.batch_size)
     return TransformerScorer(scorer.model, bos_id=scorer.bos_id, eos_id=scorer.eos_id,
                              pad_id=scorer.pad_id, device=device, stride=stride,
                              batch_size=scorer.batch_size, condition=scorer.condition)
@@ -126,6 +134,9 @@ def _problem(spec: ModelSpec, device: str, info: TokenInfo | None, any_split: bo
     d = spec.model_dir
     if not d.is_dir() or not any(d.iterdir()):
         return None, f"missing: {d.as_posix()} does not exist or is empty"
+    if (d / NOT_APPLICABLE).exists():
+        why = read_json(d / NOT_APPLICABLE)
+        return None, "not applicable: " + str(why.get("reason") if isinstance(why, dict) else why)
     try:
         stale = _stale_reason(d, info, any_split) if info is not None else None
         if stale:

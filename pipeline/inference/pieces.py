@@ -22,6 +22,15 @@ PER_PIECE_SCHEMA = pa.schema([
 model trained once."""
 
 
+def per_piece_schema(codebooks: Sequence[str] = ()) -> pa.Schema:
+    """:data:`PER_PIECE_SCHEMA`, then for compound tokens ``nll_nats_<key>`` per codebook key:
+    that codebook's share of ``nll_nats`` (the shares add up to it)."""
+    schema = PER_PIECE_SCHEMA
+    for key in codebooks:
+        schema = schema.append(pa.field(f"nll_nats_{key}", pa.float64()))
+    return schema
+
+
 def score_rows(model: Any, ids: Sequence[np.ndarray],
                conds: np.ndarray | None = None) -> np.ndarray:
     """Total NLL (nats) of each sequence under the protocol; checks the target count.
@@ -34,18 +43,36 @@ def score_rows(model: Any, ids: Sequence[np.ndarray],
     return np.array([math.fsum(t) for t in per], dtype=np.float64)
 
 
+def score_codebooks(model: Any, ids: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Compound tokens: each sequence's joint NLL (nats) and its (K,) per-codebook shares, from
+    the model's ``codebook_nll``; the joint NLL is the sum of all the sequence's per-codebook
+    NLLs, so the shares add up to it (up to float rounding). Checks the target count."""
+    per = model.codebook_nll(list(ids))
+    for i, (t, s) in enumerate(zip(per, ids, strict=True)):
+        if len(t) != len(s) + 1:
+            raise ValueError(f"{type(model).__name__}.codebook_nll returned {len(t)} steps for a "
+                             f"sequence of {len(s)} steps (row {i}); the protocol needs len + 1")
+    joint = np.array([math.fsum(t.ravel()) for t in per], dtype=np.float64)
+    shares = np.array([[math.fsum(col) for col in t.T] for t in per], dtype=np.float64)
+    return joint, shares.reshape(len(per), -1)
+
+
 def piece_table(rows: pd.DataFrame, nll: np.ndarray, pieces: pd.DataFrame, name: str,
-                seed: int | None = None) -> pd.DataFrame:
+                seed: int | None = None, codebooks: dict[str, np.ndarray] | None = None
+                ) -> pd.DataFrame:
     """Per-piece sums for one model (one training seed of it): rows (one per sequence) -> one
-    row per piece."""
+    row per piece. ``codebooks``: compound tokens, each codebook key's NLL per row, summed per
+    piece into ``nll_nats_<key>`` (:func:`per_piece_schema`)."""
+    books = codebooks or {}
     df = pd.DataFrame({"sha256": rows["sha256"].to_numpy(), "nll_nats": nll,
-                       "n_tokens": np.array([len(s) + 1 for s in rows["ids"]], dtype=np.int64)})
+                       "n_tokens": np.array([len(s) + 1 for s in rows["ids"]], dtype=np.int64),
+                       **{f"nll_nats_{k}": v for k, v in books.items()}})
     agg = df.groupby("sha256", sort=True).sum().reset_index()
     out = agg.merge(pieces, on="sha256", how="inner", validate="one_to_one")
     out["model"] = name
     out["seed"] = pd.array([seed] * len(out), dtype="Int64")
     out["n_notes"] = out["n_notes"].astype(np.int64)
-    return out[PER_PIECE_SCHEMA.names]
+    return out[per_piece_schema(list(books)).names]
 
 
 def piece_facts(manifest: pd.DataFrame, splits: pd.DataFrame) -> pd.DataFrame:

@@ -3,7 +3,8 @@ evaluation, generation and the audit use.
 
 ``load_scorer(model_dir)`` returns a :class:`TransformerScorer` over ``model.safetensors`` and
 ``model.json`` (both written by the ``train_transformer`` stage, read by
-:func:`models.transformer.load_model`); nothing is unpickled.
+:func:`models.loading.load_trained`); nothing is unpickled. A model of compound tokens (CPWord,
+Octuple) gives a :class:`CompoundScorer`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.transformer import GPT, load_model
+from models.compound import CompoundGPT
+from models.loading import load_trained
+from models.transformer import GPT
 
 
 class TransformerScorer:
@@ -144,9 +147,106 @@ class TransformerScorer:
         return torch.cat(rows).numpy()
 
 
+class CompoundScorer(TransformerScorer):
+    """A trained :class:`CompoundGPT` scored as :class:`TransformerScorer` scores one stream.
+
+    A sequence is an (n, K) array of steps, one id per codebook (the token tables' ``codes``,
+    transposed). Framed as a step of every codebook's BOS, the steps, and a step of every
+    codebook's EOS, it gives ``n + 1`` target steps, windowed with the same stride rule. Each
+    codebook's distribution is renormalised over the ids that can be targets: its PAD and BOS
+    and its masked ids (CPWord's ``Ignore_None``) are removed from the support, as PAD and BOS
+    are for one stream. A target in a codebook's masked ids is not scored (NLL 0), as in training.
+    A step's NLL is the sum of its codebooks' (the heads are independent given the hidden state,
+    so this is the joint NLL of the step): :meth:`token_nll` gives it, :meth:`codebook_nll` each
+    codebook's share.
+    """
+
+    def __init__(self, model: CompoundGPT, *, codebooks: Sequence[dict[str, Any]],
+                 device: str = "cpu", stride: int | None = None, batch_size: int = 32) -> None:
+        super().__init__(model, bos_id=int(codebooks[0]["bos_id"]),
+                         eos_id=int(codebooks[0]["eos_id"]), pad_id=int(codebooks[0]["pad_id"]),
+                         device=device, stride=stride, batch_size=batch_size)
+        self.codebooks = [dict(c) for c in codebooks]
+        self.sizes = np.asarray([int(c["size"]) for c in codebooks], dtype=np.int64)
+        self.bos = np.asarray([int(c["bos_id"]) for c in codebooks], dtype=np.int64)
+        self.eos = np.asarray([int(c["eos_id"]) for c in codebooks], dtype=np.int64)
+        self.unscored = [((int(c["ignore_id"]),) if "ignore_id" in c else ()) for c in codebooks]
+        self.removed = [sorted({int(c["pad_id"]), int(c["bos_id"]), *u} - {int(c["eos_id"])})
+                        for c, u in zip(codebooks, self.unscored, strict=True)]
+
+    def codebook_nll(self, seqs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """(n + 1, K) NLL of every target step of each (n, K) sequence, per codebook (0 where
+        the target is not scored)."""
+        K = len(self.sizes)
+        jobs, out = [], []
+        for s, seq in enumerate(seqs):
+            seq = np.asarray(seq, dtype=np.int64).reshape(-1, K)
+            if seq.size and ((seq < 0).any() or (seq >= self.sizes).any()):
+                raise ValueError(f"sequence {s}: ids outside each codebook's 0..size-1")
+            full = np.concatenate([self.bos[None], seq, self.eos[None]])
+            out.append(np.empty((len(seq) + 1, K), dtype=np.float64))
+            jobs.extend((s, *w) for w in self._windows(full))
+        cursor = [0] * len(seqs)
+        order = sorted(range(len(jobs)), key=lambda j: (len(jobs[j][1]), j))
+        results: dict[int, np.ndarray] = {}
+        for b0 in range(0, len(order), self.batch_size):
+            chunk = order[b0 : b0 + self.batch_size]
+            nll = self._nll([jobs[j][1] for j in chunk], [jobs[j][2] for j in chunk])
+            for row, j in enumerate(chunk):
+                n, skip = len(jobs[j][2]), jobs[j][3]
+                results[j] = nll[row, skip:n].double().cpu().numpy()
+        for j, (s, _, _, _) in enumerate(jobs):  # jobs of one sequence are in target order
+            r = results[j]
+            out[s][cursor[s] : cursor[s] + len(r)] = r
+            cursor[s] += len(r)
+        return out
+
+    def token_nll(self, seqs: Sequence[np.ndarray],
+                  conds: np.ndarray | None = None) -> list[np.ndarray]:
+        """Joint NLL of every target step: the sum over codebooks of :meth:`codebook_nll`."""
+        if conds is not None:
+            raise ValueError("a model of compound tokens is not conditioned; pass conds=None")
+        return [per.sum(axis=1) for per in self.codebook_nll(seqs)]
+
+    @torch.no_grad()
+    def _nll(self, inputs: list[np.ndarray], targets: list[np.ndarray]) -> torch.Tensor:
+        """Right-padded (B, T, K) inputs and targets -> (B, T, K) NLL, each codebook's
+        distribution renormalised over its possible targets (class docstring)."""
+        B, T, K = len(inputs), max(len(b) for b in inputs), len(self.sizes)
+        idx = torch.as_tensor(self.eos).expand(B, T, K).clone()
+        tgt = torch.as_tensor(self.eos).expand(B, T, K).clone()
+        for i, (x, y) in enumerate(zip(inputs, targets, strict=True)):
+            idx[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
+            tgt[i, : len(y)] = torch.as_tensor(y, dtype=torch.long)
+        logits, _ = self.model(idx.to(self.device))
+        tgt = tgt.to(self.device)
+        out = []
+        for k, lg in enumerate(logits):
+            lg = lg.float()
+            lg[..., self.removed[k]] = float("-inf")
+            lp = torch.log_softmax(lg, dim=-1)  # (B, T, size_k)
+            t = tgt[..., k]
+            nll = -lp.gather(-1, t[..., None])[..., 0]
+            if self.unscored[k]:
+                nll = torch.where(torch.isin(t, torch.as_tensor(self.unscored[k],
+                                                                device=t.device)),
+                                  torch.zeros_like(nll), nll)
+            out.append(nll)
+        return torch.stack(out, dim=-1)  # (B, T, K)
+
+    def next_logprobs(self, contexts: Sequence[np.ndarray],
+                      conds: np.ndarray | None = None) -> np.ndarray:
+        raise NotImplementedError("sampling compound tokens is not supported yet (symkit "
+                                  "generate refuses them)")
+
+
 def load_scorer(model_dir: Path, device: str = "cpu", stride: int | None = None):
-    """Load ``model_dir/model.{safetensors,json}`` as a ``SequenceModel`` (fp32, eval mode)."""
-    model, meta = load_model(Path(model_dir), device)
+    """Load ``model_dir/model.{safetensors,json}`` as a ``SequenceModel`` (fp32, eval mode):
+    a :class:`CompoundScorer` for a model of compound tokens, else a
+    :class:`TransformerScorer`."""
+    model, meta = load_trained(Path(model_dir), device)
+    if isinstance(model, CompoundGPT):
+        return CompoundScorer(model, codebooks=meta["codebooks"], device=device, stride=stride)
     return TransformerScorer(model, bos_id=meta["bos_id"], eos_id=meta["eos_id"],
                              pad_id=meta.get("pad_id"), device=device, stride=stride,
                              condition=meta.get("condition"))

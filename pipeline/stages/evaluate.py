@@ -38,6 +38,15 @@ Scoring protocol (``docs/artifacts.md``; the same for every model):
   removed conditions, averaged over the training seeds, and the paired gaps with their group
   bootstrap intervals (each seed's beside them).
 
+- Compound tokens (CPWord, Octuple; docs/transformer.md): a sequence is its steps, one id per
+  codebook (``codes``); the transformer scores each of the ``n + 1`` target steps with the same
+  windows, each codebook's distribution renormalised over the ids that can be targets (its PAD
+  and BOS and CPWord's ``Ignore_None`` removed; an ``Ignore_None`` target adds 0). A step's NLL
+  is the sum over codebooks (the joint NLL), so ``n_tokens`` counts steps (EOS included), NLL per
+  note is comparable with a single-stream run, and per_piece.parquet adds ``nll_nats_<codebook>``
+  per codebook (they add up to ``nll_nats``); eval.json adds ``codebooks``. The n-gram is not
+  applicable (``train-ngram`` says why) and is listed under ``unavailable``, so no pair is formed.
+
 Inputs: ``data/tokens/tokens.parquet``, ``data/tokens/info.json``, ``data/manifest.parquet``,
 ``data/splits.parquet``, ``data/conditions.parquet`` (read only for a conditioned model), model
 folders (``data/ngram``, ``data/transformer``). Outputs:
@@ -102,13 +111,14 @@ from pipeline.inference.loading import (
     set_torch_threads,
 )
 from pipeline.inference.pieces import (
-    PER_PIECE_SCHEMA,
     match_facts,
+    per_piece_schema,
     piece_facts,
     piece_table,
+    score_codebooks,
     score_rows,
 )
-from pipeline.inference.protocol import clean_sequences
+from pipeline.inference.protocol import clean_rows
 from pipeline.stats.aggregate import (
     HELDOUT,
     aggregate,
@@ -116,7 +126,7 @@ from pipeline.stats.aggregate import (
     generalisation,
     power_blocks,
 )
-from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
+from pipeline.tokens.contract import TokenInfo, read_tokens
 
 HELP = "score every model on val/test with one protocol"
 
@@ -174,6 +184,13 @@ def protocol_block(cfg: EvaluateConfig, info: TokenInfo) -> dict[str, Any]:
         "special_ids": {"bos_id": info.bos_id, "eos_id": info.eos_id, "pad_id": info.pad_id},
         "tokenizer_hash": info.tokenizer_hash,
         "split_hash": info.split_hash,
+        **({} if not info.compound else {"compound": {
+            "codebooks": [c["name"] for c in info.codebooks or []],
+            "targets": "each of the n + 1 target steps (x_1..x_n, then a step of every "
+                       "codebook's EOS) once; a step's NLL is the sum over its codebooks",
+            "support": "each codebook's distribution renormalised without its PAD and BOS and "
+                       "its masked ids (CPWord's Ignore_None, whose targets add 0)",
+            "n_tokens": "steps"}}),
     }
 
 
@@ -216,8 +233,8 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     A conditioned model reads its pieces' conditions from ``conditions``."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
-    refuse_compound(tok_info, "symkit evaluate")
-    columns = ["sha256", "split", "track", "ids", "flags"]
+    books = list(tok_info.codebook_keys())  # compound tokens: one key per codebook
+    columns = ["sha256", "split", "track", "ids", *(["codes"] if books else []), "flags"]
     all_rows = read_tokens(tokens, columns, splits=[*(s for s in cfg.splits if s != "test"),
                                                     "train"])
     look = None
@@ -228,7 +245,7 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
             ["sha256", "track"], kind="stable").reset_index(drop=True)
     is_train = all_rows["split"] == "train"
     fidelity = fidelity_block(all_rows[~is_train])
-    rows, excluded = clean_sequences(all_rows[~is_train].reset_index(drop=True), tok_info)
+    rows, excluded = clean_rows(all_rows[~is_train].reset_index(drop=True), tok_info)
     facts = piece_facts(read_parquet(manifest), read_parquet(splits))
     rows, more = match_facts(rows, facts)
     excluded["pieces"] = sorted(excluded["pieces"] + more, key=lambda p: p["sha256"])
@@ -244,24 +261,33 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     models, unavailable = load_models(specs, cfg.device, tok_info)
     cond_of = _condition_ids(models, conditions)
     tables, seconds, row_nll = [], {}, {}
+
+    def scored(model: Any, key: str, part: pd.DataFrame, facts_of: pd.DataFrame,
+               spec: ModelSpec) -> pd.DataFrame:
+        if books:  # compound: the joint NLL and each codebook's share of it
+            nll, shares = score_codebooks(model, list(part["ids"]))
+            return piece_table(part, nll, facts_of, spec.name, spec.seed,
+                               dict(zip(books, shares.T, strict=True)))
+        nll = score_rows(model, list(part["ids"]), cond_of(key, part["sha256"]))
+        if part is rows:  # a conditioned model's val rows are its diagnostic's "correct" side
+            row_nll[key] = nll
+        return piece_table(part, nll, facts_of, spec.name, spec.seed)
+
     for spec in sorted((s for s in specs if s.key in models), key=lambda s: s.key):
         model, key = models[spec.key], spec.key
         t = time.perf_counter()
-        nll = score_rows(model, list(rows["ids"]), cond_of(key, rows["sha256"]))
-        row_nll[key] = nll  # a conditioned model's val rows are its diagnostic's "correct" side
-        tables.append(piece_table(rows, nll, pieces, spec.name, spec.seed))
+        tables.append(scored(model, key, rows, pieces, spec))
         seconds[key] = time.perf_counter() - t
         if len(train):  # scored apart, so val/test scores never depend on the subset
             t = time.perf_counter()
-            nll = score_rows(model, list(train["ids"]), cond_of(key, train["sha256"]))
-            tables.append(piece_table(train, nll, train_pieces, spec.name, spec.seed))
+            tables.append(scored(model, key, train, train_pieces, spec))
             seconds[f"{key}.train_subset"] = time.perf_counter() - t
+    schema = per_piece_schema(books)
     table = (pd.concat(tables, ignore_index=True) if tables
-             else pd.DataFrame({c: [] for c in PER_PIECE_SCHEMA.names}))
+             else pd.DataFrame({c: [] for c in schema.names}))
     table = table.sort_values(["model", "seed", "split", "sha256"]).reset_index(drop=True)
     names = sorted(set(table["model"]))
-    write_parquet(per_piece, pa.Table.from_pandas(table, schema=PER_PIECE_SCHEMA,
-                                                  preserve_index=False))
+    write_parquet(per_piece, pa.Table.from_pandas(table, schema=schema, preserve_index=False))
     if look is not None:  # the scores of the look, before anyone reads them
         look.scored(ledger.results_digest(ledger.test_rows(table)))
     agg, paired = aggregate(table, cfg, names)
@@ -292,6 +318,7 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
         "fidelity": fidelity,
         "preregistration": registration_check(preregistration, cfg, tok_info),
         **({"conditioning": conditioning} if conditioning else {}),
+        **({"codebooks": codebook_block(table, books)} if books else {}),
     })
     write_sidecar(report.with_name(report.stem + ".env.json"),
                   {"seconds": {**seconds, "total": time.perf_counter() - t0},
@@ -299,6 +326,21 @@ def run(cfg: EvaluateConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path
     scored = {n: {s: agg[n][s]["nats_per_token"]["value"] for s in cfg.splits} for n in agg}
     return EvaluateSummary(scored, unavailable, len(excluded["pieces"]),
                            {n: g["nats_per_token"]["value"] for n, g in gap.items()})
+
+
+def codebook_block(table: pd.DataFrame, books: Sequence[str]) -> dict[str, Any]:
+    """eval.json's ``codebooks`` (compound tokens): per model and split, each codebook's NLL
+    per note and per step (ratios of sums over the split's pieces, training seeds pooled), and
+    its share of the joint NLL."""
+    out: dict[str, Any] = {}
+    for (name, split), part in table.groupby(["model", "split"], sort=True):
+        total, notes, steps = part["nll_nats"].sum(), part["n_notes"].sum(), part["n_tokens"].sum()
+        out.setdefault(str(name), {})[str(split)] = {
+            key: {"nats_per_note": float(part[f"nll_nats_{key}"].sum() / max(notes, 1)),
+                  "nats_per_token": float(part[f"nll_nats_{key}"].sum() / max(steps, 1)),
+                  "share": float(part[f"nll_nats_{key}"].sum() / total) if total else None}
+            for key in books}
+    return out
 
 
 def _condition_ids(models: dict[str, Any], conditions: Path | None):
@@ -363,7 +405,7 @@ def _train_subset(rows: pd.DataFrame, info: TokenInfo, facts: pd.DataFrame, n: i
     """The train subset's token rows (the protocol's rules applied, as for val and test) and the
     ``train_subset`` block of eval.json. Pieces are drawn among the usable ones, so the subset
     has val's size whenever train has enough; excluded train pieces are counted, not listed."""
-    usable, excluded = clean_sequences(rows, info)
+    usable, excluded = clean_rows(rows, info)
     usable, more = match_facts(usable, facts)
     chosen = draw_train_subset(usable["sha256"], n, seed)
     subset = usable[usable["sha256"].isin(set(chosen))].reset_index(drop=True)

@@ -16,12 +16,19 @@ special ids are removed, pieces that were not encoded or hold out-of-range ids a
 counted. All n-grams up to the largest order are counted once on train; every order is smoothed
 from those counts and scored on val (mean NLL per target, EOS included). The lowest val NLL wins;
 a tie goes to the smaller order. The test split is never read past its ``split`` label.
+
+Compound tokens (CPWord, Octuple): the n-gram baseline is not applicable (:data:`NOT_APPLICABLE`).
+The stage then writes ``data/ngram/not_applicable.json`` (``applicable: false``, ``reason``, the
+token hashes) and no model, ``reports/ngram.json`` with the same ``applicable: false`` and
+``reason`` (no order, no val figure), and a plot with its header only; ``symkit evaluate`` lists
+the n-gram as not applicable with that reason, and the report says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +42,9 @@ from models.ngram import NGramLM, Smoothing
 from models.ngram_counts import IdSpace, count_ngrams
 from pipeline.core.artifacts import read_parquet, write_json, write_sidecar, write_text
 from pipeline.core.config import RuntimeConfig, StageConfig, load_section
+from pipeline.inference.protocol import NOT_APPLICABLE as NOT_APPLICABLE_FILE
 from pipeline.inference.protocol import clean_sequences
-from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
+from pipeline.tokens.contract import TokenInfo, read_tokens
 
 HELP = "fit n-gram baselines, choose the order on val"
 
@@ -65,10 +73,27 @@ class NGramConfig(StageConfig):
 
 @dataclass(frozen=True)
 class NGramSummary:
-    best_order: int
-    val_nats_per_token: float
+    best_order: int | None  # None: not applicable (compound tokens)
+    val_nats_per_token: float | None
     n_train_targets: int
     n_val_targets: int
+
+
+NOT_APPLICABLE = (
+    "the n-gram baseline is not applicable to compound tokens: a step is a tuple of one id per "
+    "codebook, and an n-gram over such tuples is too sparse to estimate at this corpus size, while "
+    "one n-gram per codebook would not be a joint model of the steps (its NLL would not be "
+    "comparable with the transformer's joint NLL)")
+"""Why ``train-ngram`` fits nothing for a compound tokenizer (in ``reports/ngram.json``)."""
+def not_applicable(info: TokenInfo, model_dir: Path, report: Path, plot: Path) -> None:
+    """Compound tokens: the outputs that say the baseline is not applicable (module docstring),
+    so DVC's outputs exist and every reader downstream sees why there is no n-gram."""
+    block = {"applicable": False, "reason": NOT_APPLICABLE, "tokenizer": info.tokenizer,
+             "tokenizer_hash": info.tokenizer_hash, "split_hash": info.split_hash}
+    shutil.rmtree(model_dir, ignore_errors=True)  # no model left from another tokenizer
+    write_json(Path(model_dir) / NOT_APPLICABLE_FILE, block)
+    write_json(report, block)
+    write_text(plot, plot_tsv({}))
 
 
 def training_sequences(rows: pd.DataFrame, augmented: pd.DataFrame | None,
@@ -104,7 +129,9 @@ def run(cfg: NGramConfig, runtime: RuntimeConfig, *, tokens: Path, info: Path,
     """Fit every order in ``cfg.orders`` on train, keep the best on val."""
     t0 = time.perf_counter()
     tok_info = TokenInfo.read(info)
-    refuse_compound(tok_info, "symkit train-ngram")
+    if tok_info.compound:
+        not_applicable(tok_info, model_dir, report, plot)
+        return NGramSummary(None, None, 0, 0)
     rows = read_tokens(tokens, ["sha256", "split", "track", "ids"], splits=["train", "val"])
     rows, excluded = clean_sequences(rows, tok_info)
     aug = None
@@ -183,6 +210,9 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     s = run(cfg, runtime, tokens=args.tokens, info=args.info, augmented=args.augmented,
             model_dir=args.model_dir, report=args.report, plot=args.plot)
+    if s.best_order is None:
+        print(f"train-ngram: {NOT_APPLICABLE}")
+        return 0
     print(f"train-ngram: best order {s.best_order} ({cfg.smoothing}), val "
           f"{s.val_nats_per_token:.4f} nats/token on {s.n_val_targets:,} targets; "
           f"trained on {s.n_train_targets:,} targets")

@@ -31,7 +31,7 @@ from pipeline.conditions.assign import PieceConditions, piece_conditions
 from pipeline.conditions.config import ConditionConfig
 from pipeline.conditions.table import read_conditions
 from pipeline.core.config import ParamsError, RuntimeConfig, load_section
-from pipeline.tokens.contract import TokenInfo, refuse_compound
+from pipeline.tokens.contract import TokenInfo
 from pipeline.training.checkpoint import CheckpointMismatch
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import Corpus, load_corpus
@@ -59,7 +59,7 @@ def run(cfg: TransformerStageConfig, runtime: RuntimeConfig, *, tokens: Path, in
     condition = condition or ConditionConfig()
     with process_group(dist, cfg.device):
         tinfo = TokenInfo.read(info)
-        refuse_compound(tinfo, "symkit train-transformer")
+        _check_compound(cfg, condition, tinfo)
         pieces = _piece_conditions(cfg, condition, conditions)
         corpus = _read_corpus(cfg, tokens, tinfo, augmented, pieces)
         ident = condition_identity(corpus, condition.dropout)
@@ -81,6 +81,22 @@ def run(cfg: TransformerStageConfig, runtime: RuntimeConfig, *, tokens: Path, in
             write_outputs(reps, out, out_dir=Path(out_dir), summary=summary, log_dir=log_dir,
                           env=env, threads=threads, world_size=dist.world_size)
         return out
+
+
+def _check_compound(cfg: TransformerStageConfig, condition: ConditionConfig,
+                    info: TokenInfo) -> None:
+    """Compound tokens (CPWord, Octuple) train :class:`models.compound.CompoundGPT`, without the
+    options it does not take yet: packing and conditions (each a ParamsError naming its key)."""
+    if not info.compound:
+        return
+    if cfg.data.pack:
+        raise ParamsError(f"transformer.data.pack = true with tokenize.tokenizer: "
+                          f"{info.tokenizer}: packing is not supported for compound tokens yet; "
+                          "set pack: false")
+    if condition.use:
+        raise ParamsError(f"condition.use = {condition.use} with tokenize.tokenizer: "
+                          f"{info.tokenizer}: conditioning a model of compound tokens is not "
+                          "supported yet; set condition.use: []")
 
 
 def _piece_conditions(cfg: TransformerStageConfig, condition: ConditionConfig,

@@ -17,6 +17,7 @@ Token tables hold no BOS/EOS: a model frames each row as ``BOS x_1..x_n EOS``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -29,8 +30,8 @@ from pipeline.core.artifacts import ArtifactError, read_json, read_parquet, writ
 from pipeline.core.config import ParamsError
 
 COMPOUND = ("CPWord", "Octuple")
-"""Compound (multi-vocabulary) tokenizers: one id per codebook per step. Tokenised; not yet
-modelled (:func:`refuse_compound`)."""
+"""Compound (multi-vocabulary) tokenizers: one id per codebook per step. Trained and scored by the
+compound transformer; refused where one id stream is modelled (:func:`refuse_compound`)."""
 SPECIAL_TOKENS = ("PAD_None", "BOS_None", "EOS_None")
 """miditok special tokens every tokenizer must have (the tokenize stage refuses others)."""
 
@@ -111,9 +112,9 @@ class TokenInfo:
     codebook per step, and ``ids`` are empty. Unset (absent from the file) otherwise."""
     codebooks: list[dict[str, Any]] | None = None
     """Compound tokens: per codebook, in miditok's order, ``name`` (its token types, e.g.
-    ``Pitch``), ``size`` and its own ``pad_id``, ``bos_id``, ``eos_id``. ``vocab_size`` is then
-    the sum of the sizes (miditok's ``len``) and ``pad_id``/``bos_id``/``eos_id`` the first
-    codebook's."""
+    ``Pitch``), ``size`` and its own ``pad_id``, ``bos_id``, ``eos_id`` (and ``ignore_id`` where
+    it has CPWord's ``Ignore_None``). ``vocab_size`` is then the sum of the sizes (miditok's
+    ``len``) and ``pad_id``/``bos_id``/``eos_id`` the first codebook's."""
 
     @classmethod
     def read(cls, path: Path | str) -> TokenInfo:
@@ -148,10 +149,35 @@ class TokenInfo:
         """PAD, BOS and EOS ids, sorted and distinct."""
         return tuple(sorted({self.pad_id, self.bos_id, self.eos_id}))
 
+    # ---- compound tokens: one entry per codebook, in the tokenizer's order
+    def codebook_sizes(self) -> tuple[int, ...]:
+        return tuple(int(c["size"]) for c in self.codebooks or [])
 
-NOT_YET_MODELLED = ("compound tokenizers (one id per codebook per step) are tokenised but not "
-                    "yet modelled: the model, loss and sampling for them come next; use "
-                    "tokenize.tokenizer: REMI, TSD, MIDILike or Structured")
+    def codebook_ids(self, key: str) -> tuple[int, ...]:
+        """Each codebook's ``pad_id``, ``bos_id`` or ``eos_id`` (``key``)."""
+        return tuple(int(c[key]) for c in self.codebooks or [])
+
+    def codebook_mask_ids(self) -> tuple[tuple[int, ...], ...]:
+        """Per codebook the ids that are never predicted: its ``ignore_id`` (CPWord's
+        ``Ignore_None``), or none. :func:`models.compound.codebook_nll`'s ``mask_ids``."""
+        return tuple((int(c["ignore_id"]),) if "ignore_id" in c else ()
+                     for c in self.codebooks or [])
+
+    def codebook_keys(self) -> tuple[str, ...]:
+        """Per codebook a name usable as a column suffix (:func:`codebook_key`)."""
+        return tuple(codebook_key(c["name"]) for c in self.codebooks or [])
+
+
+def codebook_key(name: str) -> str:
+    """A codebook's name as a column suffix: lower case, runs of other characters than letters
+    and digits as one ``_`` (CPWord's ``Position/Bar`` -> ``position_bar``)."""
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "codebook"
+
+
+NOT_YET_MODELLED = ("compound tokenizers (one id per codebook per step) are trained and scored "
+                    "by train-transformer and evaluate, but not yet modelled here: sampling "
+                    "and the audit of them come next; use tokenize.tokenizer: REMI, TSD, "
+                    "MIDILike or Structured")
 
 
 def refuse_compound(info: TokenInfo | None, what: str, *, tokenizer: str | None = None) -> None:

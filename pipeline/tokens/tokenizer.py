@@ -186,8 +186,9 @@ def codebooks(tokenizer: Any) -> list[dict[str, Any]]:
     """The codebooks of a compound tokenizer, in miditok's order: per codebook its ``name`` (the
     token types miditok puts there, ``/``-joined in miditok's order, e.g. ``Pitch`` or
     CPWord's ``Position/Bar``), its ``size`` and its own PAD, BOS and EOS ids (each vocabulary
-    has its own special tokens: miditok puts them first in every one). Empty for a
-    single-stream tokenizer."""
+    has its own special tokens: miditok puts them first in every one), plus ``ignore_id`` where
+    the vocabulary has miditok's ``Ignore_None`` (CPWord writes it in a codebook a step leaves
+    empty; a model masks it, never predicts it). Empty for a single-stream tokenizer."""
     if not is_compound(tokenizer):
         return []
     names: dict[int, list[str]] = {}
@@ -198,7 +199,9 @@ def codebooks(tokenizer: Any) -> list[dict[str, Any]]:
     for k, vocab in enumerate(tokenizer.vocab):
         out.append({"name": "/".join(names.get(k, [f"codebook{k}"])), "size": len(vocab),
                     "pad_id": int(vocab["PAD_None"]), "bos_id": int(vocab["BOS_None"]),
-                    "eos_id": int(vocab["EOS_None"])})
+                    "eos_id": int(vocab["EOS_None"]),
+                    **({"ignore_id": int(vocab["Ignore_None"])} if "Ignore_None" in vocab
+                       else {})})
     return out
 
 

@@ -23,6 +23,11 @@ Invariants:
   a training window's ids by every slot's "none" with a probability, drawn from a generator seeded
   by ``(seed, stream position)``, so it too is a pure function of the step. Packing refuses
   conditions: a packed row holds several pieces.
+- Compound tokens (``info.compound``: CPWord, Octuple): an example is a (steps, K) array, one id
+  per codebook per step, framed by a step of every codebook's own BOS and one of its own EOS;
+  inputs are padded with each codebook's PAD, padded targets are ``IGNORE_INDEX`` in every
+  codebook, and ``Batch.mask`` stays (B, T). Windows, offsets and the stream are those of one
+  stream, counted in steps. Packing refuses compound examples.
 - Batches are gathered from one flat array of the training tokens by index arithmetic
   (:meth:`WindowStream.batch`, :meth:`PackedRows.batch`); validation batches, built once per
   evaluation, use :func:`make_batch` over a list of windows.
@@ -45,7 +50,8 @@ from pipeline.tokens.contract import TokenInfo, read_tokens
 
 @dataclass
 class Corpus:
-    """Examples as int64 arrays ``[BOS, x_1..x_n, EOS]``; ``skipped`` counts rejected rows."""
+    """Examples as int64 arrays ``[BOS, x_1..x_n, EOS]`` (compound tokens: (n + 2, K) arrays,
+    each codebook framed by its own BOS and EOS); ``skipped`` counts rejected rows."""
 
     train: list[np.ndarray]
     val: list[np.ndarray]
@@ -62,8 +68,17 @@ class Corpus:
 
 def _check_ids(ids: np.ndarray, info: TokenInfo) -> str | None:
     """Why a row cannot be trained on, or None. Specials inside a piece would teach the model to
-    stop or restart mid-piece, so they are rejected rather than silently kept."""
+    stop or restart mid-piece, so they are rejected rather than silently kept. Compound steps
+    (n, K) are checked per codebook, against its own size and specials."""
     if ids.size == 0:
+        return None
+    if info.compound:
+        sizes = np.asarray(info.codebook_sizes())
+        specials = np.stack([info.codebook_ids(k) for k in ("pad_id", "bos_id", "eos_id")])
+        if (ids < 0).any() or (ids >= sizes).any():
+            return "id_out_of_range"
+        if (ids[:, None, :] == specials[None]).any():
+            return "special_id_inside_piece"
         return None
     if ids.min() < 0 or ids.max() >= info.vocab_size:
         return "id_out_of_range"
@@ -73,20 +88,43 @@ def _check_ids(ids: np.ndarray, info: TokenInfo) -> str | None:
 
 
 def _wrap(ids: np.ndarray, info: TokenInfo) -> np.ndarray:
+    if info.compound:  # a step of every codebook's BOS, the steps, a step of every EOS
+        return np.concatenate([np.asarray([info.codebook_ids("bos_id")], dtype=np.int64),
+                               ids.astype(np.int64).reshape(-1, len(info.codebooks or [])),
+                               np.asarray([info.codebook_ids("eos_id")], dtype=np.int64)])
     return np.concatenate([[info.bos_id], ids.astype(np.int64), [info.eos_id]]).astype(np.int64)
+
+
+def steps_of(codes: object, n_codebooks: int) -> np.ndarray:
+    """A row's ``codes`` (one list per codebook) -> (steps, K) int64 steps."""
+    books = [np.asarray(c, dtype=np.int64) for c in (codes if codes is not None else [])]
+    if not books:
+        return np.zeros((0, n_codebooks), dtype=np.int64)
+    return np.stack(books, axis=1)
+
+
+def row_ids(info: TokenInfo) -> tuple[str, object]:
+    """The token table column a row's sequence is read from (``ids``, or ``codes`` for compound
+    tokens) and the function that turns one cell into the sequence."""
+    if info.compound:
+        k = len(info.codebooks or [])
+        return "codes", lambda cell: steps_of(cell, k)
+    return "ids", lambda cell: np.asarray(cell, dtype=np.int64)
 
 
 def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None,
                 conditions: PieceConditions | None = None) -> Corpus:
     """Read train/val examples (plus train augmentations when ``augmented`` exists), with each
     example's condition ids when ``conditions`` is given."""
-    table = read_tokens(tokens, ["sha256", "split", "track", "ids"])
+    column, as_array = row_ids(info)
+    table = read_tokens(tokens, ["sha256", "split", "track", "ids"]
+                        + ([column] if column != "ids" else []))
     table = table.sort_values(["split", "sha256", "track"], kind="stable")
     corpus = Corpus(train=[], val=[], conditions=conditions)
-    for sha, split, ids in zip(table["sha256"], table["split"], table["ids"], strict=True):
+    for sha, split, ids in zip(table["sha256"], table["split"], table[column], strict=True):
         if split not in ("train", "val"):
             continue
-        arr = np.asarray(ids, dtype=np.int64)
+        arr = as_array(ids)
         why = _check_ids(arr, info)
         if why:
             corpus.skipped[f"{split}:{why}"] = corpus.skipped.get(f"{split}:{why}", 0) + 1
@@ -95,10 +133,10 @@ def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None,
         if conditions is not None:
             (corpus.train_cond if split == "train" else corpus.val_cond).append(conditions.of(sha))
     if augmented is not None and Path(augmented).exists():
-        aug = read_parquet(augmented, columns=["sha256", "transpose", "ids"])
+        aug = read_parquet(augmented, columns=["sha256", "transpose", column])
         aug = aug.sort_values(["sha256", "transpose"], kind="stable")
-        for sha, semitones, ids in zip(aug["sha256"], aug["transpose"], aug["ids"], strict=True):
-            arr = np.asarray(ids, dtype=np.int64)
+        for sha, semitones, ids in zip(aug["sha256"], aug["transpose"], aug[column], strict=True):
+            arr = as_array(ids)
             why = _check_ids(arr, info)
             if why:
                 corpus.skipped[f"augmented:{why}"] = corpus.skipped.get(f"augmented:{why}", 0) + 1
@@ -112,8 +150,8 @@ def load_corpus(tokens: Path, info: TokenInfo, augmented: Path | None = None,
 
 @dataclass(frozen=True)
 class Batch:
-    x: torch.Tensor  # (B, T) input ids, pad_id after the end of each window
-    y: torch.Tensor  # (B, T) target ids, IGNORE_INDEX where padded
+    x: torch.Tensor  # (B, T) input ids, pad_id after the end of each window; compound (B, T, K)
+    y: torch.Tensor  # (B, T) target ids, IGNORE_INDEX where padded; compound (B, T, K)
     mask: torch.Tensor  # (B, T) bool, True where the target counts
     segments: torch.Tensor | None = None  # (B, T) packed rows: piece index in the row, -1 = pad
     cond: torch.Tensor | None = None  # (B, K) condition ids of each row's piece
@@ -123,13 +161,23 @@ class Batch:
         return int(self.mask.sum())
 
 
-def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: int,
+Pad = int | np.ndarray
+"""The input padding: one id, or per codebook a (K,) array of PAD ids (compound tokens)."""
+
+
+def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: Pad,
                cond: np.ndarray | None = None) -> Batch:
     """Windows of up to ``seq_len + 1`` tokens (and their (B, K) condition ids) -> (B, seq_len)
-    inputs/targets/mask."""
+    inputs/targets/mask; compound windows (steps, K) with per-codebook ``pad_id`` (K,) give
+    (B, seq_len, K) inputs and targets and a (B, seq_len) mask."""
     B = len(windows)
-    x = torch.full((B, seq_len), pad_id, dtype=torch.long)
-    y = torch.full((B, seq_len), IGNORE_INDEX, dtype=torch.long)
+    if np.ndim(pad_id):
+        pad = torch.as_tensor(np.asarray(pad_id, dtype=np.int64))
+        x = pad.expand(B, seq_len, len(pad)).clone()
+        y = torch.full((B, seq_len, len(pad)), IGNORE_INDEX, dtype=torch.long)
+    else:
+        x = torch.full((B, seq_len), pad_id, dtype=torch.long)
+        y = torch.full((B, seq_len), IGNORE_INDEX, dtype=torch.long)
     for i, w in enumerate(windows):
         n = len(w) - 1
         if n < 1 or n > seq_len:
@@ -138,7 +186,7 @@ def make_batch(windows: list[np.ndarray], seq_len: int, pad_id: int,
         x[i, :n] = t[:-1]
         y[i, :n] = t[1:]
     c = None if cond is None else torch.as_tensor(np.asarray(cond, dtype=np.int64))
-    return Batch(x, y, y != IGNORE_INDEX, cond=c)
+    return Batch(x, y, (y if y.dim() == 2 else y[..., 0]) != IGNORE_INDEX, cond=c)
 
 
 class WindowStream:
@@ -213,7 +261,7 @@ class WindowStream:
         """Targets counted by the windows at positions ``ks`` together."""
         return int(self.targets(ks).sum())
 
-    def batch(self, ks: range, pad_id: int) -> Batch:
+    def batch(self, ks: range, pad_id: Pad) -> Batch:
         """The windows at positions ``ks`` as one padded batch, equal to
         ``make_batch([self.window(k) for k in ks], seq_len, pad_id)``."""
         ex, off = self.positions(ks)
@@ -222,8 +270,9 @@ class WindowStream:
         src = (self.starts[ex] + off)[:, None] + col[None, :]  # (B, T) index of each input
         valid = col[None, :] < n[:, None]  # (B, T)
         last = len(self.flat) - 1
-        x = np.where(valid, self.flat[np.minimum(src, last)], pad_id)
-        y = np.where(valid, self.flat[np.minimum(src + 1, last)], IGNORE_INDEX)
+        keep = valid if self.flat.ndim == 1 else valid[..., None]  # compound: (B, T, 1)
+        x = np.where(keep, self.flat[np.minimum(src, last)], pad_id)
+        y = np.where(keep, self.flat[np.minimum(src + 1, last)], IGNORE_INDEX)
         cond = None if self.cond is None else torch.from_numpy(self.cond[ex])
         return Batch(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(valid), cond=cond)
 
@@ -249,6 +298,9 @@ class PackedRows:
         if stream.cond is not None:
             raise ValueError("packed rows hold several pieces, each with its own conditions; "
                              "set transformer.data.pack: false to train with conditions")
+        if stream.flat.ndim != 1:
+            raise ValueError("packed rows hold one id stream; compound tokens are not packed "
+                             "(set transformer.data.pack: false)")
         self.stream = stream
         self._starts = [0]  # _starts[r]: first stream position of row r
         self._used: list[int] = []  # targets in row r
@@ -349,6 +401,18 @@ def val_window_plan(examples: list[np.ndarray], seq_len: int,
         keep = np.linspace(0, len(out) - 1, max_windows).round().astype(int)
         out = [out[i] for i in sorted(set(keep.tolist()))]
     return out
+
+
+def codebook_counts(y: torch.Tensor, mask_ids: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """(K,) scored targets of each codebook in compound targets ``y`` (B, T, K): neither
+    ``IGNORE_INDEX`` nor one of the codebook's ``mask_ids`` (as
+    :func:`models.compound.codebook_nll` scores them), counted on the host."""
+    t = y.numpy()
+    ok = t != IGNORE_INDEX
+    for k, ids in enumerate(mask_ids):
+        if ids:
+            ok[..., k] &= ~np.isin(t[..., k], ids)
+    return ok.sum(axis=(0, 1)).astype(np.int64)
 
 
 def drop_conditions(cond: torch.Tensor, none_ids: np.ndarray, p: float, seed: int,

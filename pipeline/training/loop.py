@@ -11,6 +11,15 @@ One optimiser step (:func:`_train_step`), in order:
 4. note the step's loss and gradient norm, still on the device (:class:`Pending`);
 5. optimiser step, ``zero_grad(set_to_none=True)``, schedule step.
 
+Compound tokens (CPWord, Octuple; :class:`models.compound.CompoundGPT`): step 2's loss is
+:class:`models.compound.CodebookLoss`'s mean over codebooks, formed over the whole optimiser step
+as the single-stream loss is: each micro-batch adds ``sum_k sums_k / (N_k · K')``, where ``N_k``
+is codebook ``k``'s scored targets in the whole step (all ranks, counted on the host from the
+step's targets) and ``K'`` the codebooks with any, times ``world_size``. So accumulation and ranks
+give the loss of one big batch, and the log has each codebook's train and validation loss
+(``train_loss_<codebook>``, ``val_loss_<codebook>``); ``train_loss`` and ``val_loss`` are the
+mean over codebooks of each codebook's mean NLL, and that val loss is what the stop rules read.
+
 Around it (:func:`_train`): counters and stop rules, validation every ``train.eval_every`` steps
 (best weights kept, early stopping), a log line, a checkpoint every ``checkpoint.every`` steps.
 
@@ -61,6 +70,7 @@ from pipeline.training.data import (
     PackedRows,
     Shard,
     WindowStream,
+    codebook_counts,
     drop_conditions,
     make_batch,
     val_window_plan,
@@ -120,8 +130,9 @@ class Pending:
     """Steps since the last reading step: their log rows and device values, read together."""
 
     rows: list[dict[str, Any]] = field(default_factory=list)
-    values: list[torch.Tensor] = field(default_factory=list)  # per step: (nll_sum, grad_norm)
-    n_targets: list[int] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)  # per step: (nll_sum, grad_norm);
+    # compound: (nll_sum of each codebook..., grad_norm)
+    n_targets: list[Any] = field(default_factory=list)  # int; compound: (K,) counts
 
 
 @dataclass(frozen=True)
@@ -132,11 +143,14 @@ class Batches:
     shard: Shard  # this rank's slice of each optimiser step (its rows)
     val: list[np.ndarray]  # validation windows, fixed
     seq_len: int  # T
-    pad_id: int
+    pad_id: int | np.ndarray  # compound: (K,) each codebook's PAD
     packed: PackedRows | None = None  # transformer.data.pack: rows of several windows
     val_cond: np.ndarray | None = None  # (len(val), K) condition ids of the validation windows
     cond_none: np.ndarray | None = None  # (K,) every slot's "none" id
     cond_dropout: float = 0.0  # probability a training window's conditions become "none"
+    mask_ids: tuple[tuple[int, ...], ...] | None = None  # compound: ids never predicted, per
+    # codebook (CPWord's Ignore_None); None for one id stream
+    codebooks: tuple[str, ...] = ()  # compound: each codebook's key (log columns)
 
     def micro_batch(self, step: int, micro: int) -> Batch:
         """This rank's micro-batch ``micro`` of optimiser step ``step``: x, y, mask (B, T)
@@ -157,6 +171,12 @@ class Batches:
         if self.packed is not None:
             return self.packed.n_targets(rows)
         return self.stream.n_targets(rows)
+
+    def codebook_targets(self, step: int) -> np.ndarray:
+        """Compound tokens: (K,) scored targets of each codebook in optimiser step ``step``, all
+        ranks (the step's windows gathered on the host; no device values)."""
+        b = self.stream.batch(self.shard.step_positions(step), self.pad_id)
+        return codebook_counts(b.y, self.mask_ids or ())
 
     def examples(self, steps: int) -> int:
         """Training windows consumed by the first ``steps`` optimiser steps, all ranks."""
@@ -182,11 +202,13 @@ class Parts:
 
 @dataclass(frozen=True)
 class StepStats:
-    nll_sum: torch.Tensor  # summed NLL over valid targets of the step (all ranks), on the device
+    nll_sum: torch.Tensor  # summed NLL over valid targets of the step (all ranks), on the device;
+    # compound: (K,), one sum per codebook
     grad_norm: torch.Tensor  # before clipping, on the device
     lr: float
-    n_tokens: int  # valid targets in the step, all ranks
+    n_tokens: int  # valid targets in the step, all ranks (compound: steps)
     skipped: bool  # fp16: the grad scaler skipped the update (inf/NaN gradients)
+    counts: np.ndarray | None = None  # compound: (K,) scored targets of each codebook
 
 
 def train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_dir: Path, *,
@@ -240,7 +262,8 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
     model, ft_report = build_model(cfg.model, cfg.finetune, info.vocab_size,
                                    torch.Generator().manual_seed(cfg.seed),
                                    tokenizer_hash=info.tokenizer_hash,
-                                   cond_slot_sizes=() if vocab is None else vocab.slot_sizes)
+                                   cond_slot_sizes=() if vocab is None else vocab.slot_sizes,
+                                   codebook_sizes=info.codebook_sizes() or None)
     model.to(dev.device)
     opt = make_optimizer(model, cfg.optim, dev.device_type)
     sched = make_scheduler(opt, cfg.optim, tr.max_steps)
@@ -271,10 +294,12 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
         state.skipped_steps += int(s.skipped)
         row = {"step": state.step, "train_loss": None, "val_loss": None, "lr": s.lr,
                "grad_norm": None}
+        for key in data.codebooks:
+            row[f"train_loss_{key}"] = row[f"val_loss_{key}"] = None
         state.log.append(row)
         pending.rows.append(row)
-        pending.values.append(torch.stack([s.nll_sum, s.grad_norm.float()]))
-        pending.n_targets.append(s.n_tokens)
+        pending.values.append(torch.cat([s.nll_sum.reshape(-1), s.grad_norm.float()[None]]))
+        pending.n_targets.append(s.n_tokens if s.counts is None else s.counts)
         state.stop_reason = _length_rule(state, tr)
         if state.stop_reason is None and _out_of_time(t0, tr.max_minutes, dev):
             state.stop_reason, guard_fired = "wall_clock", True
@@ -283,11 +308,18 @@ def _train(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus, ckpt_di
             on_step(state)
             continue
         # A reading step: fill the pending rows, stop on a non-finite step before any use.
-        _read_pending(pending, dev, last_ckpt)
+        _read_pending(pending, dev, last_ckpt, data.codebooks)
         # No extra evaluation at a wall-clock pause: the resumed run must match an unpaused one.
         if state.step % tr.eval_every == 0 or state.stop_reason in ("max_steps", "max_tokens"):
-            row["val_loss"] = evaluate(m.model, data.val, data.seq_len, data.pad_id, dev,
-                                       2 * tr.micro_batch, data.val_cond)
+            if data.mask_ids is None:
+                row["val_loss"] = evaluate(m.model, data.val, data.seq_len, data.pad_id, dev,
+                                           2 * tr.micro_batch, data.val_cond)
+            else:
+                row["val_loss"], per_book = evaluate_codebooks(
+                    m.model, data.val, data.seq_len, data.pad_id, dev, 2 * tr.micro_batch,
+                    data.mask_ids)
+                for key, value in zip(data.codebooks, per_book, strict=True):
+                    row[f"val_loss_{key}"] = value
             if _track_best(state, row["val_loss"], tr.patience):
                 best = export_state(m.model)
         if state.step % tr.log_every == 0 or state.stop_reason or state.step == 1:
@@ -318,6 +350,8 @@ def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: floa
     # 2. Forward and backward, micro-batch by micro-batch; the loss is divided by the step's
     # global count of valid targets (not by grad_accum: micro-batches hold different counts).
     n_global = data.n_targets(step)
+    if data.mask_ids is not None:
+        return _compound_step(m, data, step, dev, clip, lr, n_global)
     nll_sum = torch.zeros((), device=dev.device)  # this rank's summed NLL, for the log
     for micro in range(data.shard.grad_accum):
         b = data.micro_batch(step, micro)  # x, y, mask: (B, T)
@@ -333,6 +367,13 @@ def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: floa
         nll_sum += nll.detach().float()
     if m.ddp is not None:
         tdist.all_reduce(nll_sum)
+    gnorm, skipped = _clip_and_update(m, clip)  # 3-5.
+    return StepStats(nll_sum, gnorm, lr, n_global, skipped)
+
+
+def _clip_and_update(m: Parts, clip: float) -> tuple[torch.Tensor, bool]:
+    """Steps 3 to 5 of the module docstring; returns the gradient norm (on the device) and
+    whether the fp16 grad scaler skipped the update."""
     # 3. Unscale and clip.
     if m.scaler.is_enabled():
         m.scaler.unscale_(m.opt)  # clip the true gradients, not the scaled ones
@@ -345,18 +386,53 @@ def _train_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: floa
     skipped = m.scaler.is_enabled() and m.scaler.get_scale() < scale_before
     m.opt.zero_grad(set_to_none=True)
     m.sched.step()  # sets the next step's lr
-    return StepStats(nll_sum, gnorm, lr, n_global, skipped)
+    return gnorm, skipped
 
 
-def _read_pending(p: Pending, dev: TrainDevice, last_ckpt: Path | None) -> None:
+def _compound_step(m: Parts, data: Batches, step: int, dev: TrainDevice, clip: float, lr: float,
+                   n_global: int) -> StepStats:
+    """:func:`_train_step` for compound tokens: the loss is the mean over codebooks of each
+    codebook's NLL over the whole step's scored targets (module docstring), so each micro-batch's
+    per-codebook sums are weighted by ``world_size / (N_k · K')``."""
+    counts = data.codebook_targets(step)  # (K,) all ranks, from the host
+    scored = counts > 0
+    weight = np.where(scored, data.shard.world_size / (np.maximum(counts, 1)
+                                                       * max(int(scored.sum()), 1)), 0.0)
+    w = torch.as_tensor(weight, dtype=torch.float32, device=dev.device)  # (K,)
+    nll_sum = torch.zeros(len(counts), device=dev.device)  # this rank's per-codebook sums
+    for micro in range(data.shard.grad_accum):
+        b = data.micro_batch(step, micro)  # x, y: (B, T, K); mask: (B, T)
+        last = micro == data.shard.grad_accum - 1
+        with _no_sync(m.ddp, not last):
+            with dev.autocast():
+                _, loss = m.fwd(b.x.to(dev.device), b.y.to(dev.device), b.mask.to(dev.device),
+                                mask_ids=data.mask_ids)
+            m.scaler.scale((loss.sums * w).sum()).backward()
+        nll_sum += loss.sums.detach().float()
+    if m.ddp is not None:
+        tdist.all_reduce(nll_sum)
+    gnorm, skipped = _clip_and_update(m, clip)
+    return StepStats(nll_sum, gnorm, lr, n_global, skipped, counts)
+
+
+def _read_pending(p: Pending, dev: TrainDevice, last_ckpt: Path | None,
+                  codebooks: tuple[str, ...] = ()) -> None:
     """Read the pending steps' losses and norms in one transfer, fill their log rows, and stop on
     the first non-finite step. fp16 overflow is the grad scaler's to handle (it skips the update
     and lowers the scale), so only the loss counts there."""
     values = torch.stack(p.values).tolist() if p.values else []
     rows, n_targets = p.rows, p.n_targets
     p.rows, p.values, p.n_targets = [], [], []
-    for row, (nll_sum, gnorm), n in zip(rows, values, n_targets, strict=True):
-        row["train_loss"], row["grad_norm"] = nll_sum / n, gnorm
+    for row, (*sums, gnorm), n in zip(rows, values, n_targets, strict=True):
+        row["grad_norm"] = gnorm
+        if isinstance(n, int):
+            row["train_loss"] = sums[0] / n
+            continue
+        per_book = [s / c if c else None for s, c in zip(sums, n.tolist(), strict=True)]
+        for key, value in zip(codebooks, per_book, strict=True):
+            row[f"train_loss_{key}"] = value
+        scored = [v for v in per_book if v is not None]
+        row["train_loss"] = math.fsum(scored) / len(scored) if scored else math.nan
     for row in rows:
         loss, gnorm = row["train_loss"], row["grad_norm"]
         if not math.isfinite(loss) or (not math.isfinite(gnorm) and not dev.use_scaler):
@@ -401,6 +477,36 @@ def evaluate(model: nn.Module, windows: list[np.ndarray], seq_len: int, pad_id: 
     return total / max(count, 1)
 
 
+@torch.no_grad()
+def evaluate_codebooks(model: nn.Module, windows: list[np.ndarray], seq_len: int,
+                       pad_id: np.ndarray, dev: TrainDevice, batch_size: int,
+                       mask_ids: tuple[tuple[int, ...], ...]
+                       ) -> tuple[float | None, list[float | None]]:
+    """Compound tokens: the validation loss, the plain mean over codebooks of each codebook's
+    mean NLL over its scored targets in ``windows`` (the training loss's definition, over all
+    windows at once), and each codebook's mean (None for one without a scored target);
+    ``(None, [])`` when there are no windows."""
+    if not windows:
+        return None, []
+    was_training = model.training
+    model.eval()
+    sums, counts = [], []
+    for b0 in range(0, len(windows), batch_size):
+        batch = make_batch(windows[b0 : b0 + batch_size], seq_len, pad_id)
+        with dev.autocast():
+            _, loss = model(batch.x.to(dev.device), batch.y.to(dev.device),
+                            batch.mask.to(dev.device), mask_ids=mask_ids)
+        sums.append(loss.sums.float())
+        counts.append(loss.counts)
+    model.train(was_training)
+    per_batch = torch.stack(sums).tolist()  # one read; summed in float64 in batch order
+    n = torch.stack(counts).sum(dim=0).tolist()
+    per_book = [math.fsum(row[k] for row in per_batch) / n[k] if n[k] else None
+                for k in range(len(n))]
+    scored = [v for v in per_book if v is not None]
+    return (math.fsum(scored) / len(scored) if scored else None), per_book
+
+
 # ------------------------------------------------------------------------------ set-up helpers
 def _batches(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus,
              dist: DistInfo, cond_dropout: float = 0.0) -> Batches:
@@ -412,15 +518,19 @@ def _batches(cfg: TransformerStageConfig, info: TokenInfo, corpus: Corpus,
     if conditioned:
         k = corpus.conditions.vocab.n_slots
         val_cond = np.asarray([corpus.val_cond[e] for e, _ in plan], dtype=np.int64).reshape(-1, k)
+    compound = bool(info.compound)
     return Batches(stream=stream,
                    shard=Shard(dist.rank, dist.world_size, cfg.train.micro_batch,
                                cfg.train.grad_accum),
                    val=[corpus.val[e][s : s + T + 1] for e, s in plan],
-                   seq_len=T, pad_id=info.pad_id,
+                   seq_len=T,
+                   pad_id=np.asarray(info.codebook_ids("pad_id")) if compound else info.pad_id,
                    packed=PackedRows(stream) if cfg.data.pack else None,
                    val_cond=val_cond,
                    cond_none=corpus.conditions.vocab.none_ids() if conditioned else None,
-                   cond_dropout=cond_dropout)
+                   cond_dropout=cond_dropout,
+                   mask_ids=info.codebook_mask_ids() if compound else None,
+                   codebooks=info.codebook_keys())
 
 
 def _restore(c: ckpt.Checkpoint, model: nn.Module, opt: torch.optim.Optimizer,

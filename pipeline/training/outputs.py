@@ -13,7 +13,8 @@ replicates' summaries. :func:`write_outputs` writes (rank 0 only):
 - ``summary`` (``reports/train.json``): the first seed's summary, plus ``seeds``, ``replicates``
   (each seed's losses, steps and stop reason) and ``best_val_loss_spread``;
 - ``log_dir`` (``reports/plots/train_log/``): ``seed-<s>.tsv`` per seed with
-  ``step, train_loss, val_loss, lr, grad_norm``;
+  ``step, train_loss, val_loss, lr, grad_norm`` (compound tokens: then ``train_loss_<codebook>``
+  and ``val_loss_<codebook>`` per codebook, and ``train_loss``/``val_loss`` are their mean);
 - ``env`` (``reports/train.env.json``): timings, throughput, device and environment (sidecar),
   for the whole stage and per seed.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import copy
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ import torch
 from models.lora import merge_lora, param_counts
 from models.transformer import save_model
 from pipeline.core.artifacts import atomic_dir, write_json, write_sidecar, write_text
-from pipeline.tokens.contract import TokenInfo
+from pipeline.tokens.contract import TokenInfo, codebook_key
 from pipeline.training.config import TrainSection
 from pipeline.training.data import Corpus
 from pipeline.training.loop import TrainResult
@@ -97,6 +99,7 @@ def summarise(tr: TrainSection, info: TokenInfo, corpus: Corpus,
         "tokenizer_hash": info.tokenizer_hash,
         "split_hash": info.split_hash,
         "vocab_size": info.vocab_size,
+        **({} if not info.compound else {"codebooks": _codebook_losses(s, info)}),
         **({} if r.conditions is None else {"condition": {
             "names": list(r.conditions.names), "vocab_hash": r.conditions.hash,
             "labels": {n: list(x) for n, x in zip(r.conditions.names, r.conditions.labels,
@@ -105,15 +108,28 @@ def summarise(tr: TrainSection, info: TokenInfo, corpus: Corpus,
     }
 
 
+def _codebook_losses(s: Any, info: TokenInfo) -> dict[str, dict[str, Any]]:
+    """Compound tokens: per codebook key, its ``name``, its last training loss and its
+    validation loss at the best step (the step whose mean over codebooks was lowest)."""
+    last = s.log[-1] if s.log else {}
+    at_best = next((row for row in s.log if row["step"] == s.best_step), {})
+    return {key: {"name": book["name"], "final_train_loss": last.get(f"train_loss_{key}"),
+                  "best_val_loss": at_best.get(f"val_loss_{key}")}
+            for key, book in zip(info.codebook_keys(), info.codebooks or [], strict=True)}
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return ""
     return str(v) if isinstance(v, int) else f"{v:.6g}"
 
 
-def log_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["\t".join(LOG_COLUMNS)]
-    lines += ["\t".join(_fmt(row[c]) for c in LOG_COLUMNS) for row in rows]
+def log_table(rows: list[dict[str, Any]], codebooks: Sequence[str] = ()) -> str:
+    """The per-step TSV: :data:`LOG_COLUMNS`, then for compound tokens ``train_loss_<key>`` and
+    ``val_loss_<key>`` of each codebook key in ``codebooks``, in the tokenizer's order."""
+    columns = [*LOG_COLUMNS, *(f"{x}_loss_{k}" for k in codebooks for x in ("train", "val"))]
+    lines = ["\t".join(columns)]
+    lines += ["\t".join(_fmt(row[c]) for c in columns) for row in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +166,8 @@ def collect(seed: int, r: TrainResult, info: TokenInfo, summary: dict[str, Any])
         "best_val_loss": r.state.best_val, "config_hash": r.fingerprint["config_hash"],
         "seed": seed,
     }
+    if info.compound:  # the scorer reads each codebook's specials and masked ids from here
+        meta["codebooks"] = info.codebooks
     cond = r.fingerprint["config"].get("condition")
     if cond is not None:  # only a conditioned model's model.json names its conditions
         meta["condition"] = {**cond, "vocab": r.conditions.to_dict()}
@@ -198,7 +216,8 @@ def write_outputs(reps: list[Replicate], summary_obj: dict[str, Any], *, out_dir
     write_json(summary, summary_obj)
     with atomic_dir(log_dir) as tmp:
         for rep in reps:
-            write_text(tmp / f"{seed_folder(rep.seed)}.tsv", log_table(rep.log))
+            books = [codebook_key(c["name"]) for c in rep.meta.get("codebooks", [])]
+            write_text(tmp / f"{seed_folder(rep.seed)}.tsv", log_table(rep.log, books))
     seconds = sum(r.timing["seconds"] for r in reps)
     tokens = sum(r.timing["tokens_this_run"] for r in reps)
     facts: dict[str, Any] = {

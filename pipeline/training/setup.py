@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.loading import load_trained, model_class
 from models.lora import apply_lora, freeze
-from models.transformer import GPT, TransformerConfig, load_model
+from models.transformer import GPT, TransformerConfig
 from pipeline.core.artifacts import read_json
 from pipeline.core.config import ParamsError
 from pipeline.training.config import FinetuneSection, ModelSection, OptimSection
@@ -51,7 +52,8 @@ def make_scheduler(opt: torch.optim.Optimizer, o: OptimSection,
 
 def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
                 generator: torch.Generator, tokenizer_hash: str | None = None,
-                cond_slot_sizes: tuple[int, ...] = ()) -> tuple[GPT, dict[str, Any]]:
+                cond_slot_sizes: tuple[int, ...] = (),
+                codebook_sizes: tuple[int, ...] | None = None) -> tuple[GPT, dict[str, Any]]:
     """Fresh model from ``transformer.model``, or the ``finetune.init_from`` model with frozen
     layers or LoRA adapters. Returns the model and a report (``init_from``, frozen names, LoRA
     layers). Initial weights come from ``generator``.
@@ -63,14 +65,22 @@ def build_model(m: ModelSection, ft: FinetuneSection, vocab_size: int,
 
     ``cond_slot_sizes``: the condition slots of a conditioned run (docs/conditioning.md). An
     ``init_from`` model without conditions gets a fresh condition embedding (an unconditioned
-    model learns to follow conditions); one with conditions must have these very slots."""
+    model learns to follow conditions); one with conditions must have these very slots.
+
+    ``codebook_sizes``: compound tokens (CPWord, Octuple) give a
+    :class:`models.compound.CompoundGPT` with one embedding and head per codebook; fine-tuning
+    one (``finetune.init_from``) is not supported yet and is refused."""
     arch = TransformerConfig(vocab_size=vocab_size, max_seq_len=m.max_seq_len, n_layer=m.n_layer,
                              n_head=m.n_head, n_embd=m.n_embd, mlp_ratio=m.mlp_ratio,
                              dropout=m.dropout, attn_dropout=m.attn_dropout, bias=m.bias,
-                             cond_slot_sizes=cond_slot_sizes)
+                             cond_slot_sizes=cond_slot_sizes, codebook_sizes=codebook_sizes)
     report: dict[str, Any] = {"init_from": ft.init_from, "frozen": [], "lora_layers": []}
     if not ft.init_from:
-        return GPT(arch, generator), report
+        return model_class(arch)(arch, generator), report
+    if codebook_sizes is not None:
+        raise ParamsError(f"transformer.finetune.init_from = {ft.init_from!r}: fine-tuning a "
+                          "model of compound tokens (CPWord, Octuple) is not supported yet; set "
+                          "init_from: null to train one from scratch")
     base, meta = load_init(Path(ft.init_from))
     training_only = {"dropout", "attn_dropout"}
     if not base.config.cond_slot_sizes:
@@ -114,7 +124,7 @@ def load_init(path: Path) -> tuple[GPT, dict[str, Any]]:
     copy of ``data/transformer/``) or a checkpoint folder (``state.json`` + ``model.safetensors``,
     e.g. ``data/transformer/checkpoints/step-00000300``) of a run without LoRA."""
     if (path / "model.json").exists() or not (path / "state.json").exists():
-        return load_model(path)
+        return load_trained(path)
     from safetensors.torch import load_file
 
     state = read_json(path / "state.json")

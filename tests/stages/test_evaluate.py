@@ -590,13 +590,3 @@ def test_an_unloadable_replicate_is_named_and_the_others_scored(setup):
     assert set(report["unavailable"]) == {"replicated@seed-2"}
     assert report["seeds"] == {"replicated": [1]}
     assert report["models"]["replicated"]["test"]["n_seeds"] == 1
-
-
-def test_compound_tokens_are_refused_before_anything_is_read(compound_tokens, tmp_path):
-    with pytest.raises(ParamsError,
-                       match=r"tokenize\.tokenizer: CPWord — symkit evaluate reads"):
-        run(EvaluateConfig(), RuntimeConfig(), tokens=compound_tokens["tokens"],
-            info=compound_tokens["info"], manifest=tmp_path / "manifest.parquet",
-            splits=tmp_path / "splits.parquet", specs=[], per_piece=tmp_path / "pp.parquet",
-            report=tmp_path / "eval.json", ledger_path=tmp_path / "ledger.jsonl")
-    assert not (tmp_path / "ledger.jsonl").exists() and not (tmp_path / "eval.json").exists()

@@ -14,7 +14,7 @@ from models.ngram import NGramLM
 from pipeline.cli import main as cli_main
 from pipeline.core.artifacts import read_json, sha256_bytes, write_json, write_parquet
 from pipeline.core.config import ParamsError, RuntimeConfig, parse_section
-from pipeline.stages.train_ngram import NGramConfig, run
+from pipeline.stages.train_ngram import NOT_APPLICABLE, NGramConfig, run
 from pipeline.tokens.contract import tokens_table
 
 PAD, BOS, EOS, VOCAB = 0, 1, 2, 12
@@ -189,10 +189,15 @@ def test_no_val_is_a_clear_error(corpus, tmp_path):
         run_stage(corpus, tmp_path / "out", orders=[2])
 
 
-def test_compound_tokens_are_refused_before_anything_is_read(compound_tokens, tmp_path):
-    with pytest.raises(ParamsError,
-                       match=r"tokenize\.tokenizer: CPWord — symkit train-ngram reads"):
-        run(NGramConfig(), RuntimeConfig(), tokens=compound_tokens["tokens"],
+def test_compound_tokens_make_the_baseline_not_applicable(compound_tokens, tmp_path):
+    """Compound tokens: no model, and outputs that say why (the stage's docstring)."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.npz").write_bytes(b"stale")  # another tokenizer's model goes
+    s = run(NGramConfig(), RuntimeConfig(), tokens=compound_tokens["tokens"],
             info=compound_tokens["info"], augmented=compound_tokens["augmented"],
             model_dir=tmp_path / "m", report=tmp_path / "r.json", plot=tmp_path / "p.tsv")
-    assert not (tmp_path / "m").exists()
+    assert s.best_order is None and s.val_nats_per_token is None
+    report = read_json(tmp_path / "r.json")
+    assert report["applicable"] is False and report["reason"] == NOT_APPLICABLE
+    assert report["tokenizer"] == "CPWord"
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["not_applicable.json"]

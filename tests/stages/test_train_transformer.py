@@ -361,13 +361,3 @@ def test_packed_resume_after_kill_is_bitwise(short_data, tmp_path):
     for name in ("model/model.safetensors", "train.json", "log/seed-7.tsv"):
         assert (tmp_path / "straight" / name).read_bytes() == (
             tmp_path / "resumed" / name).read_bytes(), name
-
-
-def test_compound_tokens_are_refused_before_anything_is_read(compound_tokens, tmp_path):
-    with pytest.raises(ParamsError,
-                       match=r"tokenize\.tokenizer: CPWord — symkit train-transformer reads"):
-        run(tiny_config(), RuntimeConfig(torch_threads=1), tokens=compound_tokens["tokens"],
-            info=compound_tokens["info"], augmented=compound_tokens["augmented"],
-            out_dir=tmp_path / "out", summary=tmp_path / "train.json", log_dir=tmp_path / "log",
-            env=tmp_path / "env.json")
-    assert not (tmp_path / "out").exists()

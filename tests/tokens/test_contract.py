@@ -112,7 +112,7 @@ def test_refuse_compound_names_the_key_and_its_value(compound_tokens):
     from pipeline.tokens.contract import refuse_compound
 
     with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: CPWord — symkit x reads one id "
-                                          r"stream.*tokenised but not yet modelled"):
+                                          r"stream.*but not yet modelled here"):
         refuse_compound(TokenInfo.read(compound_tokens["info"]), "symkit x")
     with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: Octuple"):
         refuse_compound(None, "symkit score", tokenizer="Octuple")

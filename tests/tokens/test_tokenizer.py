@@ -105,6 +105,9 @@ def test_compound_steps_become_codes_and_decode_back(name):
                                                            v["EOS_None"])
                for b, v in zip(books, tok.vocab, strict=True))
     assert "Pitch" in [b["name"] for b in books]
+    # CPWord's Ignore_None (written where a step has no value) is listed, to be masked
+    assert [b.get("ignore_id") for b in books] == [v.get("Ignore_None") for v in tok.vocab]
+    assert any("ignore_id" in b for b in books) == (name == "CPWord")
     score = Score(str(FIXTURES / "four_voices.mid"))
     steps = tok.encode(score).ids
     codes = codes_from_steps(steps, len(books))

@@ -201,3 +201,26 @@ def test_windows_carry_their_pieces_conditions():
     first = {3: 1, 6: 2}
     assert [first[int(x)] for x in b.x[:, 1]] == b.cond[:, 0].tolist()
 
+
+
+def test_compound_examples_are_framed_per_codebook_and_batched_alike(compound_tokens):
+    """Compound rows become (steps, K) examples framed by each codebook's BOS and EOS; the
+    stream's gathered batch equals make_batch over the same windows, padded per codebook."""
+    from models.base import IGNORE_INDEX
+    from pipeline.training.data import codebook_counts, load_corpus
+
+    info = TokenInfo.read(compound_tokens["info"])
+    corpus = load_corpus(compound_tokens["tokens"], info, compound_tokens["augmented"])
+    assert corpus.n_augmented == 1 and len(corpus.train) == 3 and len(corpus.val) == 1
+    np.testing.assert_array_equal(corpus.val[0], [[1, 1], [4, 4], [5, 4], [6, 5], [2, 2]])
+    pad = np.asarray(info.codebook_ids("pad_id"))
+    stream = WindowStream(corpus.train, seq_len=6, seed=3)
+    b = stream.batch(range(0, 5), pad)
+    ref = make_batch([stream.window(k) for k in range(5)], 6, pad)
+    for got, want in ((b.x, ref.x), (b.y, ref.y), (b.mask, ref.mask)):
+        assert torch.equal(got, want)
+    assert b.x.shape == (5, 6, 2) and b.mask.shape == (5, 6)
+    assert (b.y[:, 4:] == IGNORE_INDEX).all() and (b.x[:, 4:] == torch.as_tensor(pad)).all()
+    # codebook 1's id 4 (CPWord's Ignore_None there) is not scored; codebook 0 scores all
+    counts = codebook_counts(b.y, ((), (4,)))
+    assert counts.tolist() == [20, 20 - int((b.y[..., 1] == 4).sum())]

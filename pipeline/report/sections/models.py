@@ -11,8 +11,11 @@ from pipeline.report.context import ReportContext
 from pipeline.report.sections.common import kv_block
 
 
-def ngram_table(ngram: Any, d: int) -> list[Table]:
-    """Each n-gram order's val NLL per token, the chosen one marked ([] without the report)."""
+def ngram_table(ngram: Any, d: int) -> list[Table | Para]:
+    """Each n-gram order's val NLL per token, the chosen one marked ([] without the report); for
+    compound tokens, where train-ngram fits none, the reason it is not applicable."""
+    if isinstance(ngram, dict) and ngram.get("applicable") is False:
+        return [Para(f"n-gram baseline: not applicable ({ngram.get('reason', NA)}).", "note")]
     orders = ngram.get("orders") if isinstance(ngram, dict) else None
     if not isinstance(orders, dict) or not orders:
         return []

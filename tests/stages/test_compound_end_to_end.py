@@ -1,0 +1,233 @@
+"""Compound tokens through the stage functions (not dvc): tokenize a few tiny synthetic pieces
+with Octuple (``model: none``), train the compound transformer, mark the n-gram not applicable,
+evaluate val; each codebook's loss logged, resume after a kill equal to an uninterrupted run, and
+each codebook's NLL adding up to the joint NLL."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import pipeline.training.loop as loop
+from pipeline.core.artifacts import read_json, sha256_bytes, write_parquet
+from pipeline.core.config import ParamsError, RuntimeConfig
+from pipeline.stages import evaluate, train_ngram, train_transformer
+from pipeline.stages.tokenize import TokenizeConfig
+from pipeline.stages.tokenize import run as tokenize
+from pipeline.tokens.contract import TokenInfo
+from pipeline.training.data import load_corpus
+from pipeline.training.resume import checkpoint_dir
+from tests._transformer_data import tiny_config
+from tests.stages.test_tokenize import synthetic_score
+
+RUNTIME = RuntimeConfig(torch_threads=1, workers=1, progress=False)
+N_PIECES = 8
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """data/ of a tiny Octuple run: raw files, manifest, splits (6 train, 2 val) and tokens."""
+    root = tmp_path_factory.mktemp("octuple")
+    raw = root / "data" / "raw"
+    raw.mkdir(parents=True)
+    rows, split = [], []
+    for i in range(N_PIECES):
+        data = synthetic_score(i, n_tracks=1, n_notes=24).dumps_midi()
+        (raw / f"{i}.mid").write_bytes(data)
+        rows.append({"path": f"{i}.mid", "sha256": sha256_bytes(data), "status": "ok",
+                     "n_notes": 24, "duration_s": 10.0})
+    manifest = pd.DataFrame(rows).sort_values("sha256").reset_index(drop=True)
+    split = ["val" if i < 2 else "train" for i in range(N_PIECES)]
+    splits = pd.DataFrame({"sha256": manifest["sha256"], "group_id": [f"g{i}" for i in
+                                                                     range(N_PIECES)],
+                           "split": split, "fold": 0})
+    write_parquet(root / "data" / "manifest.parquet", manifest)
+    write_parquet(root / "data" / "splits.parquet", splits)
+    cfg = TokenizeConfig(tokenizer="Octuple", config={"use_programs": True}, model="none",
+                         vocab_size=5, program=None, transpose=[-2, 2])
+    tokenize(cfg, RUNTIME, raw_dir=raw, manifest=root / "data/manifest.parquet",
+             splits=root / "data/splits.parquet", split_report=root / "reports/split.json",
+             tokenizer_out=root / "data/tokenizer.json", tokens_dir=root / "data/tokens",
+             cache_dir=None, report=root / "reports/tokenize.json")
+    return root
+
+
+def _train(root: Path, out: Path, cfg=None, augmented: bool = False) -> dict:
+    return train_transformer.run(
+        cfg or tiny_config(train={"max_steps": 4, "eval_every": 2}), RUNTIME,
+        tokens=root / "data/tokens/tokens.parquet", info=root / "data/tokens/info.json",
+        augmented=root / "data/tokens/augmented.parquet" if augmented else None,
+        out_dir=out / "model", summary=out / "train.json", log_dir=out / "log",
+        env=out / "env.json")
+
+
+def test_training_logs_each_codebook(root, tmp_path):
+    info = TokenInfo.read(root / "data/tokens/info.json")
+    summary = _train(root, tmp_path)
+    keys = info.codebook_keys()
+    assert info.compound and len(keys) == len(info.codebooks) > 1
+    log = pd.read_csv(tmp_path / "log" / "seed-7.tsv", sep="\t")
+    assert [f"train_loss_{k}" for k in keys] == [c for c in log if c.startswith("train_loss_")]
+    per_book = log[[f"train_loss_{k}" for k in keys]].to_numpy()
+    assert np.isfinite(per_book).all()
+    # train_loss is the plain mean over codebooks of each codebook's mean NLL
+    np.testing.assert_allclose(log["train_loss"], per_book.mean(axis=1), rtol=1e-5)
+    evals = log.dropna(subset=["val_loss"])
+    assert list(evals["step"]) == [2, 4]
+    np.testing.assert_allclose(evals["val_loss"],
+                               evals[[f"val_loss_{k}" for k in keys]].mean(axis=1), rtol=1e-5)
+    books = read_json(tmp_path / "train.json")["codebooks"]
+    assert sorted(books) == sorted(keys)
+    best = evals.set_index("step").loc[summary["best_step"]]
+    assert all(books[k]["best_val_loss"] == pytest.approx(best[f"val_loss_{k}"], rel=1e-5)
+               for k in keys)
+    meta = read_json(tmp_path / "model" / "model.json")
+    assert meta["config"]["codebook_sizes"] == list(info.codebook_sizes())
+    assert meta["codebooks"] == info.codebooks
+
+
+def test_augmented_codes_are_trained_on(root, tmp_path):
+    summary = _train(root, tmp_path, augmented=True)
+    assert summary["n_augmented_examples"] > 0
+    assert summary["n_train_examples"] == 6 + summary["n_augmented_examples"]
+
+
+def test_resume_after_kill_equals_an_uninterrupted_run(root, tmp_path):
+    cfg = tiny_config(train={"max_steps": 6, "eval_every": 2})
+    _train(root, tmp_path / "straight", cfg)
+    info = TokenInfo.read(root / "data/tokens/info.json")
+
+    def kill(state):
+        if state.step == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loop.train(cfg, info, load_corpus(root / "data/tokens/tokens.parquet", info),
+                   checkpoint_dir(tmp_path / "resumed" / "model", cfg, info, 1, 1), threads=1,
+                   on_step=kill, echo=lambda _: None)
+    _train(root, tmp_path / "resumed", cfg)  # resumes from step 3, replays 4 and 5
+    for name in ("model/model.safetensors", "train.json", "log/seed-7.tsv"):
+        assert (tmp_path / "straight" / name).read_bytes() == (
+            tmp_path / "resumed" / name).read_bytes(), name
+
+
+def test_packing_and_conditions_are_refused_naming_the_key(root, tmp_path):
+    with pytest.raises(ParamsError, match=r"transformer\.data\.pack"):
+        _train(root, tmp_path, tiny_config(data={"pack": True}))
+    from pipeline.conditions.config import ConditionConfig
+
+    with pytest.raises(ParamsError, match=r"condition\.use"):
+        train_transformer.run(
+            tiny_config(), RUNTIME, tokens=root / "data/tokens/tokens.parquet",
+            info=root / "data/tokens/info.json", augmented=None, out_dir=tmp_path / "m",
+            summary=tmp_path / "t.json", log_dir=tmp_path / "l", env=tmp_path / "e.json",
+            condition=ConditionConfig(use=["key"]))
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.fixture(scope="module")
+def trained(root, tmp_path_factory) -> Path:
+    """The tiny compound transformer (2 steps) and the n-gram stage's outputs, under ``out``."""
+    out = tmp_path_factory.mktemp("trained")
+    _train(root, out, tiny_config(train={"max_steps": 2, "eval_every": 2},
+                                  optim={"warmup_steps": 1}))
+    train_ngram.run(train_ngram.NGramConfig(), RUNTIME, tokens=root / "data/tokens/tokens.parquet",
+                    info=root / "data/tokens/info.json",
+                    augmented=root / "data/tokens/augmented.parquet", model_dir=out / "ngram",
+                    report=out / "ngram.json", plot=out / "ngram_orders.tsv")
+    return out
+
+
+def test_ngram_is_not_applicable_with_its_reason(trained):
+    report = read_json(trained / "ngram.json")
+    assert report["applicable"] is False and "tuple of one id per codebook" in report["reason"]
+    assert "best_order" not in report
+    assert sorted(p.name for p in (trained / "ngram").iterdir()) == ["not_applicable.json"]
+    assert (trained / "ngram_orders.tsv").read_text().splitlines() == [
+        "order\tval_nats_per_token\tval_bits_per_token\tval_perplexity"]
+
+
+def _evaluate(root: Path, trained: Path, out: Path) -> evaluate.EvaluateSummary:
+    from pipeline.inference.loading import default_specs
+
+    cfg = evaluate.EvaluateConfig(splits=["val"], n_boot=100, train_pieces=2, stride=8)
+    return evaluate.run(cfg, RUNTIME, tokens=root / "data/tokens/tokens.parquet",
+                        info=root / "data/tokens/info.json",
+                        manifest=root / "data/manifest.parquet",
+                        splits=root / "data/splits.parquet",
+                        specs=default_specs(trained / "ngram", trained / "model", stride=8),
+                        per_piece=out / "per_piece.parquet", report=out / "eval.json")
+
+
+def test_evaluate_scores_the_joint_nll_and_each_codebook(root, trained, tmp_path):
+    summary = _evaluate(root, trained, tmp_path)
+    info = TokenInfo.read(root / "data/tokens/info.json")
+    keys = info.codebook_keys()
+    assert summary.unavailable["ngram"].startswith("not applicable: the n-gram baseline")
+    table = pd.read_parquet(tmp_path / "per_piece.parquet")
+    assert list(table.columns)[-len(keys):] == [f"nll_nats_{k}" for k in keys]
+    assert set(table["model"]) == {"transformer"} and set(table["split"]) == {"val", "train"}
+    shares = table[[f"nll_nats_{k}" for k in keys]].sum(axis=1)
+    np.testing.assert_allclose(shares, table["nll_nats"], rtol=1e-12)
+    assert (table[[f"nll_nats_{k}" for k in keys]] > 0).all().all()
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    steps = dict(zip(tokens["sha256"], tokens["n_tokens"], strict=True))
+    assert all(n == steps[s] + 1 for s, n in zip(table["sha256"], table["n_tokens"], strict=True))
+    report = read_json(tmp_path / "eval.json")
+    assert report["paired"] == {} or not any("ngram" in k for k in report["paired"])
+    assert sorted(report["codebooks"]["transformer"]["val"]) == sorted(keys)
+    val = table[table["split"] == "val"]
+    per_note = report["models"]["transformer"]["val"]["nats_per_note"]["value"]
+    assert per_note == pytest.approx(val["nll_nats"].sum() / val["n_notes"].sum())
+    assert math.fsum(v["share"] for v in report["codebooks"]["transformer"]["val"].values()) \
+        == pytest.approx(1.0)
+    assert report["protocol"]["compound"]["n_tokens"] == "steps"
+
+
+def test_joint_nll_is_the_sum_of_the_renormalised_codebooks(root, trained):
+    """Each step's joint NLL, recomputed from the model's raw logits with every codebook's PAD
+    and BOS removed from its support, equals the scorer's; the windows change nothing for a
+    piece that fits one context."""
+    import torch
+
+    from pipeline.inference.scorer import load_scorer
+
+    scorer = load_scorer(trained / "model")
+    info = TokenInfo.read(root / "data/tokens/info.json")
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    seq = np.stack([np.asarray(c, dtype=np.int64) for c in tokens["codes"].iloc[0]], axis=1)[:20]
+    per = scorer.codebook_nll([seq])[0]
+    full = np.concatenate([[info.codebook_ids("bos_id")], seq, [info.codebook_ids("eos_id")]])
+    with torch.no_grad():
+        logits, _ = scorer.model(torch.as_tensor(full[None, :-1]))
+    for k, lg in enumerate(logits):
+        lg = lg[0].double().clone()
+        lg[:, [info.codebooks[k]["pad_id"], info.codebooks[k]["bos_id"]]] = -math.inf
+        want = -torch.log_softmax(lg, -1).gather(1, torch.as_tensor(full[1:, k])[:, None])[:, 0]
+        np.testing.assert_allclose(per[:, k], want.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(scorer.token_nll([seq])[0], per.sum(axis=1), rtol=1e-12)
+    long = np.concatenate([seq] * 3)  # 60 steps > max_seq_len 32: sliding windows
+    assert len(scorer.token_nll([long])[0]) == len(long) + 1
+
+
+def test_the_gain_rule_reads_the_missing_ngram_as_not_available(root, trained, tmp_path):
+    from pipeline.core.config import load_section
+    from pipeline.decision.criteria import CriteriaConfig, evaluate_all
+    from pipeline.decision.metrics import build_metrics
+    from pipeline.decision.preregistration import COMPARISON_METRIC
+    from pipeline.report.sections.models import ngram_table
+
+    _evaluate(root, trained, tmp_path)
+    ngram = read_json(trained / "ngram.json")
+    metrics = build_metrics({"eval": read_json(tmp_path / "eval.json"), "ngram": ngram})
+    cfg = load_section("criteria", Path(__file__).parents[2] / "params.yaml", CriteriaConfig)
+    gain = [v for v in evaluate_all(cfg, metrics) if v.metric == COMPARISON_METRIC]
+    assert gain and all(v.status == "INCONCLUSIVE" and "not available" in v.evidence
+                        for v in gain)
+    shown = ngram_table(ngram, 3)
+    assert len(shown) == 1 and "not applicable" in shown[0].text and ngram["reason"] in \
+        shown[0].text

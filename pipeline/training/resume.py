@@ -37,7 +37,8 @@ FRESH_HINT = ("rerun with `symkit train-transformer --fresh` (deletes the old ch
 
 TRAIN_CODE = ("pipeline.training.loop", "pipeline.training.data", "pipeline.training.setup",
               "pipeline.training.device", "pipeline.training.config",
-              "pipeline.training.checkpoint", __name__, "models.transformer", "models.lora",
+              "pipeline.training.checkpoint", __name__, "models.transformer", "models.compound",
+              "models.loading", "models.lora",
               "models.base", "pipeline.conditions.assign", "pipeline.conditions.extract",
               "pipeline.conditions.vocab", "pipeline.tokens.contract")
 """The modules whose code a training run's result depends on: their bytes enter the run identity

@@ -21,11 +21,16 @@ from pipeline.conditions.vocab import ConditionVocab
 from pipeline.core import artifacts
 from pipeline.core.artifacts import stable_int
 from pipeline.core.config import StageConfig
-from pipeline.inference.sampling import SamplingParams, sample_sequences
+from pipeline.inference.sampling import SamplingParams, StepRules, sample_sequences, sample_steps
 from pipeline.music.midi import score_notes
-from pipeline.tokens.contract import TokenInfo, never_sampled
+from pipeline.tokens.contract import CODES_FIELD, TokenInfo, never_sampled
 from pipeline.tokens.spans import prefix_mask
-from pipeline.tokens.tokenizer import decode_ids, load_tokenizer
+from pipeline.tokens.tokenizer import (
+    codes_from_steps,
+    decode_ids,
+    load_tokenizer,
+    steps_from_codes,
+)
 
 KINDS = ("unconditional", "continuation")
 PROMPT_COLUMNS = ["sha256", "split", "track", "ids", "n_tokens"]
@@ -43,6 +48,16 @@ CONDITIONED_SCHEMA = pa.schema([*SAMPLES_SCHEMA, ("condition", pa.string()),
 """samples.parquet when a model is conditioned: ``condition`` (the requested labels as sorted
 JSON, ``null`` for a label not requested; null for unconditioned kinds) and ``request_sha256``
 (the held-out piece whose labels were requested)."""
+COMPOUND_SCHEMA = SAMPLES_SCHEMA.insert(7, CODES_FIELD)
+"""samples.parquet of compound tokens (CPWord, Octuple): ``codes`` after ``ids`` as the token
+tables have it (one list per codebook, one id per step; ``ids`` empty), and ``n_tokens`` and
+``prompt_len`` count steps. Single-stream runs keep :data:`SAMPLES_SCHEMA`."""
+NOTE_BOOKS = ("Pitch", "PitchDrum", "Velocity", "Duration", "Program")
+"""CPWord: the token types a Note step carries (miditok's ``_create_cp_token``)."""
+METRIC_BOOKS = {"Position": ("Tempo", "Chord"), "Bar": ("TimeSig",)}
+"""CPWord: a Metric step carries a Position or a Bar (its Position/Bar codebook), a Position also
+its Tempo (and Chord), a Bar its TimeSig, where the tokenizer has them: miditok's decoder reads
+those codebooks on such steps (:func:`compound_rules`)."""
 
 
 class GenerateConfig(StageConfig):
@@ -91,7 +106,8 @@ def select_prompts(tokens: Any, n: int, length: int, seed: int,
     """Choose ``n`` sequences of ``split`` longer than ``length``; return (sha256, prefix) pairs.
 
     Candidates are sorted by (sha256, track) before a seeded draw, so the choice is a pure function
-    of the token table and the seed. Fewer candidates than ``n`` gives fewer prompts.
+    of the token table and the seed. Fewer candidates than ``n`` gives fewer prompts. Rows with
+    compound ``codes`` (not null) give their first ``length`` steps as a (length, K) prefix.
     """
     df = tokens[(tokens["split"] == split) & (tokens["n_tokens"] > length)]
     sort_cols = [c for c in ("sha256", "track") if c in df.columns]
@@ -100,6 +116,10 @@ def select_prompts(tokens: Any, n: int, length: int, seed: int,
         return []
     rng = np.random.default_rng([seed, stable_int("prompts")])
     rows = np.sort(rng.choice(len(df), size=min(n, len(df)), replace=False))
+    if "codes" in df.columns and df["codes"].notna().all():
+        return [(str(df.at[int(r), "sha256"]),
+                 np.asarray(steps_from_codes(df.at[int(r), "codes"])[:length], dtype=np.int32))
+                for r in rows]
     return [(str(df.at[int(r), "sha256"]),
              np.asarray(df.at[int(r), "ids"][:length], dtype=np.int32)) for r in rows]
 
@@ -122,16 +142,52 @@ def request_labels(vocab: ConditionVocab, row: Mapping[str, Any]) -> dict[str, s
     return vocab.decode(vocab.encode(row))
 
 
+def compound_rules(info: TokenInfo, tok: Any) -> StepRules:
+    """How a compound step is drawn (:class:`~pipeline.inference.sampling.StepRules`): per
+    codebook never its special tokens (PAD, BOS, MASK; EOS but in the first codebook) nor its
+    ``Ignore_None``. For CPWord (codebooks with ``Ignore_None``) the first codebook is the step's
+    family: a ``Family_Note`` step draws the codebooks of :data:`NOTE_BOOKS`, a
+    ``Family_Metric`` step its Position/Bar codebook, then what :data:`METRIC_BOOKS` says the
+    drawn Position or Bar carries; the rest hold ``Ignore_None``, as miditok writes them. A
+    sample has no Rest steps (a Metric step whose Position/Bar is ``Ignore_None``): the heads
+    were trained only on targets that carry a value (``Ignore_None`` masked), so they cannot say
+    that a codebook is empty, only which value it holds when it has one."""
+    books = info.codebooks or []
+    specials = set(getattr(tok, "special_tokens", ()))
+    forbid, ignore = [], []
+    for k, (book, vocab) in enumerate(zip(books, tok.vocab, strict=True)):
+        ids = {int(i) for t, i in vocab.items() if t in specials or t == "Ignore_None"}
+        forbid.append(tuple(sorted(ids - ({int(book["eos_id"])} if k == 0 else set()))))
+        ignore.append(int(book.get("ignore_id", -1)))
+    used: dict[int, tuple[int, ...]] = {}
+    then: dict[int, dict[int, tuple[int, ...]]] = {}
+    if any(i >= 0 for i in ignore):
+        types = [set(str(b["name"]).split("/")) for b in books]
+        family = tok.vocab[0]
+        note = tuple(k for k in range(1, len(books)) if types[k] & set(NOTE_BOOKS))
+        bar_pos = [k for k in range(1, len(books)) if types[k] & set(METRIC_BOOKS)]
+        used = {int(family["Family_Note"]): note, int(family["Family_Metric"]): tuple(bar_pos)}
+        then = {k: {int(i): tuple(j for j in range(k + 1, len(books))
+                                  if types[j] & set(METRIC_BOOKS[t.split("_")[0]]))
+                    for t, i in tok.vocab[k].items() if t.split("_")[0] in METRIC_BOOKS}
+                for k in bar_pos}
+    return StepRules(forbid=tuple(forbid), eos=int(books[0]["eos_id"]), ignore=tuple(ignore),
+                     used=used, then=then)
+
+
 def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
                        prompts: Sequence[tuple[str, np.ndarray]],
                        forbid: Sequence[int],
                        by_seed: Mapping[int, SequenceModel] | None = None,
-                       requests: Sequence[tuple[str, Mapping[str, Any]]] = ()
-                       ) -> list[dict[str, Any]]:
+                       requests: Sequence[tuple[str, Mapping[str, Any]]] = (),
+                       rules: StepRules | None = None) -> list[dict[str, Any]]:
     """All samples of one model as rows (without decode columns). ``by_seed``: the model's
     training seeds (two or more), which share the samples out: sample ``i`` of a kind comes
     from the ``i mod S``-th seed, ``model`` is then unused. A conditioned model also draws one
-    ``conditioned`` sample per request, under its labels (guidance ``cfg.guidance``)."""
+    ``conditioned`` sample per request, under its labels (guidance ``cfg.guidance``).
+    ``rules``: compound tokens, drawn step by step (:func:`sample_steps`, ``forbid`` unused);
+    the rows then hold ``codes`` (one list per codebook) and empty ``ids``, and ``n_tokens``
+    and ``prompt_len`` count steps. Seeding is the same as for one stream."""
     seeds = sorted(by_seed) if by_seed and len(by_seed) > 1 else [None]
     vocab = model_vocab(getattr(model, "condition", None))
     kinds = [*KINDS, *([CONDITIONED] if vocab is not None and requests else [])]
@@ -139,7 +195,9 @@ def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
     for k, kind in enumerate(kinds):
         conds = labels = None
         if kind == "unconditional":
-            starts = [("", np.zeros(0, dtype=np.int32))] * cfg.n_samples
+            empty = (np.zeros(0, dtype=np.int32) if rules is None
+                     else np.zeros((0, len(rules.forbid)), dtype=np.int32))
+            starts = [("", empty)] * cfg.n_samples
         elif kind == CONDITIONED:
             starts = [(sha, np.zeros(0, dtype=np.int32)) for sha, _ in requests]
             labels = [request_labels(vocab, r) for _, r in requests]
@@ -152,11 +210,16 @@ def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
             rngs = [np.random.default_rng([cfg.seed, stable_int(name), k, i]) for i in mine]
             cond_kw = {} if conds is None else {
                 "conds": conds[mine], "guidance": cfg.guidance, "none_ids": vocab.none_ids()}
-            drawn = sample_sequences(model if seed is None else by_seed[seed],
-                                     [starts[i][1] for i in mine],
-                                     max_new_tokens=cfg.max_new_tokens, params=cfg.sampling(),
-                                     rngs=rngs, forbid=forbid, batch_size=cfg.batch_size,
-                                     **cond_kw)
+            who = model if seed is None else by_seed[seed]
+            if rules is not None:
+                drawn = sample_steps(who, [starts[i][1] for i in mine],
+                                     max_new_steps=cfg.max_new_tokens, params=cfg.sampling(),
+                                     rngs=rngs, rules=rules, batch_size=cfg.batch_size)
+            else:
+                drawn = sample_sequences(who, [starts[i][1] for i in mine],
+                                         max_new_tokens=cfg.max_new_tokens,
+                                         params=cfg.sampling(), rngs=rngs, forbid=forbid,
+                                         batch_size=cfg.batch_size, **cond_kw)
             for i, gen in zip(mine, drawn, strict=True):
                 new[i] = gen
         for i, ((sha, prompt), gen) in enumerate(zip(starts, new, strict=True)):
@@ -164,6 +227,8 @@ def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,
             row = {"model": name, "kind": kind, "index": i,
                    "seed": seeds[i % len(seeds)], "prompt_sha256": None if labels else sha or None,
                    "prompt_len": len(prompt), "ids": ids.tolist(), "n_tokens": len(ids)}
+            if rules is not None:
+                row["ids"], row["codes"] = [], codes_from_steps(ids, len(rules.forbid)).tolist()
             if labels is not None:
                 row["condition"] = json.dumps(labels[i], sort_keys=True)
                 row["request_sha256"] = sha
@@ -179,7 +244,14 @@ def prompt_notes(tok: Any, row: Mapping[str, Any],
     does not decode."""
     if not row["prompt_len"]:
         return None
-    return prefix_mask(tok, row["ids"], int(row["prompt_len"]), notes)
+    return prefix_mask(tok, sample_ids(row), int(row["prompt_len"]), notes)
+
+
+def sample_ids(row: Mapping[str, Any]) -> Any:
+    """A samples.parquet row's sequence as :func:`decode_ids` takes it: ``ids``, or for
+    compound tokens the steps of its ``codes``."""
+    codes = row.get("codes")
+    return row["ids"] if codes is None else steps_from_codes(codes)
 
 
 def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *,
@@ -205,6 +277,7 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *,
     prompts = ([] if prompt_rows is None else
                select_prompts(prompt_rows, cfg.n_continuations, cfg.prompt_tokens, cfg.seed))
     forbid = never_sampled(tok_info, tok)
+    rules = compound_rules(tok_info, tok) if tok_info.compound else None
     order = list(cfg.models if names is None else names)
     requests: list[tuple[str, dict[str, Any]]] = []
     if any(getattr(models[n], "condition", None) is not None for n in order):
@@ -216,14 +289,14 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *,
     rows: list[dict[str, Any]] = []
     for name in order:
         rows.extend(generate_for_model(models[name], name, cfg, prompts, forbid,
-                                       (seeds or {}).get(name), requests))
+                                       (seeds or {}).get(name), requests, rules))
     samples_dir = Path(samples_dir)
     samples_dir.mkdir(parents=True, exist_ok=True)
     for stale in sorted([*samples_dir.glob("*.mid"), *samples_dir.glob("*.png")]):
         stale.unlink()  # outputs of an earlier run with other params
     failures = 0
     for row in rows:
-        score, err = decode_ids(tok, row["ids"])
+        score, err = decode_ids(tok, sample_ids(row))
         row["decode_ok"], row["decode_error"] = err is None, err
         if err is not None:
             failures += 1
@@ -238,7 +311,8 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *,
         artifacts.write_bytes(samples_dir / f"{stem}.png", png)
     rows.sort(key=lambda r: (r["model"], r["kind"], r["index"]))
     conditioned = any(r["kind"] == CONDITIONED for r in rows)
-    schema = CONDITIONED_SCHEMA if conditioned else SAMPLES_SCHEMA
+    schema = (CONDITIONED_SCHEMA if conditioned else
+              COMPOUND_SCHEMA if rules is not None else SAMPLES_SCHEMA)
     artifacts.write_parquet(samples_out, pa.Table.from_pylist(
         [{**{"condition": None, "request_sha256": None}, **r} if conditioned else r
          for r in rows], schema=schema))

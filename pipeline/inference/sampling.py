@@ -19,7 +19,7 @@ not part of the returned ids.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -166,4 +166,85 @@ def sample_sequences(
                 else:
                     new[j].append(tok)
         results.extend(np.asarray(s, dtype=np.int32) for s in new)
+    return results
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """What a compound step may hold, per codebook (:func:`compound_rules` builds it from the
+    tokens' ``info.json``).
+
+    ``forbid[k]``: ids codebook ``k`` never draws (its PAD and BOS, its ``Ignore_None``, and its
+    EOS except in the first codebook). ``eos``: the first codebook's EOS, which ends a sample.
+    ``ignore[k]``: CPWord's ``Ignore_None`` id of codebook ``k`` (-1 without one). ``used``: for
+    CPWord, per first-codebook id (the step's family) the codebooks drawn for that family, and
+    ``then``: per codebook ``k``, per id drawn there, the later codebooks that value makes
+    drawn too (a Position brings its Tempo, a Bar its TimeSig); every other codebook of the
+    step is written as its ``ignore`` id without a draw. Both empty: every codebook is drawn in
+    every step (Octuple).
+    """
+
+    forbid: tuple[tuple[int, ...], ...]
+    eos: int
+    ignore: tuple[int, ...]
+    used: dict[int, tuple[int, ...]]
+    then: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+
+
+def sample_steps(
+    model,
+    prompts: Sequence[np.ndarray],
+    *,
+    max_new_steps: int,
+    params: SamplingParams,
+    rngs: Sequence[np.random.Generator] | None,
+    rules: StepRules,
+    batch_size: int = 16,
+) -> list[np.ndarray]:
+    """Continue each (n, K) compound prompt by up to ``max_new_steps`` steps; stop at EOS.
+
+    The model's K heads read one hidden state and are independent given it, so a step is drawn
+    codebook by codebook in codebook order from that one state (``model.next_step_logprobs``),
+    each id from its own codebook's distribution with ``params`` (temperature, top-k, top-p)
+    applied to that codebook alone, ``rules.forbid[k]`` removed first. The first codebook is
+    drawn first: its EOS ends the sample (and the step is not kept); the other codebooks never
+    draw EOS, so a step is never half ended. With ``rules.used`` (CPWord) only the codebooks the
+    drawn family uses (and ``rules.then`` adds) are drawn; the others hold ``Ignore_None``.
+    Each prompt has its own generator and each drawn codebook takes one uniform from it, so a
+    sample's steps depend only on its own draws, never on the batch size or on the other
+    samples of the batch.
+    Returns the new steps only, (m, K) int32 per prompt, in prompt order.
+    """
+    greedy = params.temperature == 0
+    if not greedy and (rngs is None or len(rngs) != len(prompts)):
+        raise ValueError("sampling with temperature > 0 needs one generator per prompt")
+    K = len(rules.forbid)
+    every = tuple(range(1, K))
+    results: list[np.ndarray] = []
+    for start in range(0, len(prompts), max(1, batch_size)):
+        idx = range(start, min(start + batch_size, len(prompts)))
+        ctx = [np.asarray(prompts[i], dtype=np.int64).reshape(-1, K) for i in idx]
+        new: list[list[list[int]]] = [[] for _ in idx]
+        live = [True] * len(new)
+        for _ in range(max_new_steps):
+            rows = [j for j, alive in enumerate(live) if alive]
+            if not rows:
+                break
+            contexts = [np.concatenate([ctx[j], np.asarray(new[j], dtype=np.int64)
+                                        .reshape(-1, K)]) for j in rows]
+            logp = model.next_step_logprobs(contexts)
+            for r, j in enumerate(rows):
+                rng = None if greedy else rngs[idx[j]]  # type: ignore[index]
+                first = draw(filtered_probs(logp[0][r], params, rules.forbid[0]), rng)
+                if first == rules.eos:
+                    live[j] = False
+                    continue
+                step = [first] + [rules.ignore[k] for k in range(1, K)]
+                todo = set(rules.used.get(first, every) if rules.used else every)
+                for k in range(1, K):
+                    if k in todo:
+                        step[k] = draw(filtered_probs(logp[k][r], params, rules.forbid[k]), rng)
+                        todo.update(rules.then.get(k, {}).get(step[k], ()))
+                new[j].append(step)
+        results.extend(np.asarray(s, dtype=np.int32).reshape(-1, K) for s in new)
     return results

@@ -236,8 +236,33 @@ class CompoundScorer(TransformerScorer):
 
     def next_logprobs(self, contexts: Sequence[np.ndarray],
                       conds: np.ndarray | None = None) -> np.ndarray:
-        raise NotImplementedError("sampling compound tokens is not supported yet (symkit "
-                                  "generate refuses them)")
+        raise NotImplementedError("a compound step is K ids, one per codebook: sample it with "
+                                  "next_step_logprobs (pipeline.inference.sampling.sample_steps)")
+
+    @torch.no_grad()
+    def next_step_logprobs(self, contexts: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Per codebook, (B, size_k) log-probabilities of the next step's id, all read from the
+        same hidden state: each (n, K) context framed by a step of every codebook's BOS, its
+        last ``max_seq_len`` steps kept. Raw softmaxes over each whole codebook: the sampler
+        removes what must never be drawn (:func:`pipeline.inference.sampling.sample_steps`)."""
+        K, T = len(self.sizes), self.model.config.max_seq_len
+        out: list[list[torch.Tensor]] = [[] for _ in range(K)]
+        for b0 in range(0, len(contexts), self.batch_size):
+            batch = [np.concatenate([self.bos[None],
+                                     np.asarray(c, dtype=np.int64).reshape(-1, K)])[-T:]
+                     for c in contexts[b0 : b0 + self.batch_size]]
+            width = max(len(b) for b in batch)
+            idx = torch.as_tensor(self.eos).expand(len(batch), width, K).clone()
+            for i, b in enumerate(batch):
+                idx[i, : len(b)] = torch.as_tensor(b, dtype=torch.long)
+            logits, _ = self.model(idx.to(self.device))
+            rows = torch.arange(len(batch), device=self.device)
+            last = torch.as_tensor([len(b) - 1 for b in batch], device=self.device)
+            for k, lg in enumerate(logits):
+                out[k].append(torch.log_softmax(lg[rows, last].float(), -1).double().cpu())
+        if not contexts:
+            return [np.zeros((0, int(n))) for n in self.sizes]
+        return [torch.cat(rows_k).numpy() for rows_k in out]
 
 
 def load_scorer(model_dir: Path, device: str = "cpu", stride: int | None = None):

@@ -38,6 +38,12 @@ model's ``n_samples`` and ``n_continuations`` are shared out among the seeds (th
 and the audit's sample count stay those of one model) and the audit judges what the training
 recipe produces, seeds included, rather than one seed's luck.
 
+Compound tokens (CPWord, Octuple) are drawn step by step, one id per codebook from the same
+hidden state (:func:`pipeline.inference.sampling.sample_steps`, docs/tokenization.md): rows then
+hold ``codes`` (one list per codebook, after ``ids``, which is empty), ``n_tokens`` and
+``prompt_len`` count steps, and continuations start from a test piece's first ``prompt_tokens``
+steps. Single-stream samples.parquet is unchanged.
+
 A continuation's prompt is a test piece, so drawing continuations spends the test set: the stage
 reads the test rows through :func:`pipeline.decision.looks.test_tokens`, which appends a look
 (command ``generate``) to the test-access ledger ``reports/ledger.jsonl`` before handing them
@@ -75,7 +81,7 @@ from pipeline.inference.loading import (
     load_named,
     named_seeds,
 )
-from pipeline.tokens.contract import TokenInfo, refuse_compound
+from pipeline.tokens.contract import TokenInfo
 
 HELP = "sample music from trained models"
 
@@ -89,10 +95,11 @@ def run(cfg: GenerateConfig, models: Mapping[str, SequenceModel], *, tokens: Pat
     """:func:`pipeline.inference.generation.run`, the continuations' prompts drawn from the test
     rows of ``tokens`` read through the gate (module docstring): the look goes to
     ``ledger_path`` (None: nowhere) under the registration ``preregistration``."""
-    refuse_compound(TokenInfo.read(info), "symkit generate")  # before any look at test rows
+    compound = bool(TokenInfo.read(info).compound)
     prompt_rows = None
     if cfg.n_continuations:
-        prompt_rows, _ = looks.test_tokens("generate", tokens, PROMPT_COLUMNS,
+        columns = [*PROMPT_COLUMNS, "codes"] if compound else PROMPT_COLUMNS
+        prompt_rows, _ = looks.test_tokens("generate", tokens, columns,
                                            ledger_path=ledger_path,
                                            registration=preregistration)
     return generation.run(cfg, models, prompt_rows=prompt_rows, info=info, tokenizer=tokenizer,
@@ -123,7 +130,6 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = TokenInfo.read(args.info)
-        refuse_compound(info, "symkit generate")
         models = load_named(cfg.models, ngram_dir=args.ngram_dir,
                             transformer_dir=args.transformer_dir, device=cfg.device, info=info,
                             torch_threads=runtime.torch_threads)

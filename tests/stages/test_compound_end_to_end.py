@@ -231,3 +231,142 @@ def test_the_gain_rule_reads_the_missing_ngram_as_not_available(root, trained, t
     shown = ngram_table(ngram, 3)
     assert len(shown) == 1 and "not applicable" in shown[0].text and ngram["reason"] in \
         shown[0].text
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+
+def _generate(root: Path, trained: Path, out: Path, **params) -> pd.DataFrame:
+    """Samples of the tiny model: unconditional ones, and continuations of val pieces' first
+    steps (the fixture has no test split: val rows stand in for the prompts' test rows)."""
+    from pipeline.inference import generation
+    from pipeline.inference.loading import load_transformer
+
+    cfg = generation.GenerateConfig(**{
+        "models": ["transformer"], "n_samples": 3, "n_continuations": 2, "max_new_tokens": 12,
+        "prompt_tokens": 4, "batch_size": 2, "files_per_kind": 1, **params})
+    rows = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    rows = rows[rows["split"] == "val"].assign(split="test")
+    summary = generation.run(cfg, {"transformer": load_transformer(trained / "model")},
+                             prompt_rows=rows, info=root / "data/tokens/info.json",
+                             tokenizer=root / "data/tokenizer.json",
+                             samples_out=out / "samples.parquet", samples_dir=out / "samples")
+    assert summary.n_prompts == 2
+    return pd.read_parquet(out / "samples.parquet")
+
+
+def test_samples_are_drawn_step_by_step_and_decode(root, trained, tmp_path):
+    import symusic
+
+    from pipeline.tokens.tokenizer import load_tokenizer, steps_from_codes
+
+    samples = _generate(root, trained, tmp_path)
+    info = TokenInfo.read(root / "data/tokens/info.json")
+    K = len(info.codebooks)
+    assert list(samples.columns[:8]) == ["model", "kind", "index", "seed", "prompt_sha256",
+                                         "prompt_len", "ids", "codes"]
+    assert sorted(samples["kind"].value_counts().items()) == [("continuation", 2),
+                                                               ("unconditional", 3)]
+    assert all(len(i) == 0 for i in samples["ids"])
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet").set_index("sha256")
+    never = [{c["pad_id"], c["bos_id"]} | ({c["eos_id"]}) for c in info.codebooks]
+    for _, row in samples.iterrows():
+        steps = np.asarray(steps_from_codes(row["codes"]))
+        assert steps.shape == (row["n_tokens"], K) and row["n_tokens"] > row["prompt_len"]
+        for k in range(K):
+            assert not set(steps[row["prompt_len"]:, k].tolist()) & never[k], (k, row["index"])
+        if row["kind"] == "continuation":
+            want = np.asarray(steps_from_codes(tokens.loc[row["prompt_sha256"], "codes"]))[:4]
+            np.testing.assert_array_equal(steps[:4], want)
+    assert samples["decode_ok"].all()
+    tok = load_tokenizer(root / "data/tokenizer.json")
+    from pipeline.tokens.tokenizer import decode_ids
+
+    score, err = decode_ids(tok, steps_from_codes(samples["codes"].iloc[-1]))
+    assert err is None and isinstance(score, symusic.Score) and score.note_num() > 0
+    midi = symusic.Score.from_file(str(tmp_path / "samples" / "transformer_unconditional_0.mid"))
+    assert midi.note_num() > 0
+
+
+def test_sampling_is_reproducible_and_independent_of_the_batch(root, trained, tmp_path):
+    a = _generate(root, trained, tmp_path / "a")
+    b = _generate(root, trained, tmp_path / "b", batch_size=5)
+    c = _generate(root, trained, tmp_path / "c", seed=99)
+    assert (tmp_path / "a/samples.parquet").read_bytes() == \
+        (tmp_path / "b/samples.parquet").read_bytes()
+    def codes(df):
+        return [[c.tolist() for c in x] for x in df["codes"]]
+
+    assert codes(a) == codes(b) and codes(a) != codes(c)
+
+
+def test_the_first_codebooks_eos_ends_a_step_never_half_drawn():
+    """Stub heads: the first codebook draws EOS at the third step, the others put all their mass
+    on EOS, PAD and BOS, which they may never draw: they fall back on their best allowed id."""
+    from pipeline.inference.sampling import SamplingParams, StepRules, sample_steps
+
+    class Heads:
+        def next_step_logprobs(self, contexts):
+            n = len(contexts)
+            first = np.full((n, 5), -50.0)
+            for r, c in enumerate(contexts):
+                first[r, 2 if len(c) >= 2 else 3] = 0.0  # EOS (2) once two steps are drawn
+            other = np.full((n, 6), -50.0)
+            other[:, :3] = 0.0  # PAD, BOS, EOS
+            other[:, 5] = -1.0
+            return [first, other]
+
+    rules = StepRules(forbid=((0, 1), (0, 1, 2)), eos=2, ignore=(-1, -1), used={})
+    rngs = [np.random.default_rng(i) for i in range(2)]
+    out = sample_steps(Heads(), [np.zeros((0, 2)), np.asarray([[3, 5]])], max_new_steps=10,
+                       params=SamplingParams(), rngs=rngs, rules=rules)
+    assert [o.tolist() for o in out] == [[[3, 5], [3, 5]], [[3, 5]]]
+
+
+def test_cpword_steps_fill_only_their_familys_codebooks(tmp_path):
+    """CPWord: a Note step draws Pitch, Velocity, Duration (and Program), a Metric step its
+    Position/Bar, then a Position its Tempo and a Bar its TimeSig; every other codebook holds
+    Ignore_None, as miditok writes it, so the samples decode (an untrained model)."""
+    import torch
+
+    from models.compound import CompoundGPT
+    from models.transformer import TransformerConfig
+    from pipeline.inference.generation import compound_rules
+    from pipeline.inference.sampling import SamplingParams, sample_steps
+    from pipeline.inference.scorer import CompoundScorer
+    from pipeline.tokens.tokenizer import codebooks, decode_ids, make_tokenizer
+
+    tok = make_tokenizer("CPWord", {"use_programs": True, "use_tempos": True,
+                                    "use_time_signatures": True})
+    books = codebooks(tok)
+    info = TokenInfo(vocab_size=sum(b["size"] for b in books), pad_id=0, bos_id=1, eos_id=2,
+                     tokenizer_hash="t", split_hash="s", tokenizer="CPWord", model="none",
+                     compound=True, codebooks=books)
+    rules = compound_rules(info, tok)
+    types = [b["name"] for b in books]
+    note, metric = int(tok.vocab[0]["Family_Note"]), int(tok.vocab[0]["Family_Metric"])
+    assert [types[k] for k in rules.used[note]] == ["Pitch", "Velocity", "Duration", "Program"]
+    assert [types[k] for k in rules.used[metric]] == ["Position/Bar"]
+    assert all({0, 1, 2, 3, 4} <= set(f) for f in rules.forbid[1:])  # specials, Ignore
+    assert 2 not in rules.forbid[0] and {0, 1, 3} <= set(rules.forbid[0])  # EOS ends
+    cfg = TransformerConfig(vocab_size=info.vocab_size, max_seq_len=32, n_layer=1, n_head=2,
+                            n_embd=16, codebook_sizes=[b["size"] for b in books])
+    scorer = CompoundScorer(CompoundGPT(cfg, torch.Generator().manual_seed(0)).eval(),
+                            codebooks=books)
+    out = sample_steps(scorer, [np.zeros((0, len(books)))] * 2, max_new_steps=40,
+                       params=SamplingParams(), rngs=[np.random.default_rng(i) for i in (1, 2)],
+                       rules=rules)
+    for steps in out:
+        for step in steps.tolist():
+            assert step[0] in (note, metric)
+            drawn = set(rules.used[step[0]])
+            for k in sorted(drawn):
+                drawn |= set(rules.then.get(k, {}).get(step[k], ()))
+            if step[0] == metric:
+                kind = tok[1, step[1]].split("_")[0]  # Bar or Position
+                assert {types[k] for k in drawn} == {"Position/Bar",
+                                                     "TimeSig" if kind == "Bar" else "Tempo"}
+            assert all((step[k] == books[k]["ignore_id"]) == (k not in drawn)
+                       for k in range(1, len(books))), step
+    assert all(decode_ids(tok, s.tolist())[1] is None for s in out)
+    assert any(decode_ids(tok, s.tolist())[0].note_num() > 0 for s in out)

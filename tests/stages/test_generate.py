@@ -246,15 +246,3 @@ def test_continuations_are_a_look_at_the_test_pieces_and_samples_alone_are_none(
     before = path.read_bytes()
     generate(3, "b")
     assert path.read_bytes() == before
-
-
-def test_compound_tokens_are_refused_before_the_test_rows_are_read(compound_tokens, tmp_path):
-    from pipeline.core.config import ParamsError
-
-    with pytest.raises(ParamsError,
-                       match=r"tokenize\.tokenizer: CPWord — symkit generate reads"):
-        run(GenerateConfig(), {}, tokens=compound_tokens["tokens"],
-            info=compound_tokens["info"], tokenizer=tmp_path / "tokenizer.json",
-            samples_out=tmp_path / "samples.parquet", samples_dir=tmp_path / "samples",
-            ledger_path=tmp_path / "ledger.jsonl")
-    assert not (tmp_path / "ledger.jsonl").exists()

@@ -355,13 +355,22 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     the look; this library keeps no ledger). With a conditioned model's ``conditioned``
     samples, audit.json also gets ``adherence`` (:func:`pipeline.audit.adherence.audit_adherence`;
     ``conditions`` is the condition table, ``condition_cfg`` the ``condition`` section whose
-    bands measure the windows)."""
+    bands measure the windows). Compound tokens (``info.json``'s ``compound``): ``table`` and
+    the samples also hold ``codes``, and every step is one symbol
+    (:mod:`pipeline.audit.compound`); audit.json then has a ``compound`` block."""
     tok = load_tokenizer(tokenizer)
+    view = None
+    if TokenInfo.read(info).compound:
+        from pipeline.audit.compound import CompoundView
+
+        view = CompoundView.of(TokenInfo.read(info), tok, table, artifacts.read_parquet(samples))
+        tok, table, models = view.tokenizer, view.table, view.models(models)
+        seeds = {n: view.models(by_seed) for n, by_seed in (seeds or {}).items()}
     table = table[TOKEN_COLUMNS].sort_values(["sha256", "track"], kind="stable")
     table = table.reset_index(drop=True)
     split = {s: table[table["split"] == s].reset_index(drop=True) for s in ("train", "val", "test")}
     index = build_training_index(tok, split["train"], shingling or Shingling())
-    bars = bar_tokens_per_id(tok)
+    bars = bar_tokens_per_id(tok) if view is None else None
 
     width = cfg.human_window
     heads: list[dict[str, Any]] = []
@@ -374,7 +383,7 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
                               "offset": int(off), "sha256": str(r["sha256"]),
                               "track": int(r["track"]), "seed": None, "ok": True})
                 seqs.append(ids[off: off + width])
-    gen = artifacts.read_parquet(samples)
+    gen = artifacts.read_parquet(samples) if view is None else view.samples
     for _, r in gen.iterrows():
         start = int(r["prompt_len"])
         seed = r.get("seed")
@@ -419,6 +428,8 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     checks.update({name: by_seed[min(by_seed, key=int)] for name, by_seed in seed_checks.items()})
     result = audit_json(df, cols, limits, *checks_json(checks, cfg.membership_fpr))
     result["judged"] = judge(df, checks, cfg, seed_checks)
+    if view is not None:
+        result["compound"] = view.report()
     if "kind" in gen and (gen["kind"] == "conditioned").any():
         from pipeline.audit.adherence import audit_adherence
         from pipeline.conditions.config import ConditionConfig

@@ -217,15 +217,21 @@ class Extraction:
 
 def extraction_test(model: SequenceModel, seqs: Sequence[np.ndarray], prefix_len: int, m: int,
                     forbid: Sequence[int] = (), batch_size: int = 16) -> Extraction:
-    """Greedy-continue ``seq[:prefix_len]`` of each sequence (at least prefix_len+m ids long)."""
+    """Greedy-continue ``seq[:prefix_len]`` of each sequence (at least prefix_len+m ids long).
+    A model with its own ``greedy_continue(prefixes, m)`` (compound tokens' step symbols,
+    :class:`pipeline.audit.compound.SymbolModel`) continues the prefixes itself."""
     from pipeline.inference.sampling import SamplingParams, sample_sequences
 
     seqs = [np.asarray(s) for s in seqs if len(s) >= prefix_len + m]
     if not seqs:
         return Extraction(0, float("nan"), float("nan"))
-    gens = sample_sequences(model, [s[:prefix_len] for s in seqs], max_new_tokens=m,
-                            params=SamplingParams(temperature=0.0), rngs=None, forbid=forbid,
-                            batch_size=batch_size)
+    greedy = getattr(model, "greedy_continue", None)
+    if greedy is not None:
+        gens = greedy([s[:prefix_len] for s in seqs], m)
+    else:
+        gens = sample_sequences(model, [s[:prefix_len] for s in seqs], max_new_tokens=m,
+                                params=SamplingParams(temperature=0.0), rngs=None,
+                                forbid=forbid, batch_size=batch_size)
     exact, match = [], []
     for s, g in zip(seqs, gens, strict=True):
         truth = s[prefix_len : prefix_len + m]

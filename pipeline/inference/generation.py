@@ -21,7 +21,13 @@ from pipeline.conditions.vocab import ConditionVocab
 from pipeline.core import artifacts
 from pipeline.core.artifacts import stable_int
 from pipeline.core.config import StageConfig
-from pipeline.inference.sampling import SamplingParams, StepRules, sample_sequences, sample_steps
+from pipeline.inference.sampling import (
+    SamplingParams,
+    StepRules,
+    compound_rules,
+    sample_sequences,
+    sample_steps,
+)
 from pipeline.music.midi import score_notes
 from pipeline.tokens.contract import CODES_FIELD, TokenInfo, never_sampled
 from pipeline.tokens.spans import prefix_mask
@@ -52,12 +58,6 @@ COMPOUND_SCHEMA = SAMPLES_SCHEMA.insert(7, CODES_FIELD)
 """samples.parquet of compound tokens (CPWord, Octuple): ``codes`` after ``ids`` as the token
 tables have it (one list per codebook, one id per step; ``ids`` empty), and ``n_tokens`` and
 ``prompt_len`` count steps. Single-stream runs keep :data:`SAMPLES_SCHEMA`."""
-NOTE_BOOKS = ("Pitch", "PitchDrum", "Velocity", "Duration", "Program")
-"""CPWord: the token types a Note step carries (miditok's ``_create_cp_token``)."""
-METRIC_BOOKS = {"Position": ("Tempo", "Chord"), "Bar": ("TimeSig",)}
-"""CPWord: a Metric step carries a Position or a Bar (its Position/Bar codebook), a Position also
-its Tempo (and Chord), a Bar its TimeSig, where the tokenizer has them: miditok's decoder reads
-those codebooks on such steps (:func:`compound_rules`)."""
 
 
 class GenerateConfig(StageConfig):
@@ -140,39 +140,6 @@ def request_labels(vocab: ConditionVocab, row: Mapping[str, Any]) -> dict[str, s
     """A request's labels for the model's conditions; a label the model never learned is None
     (asked as "none")."""
     return vocab.decode(vocab.encode(row))
-
-
-def compound_rules(info: TokenInfo, tok: Any) -> StepRules:
-    """How a compound step is drawn (:class:`~pipeline.inference.sampling.StepRules`): per
-    codebook never its special tokens (PAD, BOS, MASK; EOS but in the first codebook) nor its
-    ``Ignore_None``. For CPWord (codebooks with ``Ignore_None``) the first codebook is the step's
-    family: a ``Family_Note`` step draws the codebooks of :data:`NOTE_BOOKS`, a
-    ``Family_Metric`` step its Position/Bar codebook, then what :data:`METRIC_BOOKS` says the
-    drawn Position or Bar carries; the rest hold ``Ignore_None``, as miditok writes them. A
-    sample has no Rest steps (a Metric step whose Position/Bar is ``Ignore_None``): the heads
-    were trained only on targets that carry a value (``Ignore_None`` masked), so they cannot say
-    that a codebook is empty, only which value it holds when it has one."""
-    books = info.codebooks or []
-    specials = set(getattr(tok, "special_tokens", ()))
-    forbid, ignore = [], []
-    for k, (book, vocab) in enumerate(zip(books, tok.vocab, strict=True)):
-        ids = {int(i) for t, i in vocab.items() if t in specials or t == "Ignore_None"}
-        forbid.append(tuple(sorted(ids - ({int(book["eos_id"])} if k == 0 else set()))))
-        ignore.append(int(book.get("ignore_id", -1)))
-    used: dict[int, tuple[int, ...]] = {}
-    then: dict[int, dict[int, tuple[int, ...]]] = {}
-    if any(i >= 0 for i in ignore):
-        types = [set(str(b["name"]).split("/")) for b in books]
-        family = tok.vocab[0]
-        note = tuple(k for k in range(1, len(books)) if types[k] & set(NOTE_BOOKS))
-        bar_pos = [k for k in range(1, len(books)) if types[k] & set(METRIC_BOOKS)]
-        used = {int(family["Family_Note"]): note, int(family["Family_Metric"]): tuple(bar_pos)}
-        then = {k: {int(i): tuple(j for j in range(k + 1, len(books))
-                                  if types[j] & set(METRIC_BOOKS[t.split("_")[0]]))
-                    for t, i in tok.vocab[k].items() if t.split("_")[0] in METRIC_BOOKS}
-                for k in bar_pos}
-    return StepRules(forbid=tuple(forbid), eos=int(books[0]["eos_id"]), ignore=tuple(ignore),
-                     used=used, then=then)
 
 
 def generate_for_model(model: SequenceModel, name: str, cfg: GenerateConfig,

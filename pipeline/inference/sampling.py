@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -248,3 +249,45 @@ def sample_steps(
                 new[j].append(step)
         results.extend(np.asarray(s, dtype=np.int32).reshape(-1, K) for s in new)
     return results
+
+
+NOTE_BOOKS = ("Pitch", "PitchDrum", "Velocity", "Duration", "Program")
+"""CPWord: the token types a Note step carries (miditok's ``_create_cp_token``)."""
+METRIC_BOOKS = {"Position": ("Tempo", "Chord"), "Bar": ("TimeSig",)}
+"""CPWord: a Metric step carries a Position or a Bar (its Position/Bar codebook), a Position also
+its Tempo (and Chord), a Bar its TimeSig, where the tokenizer has them: miditok's decoder reads
+those codebooks on such steps (:func:`compound_rules`)."""
+
+
+def compound_rules(info: Any, tok: Any) -> StepRules:
+    """How a compound step is drawn (:class:`StepRules`), from the tokens' ``info``
+    (:class:`pipeline.tokens.contract.TokenInfo`) and their tokenizer: per
+    codebook never its special tokens (PAD, BOS, MASK; EOS but in the first codebook) nor its
+    ``Ignore_None``. For CPWord (codebooks with ``Ignore_None``) the first codebook is the step's
+    family: a ``Family_Note`` step draws the codebooks of :data:`NOTE_BOOKS`, a
+    ``Family_Metric`` step its Position/Bar codebook, then what :data:`METRIC_BOOKS` says the
+    drawn Position or Bar carries; the rest hold ``Ignore_None``, as miditok writes them. A
+    sample has no Rest steps (a Metric step whose Position/Bar is ``Ignore_None``): the heads
+    were trained only on targets that carry a value (``Ignore_None`` masked), so they cannot say
+    that a codebook is empty, only which value it holds when it has one."""
+    books = info.codebooks or []
+    specials = set(getattr(tok, "special_tokens", ()))
+    forbid, ignore = [], []
+    for k, (book, vocab) in enumerate(zip(books, tok.vocab, strict=True)):
+        ids = {int(i) for t, i in vocab.items() if t in specials or t == "Ignore_None"}
+        forbid.append(tuple(sorted(ids - ({int(book["eos_id"])} if k == 0 else set()))))
+        ignore.append(int(book.get("ignore_id", -1)))
+    used: dict[int, tuple[int, ...]] = {}
+    then: dict[int, dict[int, tuple[int, ...]]] = {}
+    if any(i >= 0 for i in ignore):
+        types = [set(str(b["name"]).split("/")) for b in books]
+        family = tok.vocab[0]
+        note = tuple(k for k in range(1, len(books)) if types[k] & set(NOTE_BOOKS))
+        bar_pos = [k for k in range(1, len(books)) if types[k] & set(METRIC_BOOKS)]
+        used = {int(family["Family_Note"]): note, int(family["Family_Metric"]): tuple(bar_pos)}
+        then = {k: {int(i): tuple(j for j in range(k + 1, len(books))
+                                  if types[j] & set(METRIC_BOOKS[t.split("_")[0]]))
+                    for t, i in tok.vocab[k].items() if t.split("_")[0] in METRIC_BOOKS}
+                for k in bar_pos}
+    return StepRules(forbid=tuple(forbid), eos=int(books[0]["eos_id"]), ignore=tuple(ignore),
+                     used=used, then=then)

@@ -57,6 +57,11 @@ extraction on train against test pieces, and the quality guard
 output.
 Every random draw comes from a ``numpy.random.Generator`` seeded by (``seed``, purpose, model).
 
+Compound tokens (CPWord, Octuple): the token rows and samples also carry ``codes`` and every
+step is one symbol (:mod:`pipeline.audit.compound`): spans, id n-grams and extraction count
+steps, membership reads the compound scorer's joint NLL per note, and audit.json has a
+``compound`` block (the definition, and ``lcs_bars`` marked not applicable with its reason).
+
 Auditing test pieces spends the test set like scoring them does: the human test windows, the
 extraction test and membership all read test rows. So the stage reads the train and val rows with
 :func:`~pipeline.tokens.contract.read_tokens` and the test rows through
@@ -103,17 +108,20 @@ from pipeline.inference.loading import (
     load_named,
     named_seeds,
 )
-from pipeline.tokens.contract import TokenInfo, read_tokens, refuse_compound
+from pipeline.tokens.contract import TokenInfo, read_tokens
 
 HELP = "memorisation audit and music statistics"
 
 
 def token_rows(tokens: Path, *, ledger_path: Path | None,
-               preregistration: Path | None) -> tuple[pd.DataFrame, looks.Look]:
+               preregistration: Path | None, compound: bool = False
+               ) -> tuple[pd.DataFrame, looks.Look]:
     """The audit's rows of the token table: train and val read plainly, test through the gate
-    (the look recorded in ``ledger_path`` first), sorted by (sha256, track)."""
-    rows = read_tokens(tokens, TOKEN_COLUMNS, splits=["train", "val"])
-    test, look = looks.test_tokens("audit", tokens, TOKEN_COLUMNS, ledger_path=ledger_path,
+    (the look recorded in ``ledger_path`` first), sorted by (sha256, track); with ``codes``
+    too for compound tokens."""
+    columns = [*TOKEN_COLUMNS, "codes"] if compound else TOKEN_COLUMNS
+    rows = read_tokens(tokens, columns, splits=["train", "val"])
+    test, look = looks.test_tokens("audit", tokens, columns, ledger_path=ledger_path,
                                    registration=preregistration)
     table = pd.concat([rows, test], ignore_index=True)
     return table.sort_values(["sha256", "track"], kind="stable").reset_index(drop=True), look
@@ -128,8 +136,8 @@ def run(cfg: AuditConfig, models: Mapping[str, SequenceModel], *, samples: Path,
     """:func:`pipeline.audit.judging.run` on the token table ``tokens``, its test rows read
     through the gate (module docstring): the look goes to ``ledger_path`` (None: nowhere) under
     the registration ``preregistration``, then the digest of audit.json's ``judged`` block."""
-    refuse_compound(TokenInfo.read(info), "symkit audit")  # before any look at test rows
-    table, look = token_rows(tokens, ledger_path=ledger_path, preregistration=preregistration)
+    table, look = token_rows(tokens, ledger_path=ledger_path, preregistration=preregistration,
+                             compound=bool(TokenInfo.read(info).compound))
     summary = judging.run(cfg, models, samples=samples, table=table, info=info,
                           tokenizer=tokenizer, per_sample=per_sample, report=report,
                           spans=spans, shingling=shingling, splits=splits, seeds=seeds,
@@ -165,7 +173,6 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = TokenInfo.read(args.info)
-        refuse_compound(info, "symkit audit")
         models = load_named(cfg.models, ngram_dir=args.ngram_dir,
                             transformer_dir=args.transformer_dir, device=cfg.device, info=info,
                             torch_threads=runtime.torch_threads)

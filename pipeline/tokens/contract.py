@@ -174,9 +174,10 @@ def codebook_key(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "codebook"
 
 
-NOT_YET_MODELLED = ("compound tokenizers (one id per codebook per step) are trained, scored "
-                    "and sampled by train-transformer, evaluate and generate, but not yet "
-                    "modelled here; use tokenize.tokenizer: REMI, TSD, MIDILike or Structured")
+NOT_YET_MODELLED = ("compound tokenizers (one id per codebook per step) are trained, scored, "
+                    "sampled and audited by train-transformer, evaluate, generate and audit, "
+                    "but not yet modelled here; use tokenize.tokenizer: REMI, TSD, MIDILike or "
+                    "Structured")
 
 
 def refuse_compound(info: TokenInfo | None, what: str, *, tokenizer: str | None = None) -> None:

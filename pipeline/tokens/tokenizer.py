@@ -241,7 +241,7 @@ def miditok_ids(tokenizer: Any, ids: np.ndarray | Sequence[Any]) -> list[Any]:
 def decode_ids(tokenizer: Any, ids: Sequence[Any] | np.ndarray) -> tuple[Any, str | None]:
     """ids -> (symusic Score or None, error message or None). Never raises. For a compound
     tokenizer ``ids`` are its steps (one id per codebook each: :func:`steps_from_codes` of a
-    row's ``codes``)."""
+    row's ``codes``); steps that decode to a note before time 0 are an error."""
     try:
         ids = miditok_ids(tokenizer, ids)
         if not ids:
@@ -253,7 +253,12 @@ def decode_ids(tokenizer: Any, ids: Sequence[Any] | np.ndarray) -> tuple[Any, st
             from miditok import TokSequence
 
             seq = TokSequence(ids=ids)
-            return tokenizer.decode(seq if one_stream else [seq]), None
+            score = tokenizer.decode(seq if one_stream else [seq])
+            if any(len(t.notes) and int(t.notes.numpy()["time"].min()) < 0 for t in score.tracks):
+                # Octuple steps whose bars run backwards across time-signature changes decode
+                # to negative times (miditok 3.1): not music, and no notes table accepts them
+                return None, "ValueError: the steps decode to notes before time 0"
+            return score, None
         return tokenizer.decode(ids if one_stream else [ids]), None
     except Exception as e:  # malformed sequences are data, reported per sample
         return None, f"{type(e).__name__}: {e}"[:500]

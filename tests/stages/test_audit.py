@@ -335,16 +335,3 @@ def test_samples_drawn_by_several_seeds_widen_the_flag_rate(audit_dir):
     rows = artifacts.read_parquet(root / "audit" / "per_sample.parquet")
     assert sorted(rows[rows["source"] == "sample"]["seed"].unique().tolist()) == [1, 2]
     assert rows[rows["source"] == "human"]["seed"].isna().all()
-
-
-def test_compound_tokens_are_refused_before_the_test_rows_are_read(compound_tokens, tmp_path):
-    from pipeline.core.config import ParamsError
-
-    with pytest.raises(ParamsError,
-                       match=r"tokenize\.tokenizer: CPWord — symkit audit reads"):
-        run_audit(AuditConfig(), {}, samples=tmp_path / "samples.parquet",
-                  tokens=compound_tokens["tokens"], info=compound_tokens["info"],
-                  tokenizer=tmp_path / "tokenizer.json", per_sample=tmp_path / "ps.parquet",
-                  report=tmp_path / "audit.json", spans=tmp_path / "spans.parquet",
-                  ledger_path=tmp_path / "ledger.jsonl")
-    assert not (tmp_path / "ledger.jsonl").exists()

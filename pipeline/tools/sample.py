@@ -10,6 +10,9 @@ guidance (``--guidance``). The sampler is the generate stage's
 (:func:`pipeline.inference.sampling.sample_sequences`): temperature, top-k, top-p, PAD/BOS and the
 tokenizer's other specials never drawn, EOS ends a sample.
 
+A compound model (CPWord, Octuple) draws unprompted samples step by step as ``generate`` does
+(:func:`run_compound`); ``--prompt`` is refused for it.
+
 Sample ``i`` draws from its own ``numpy.random.default_rng([seed, i])``, so the same seed, model,
 tokenizer, settings, device and torch threads give byte-identical files.
 
@@ -33,7 +36,12 @@ import numpy as np
 
 from pipeline.core.artifacts import write_bytes, write_json
 from pipeline.core.progress import progress
-from pipeline.inference.sampling import SamplingParams, sample_sequences
+from pipeline.inference.sampling import (
+    SamplingParams,
+    compound_rules,
+    sample_sequences,
+    sample_steps,
+)
 from pipeline.inference.standalone import (
     STATUSES,
     Inference,
@@ -44,7 +52,7 @@ from pipeline.inference.standalone import (
     read_files,
 )
 from pipeline.tokens.contract import never_sampled
-from pipeline.tokens.tokenizer import decode_ids
+from pipeline.tokens.tokenizer import codes_from_steps, decode_ids
 
 HELP = "sample MIDI from a trained transformer (prompts, conditions, guidance)"
 
@@ -72,6 +80,10 @@ def run(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str, Any]],
         max_new_tokens: int, seed: int, batch_size: int, out_dir: Path,
         settings: dict[str, Any], show_progress: bool | str = "auto") -> dict[str, Any]:
     """Draw ``n`` samples, write their MIDI files and ``samples.json``; return its content."""
+    if inf.info.compound:
+        return run_compound(inf, scorer, n=n, params=params, max_new_tokens=max_new_tokens,
+                            seed=seed, batch_size=batch_size, out_dir=out_dir, settings=settings,
+                            show_progress=show_progress)
     vocab = inf.vocab
     cond_row = vocab.encode(conditions) if vocab is not None and conditions else None
     starts = [prompts[i % len(prompts)]["ids"] if prompts else np.zeros(0, np.int64)
@@ -113,6 +125,46 @@ def run(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str, Any]],
               "prompts": [{"name": p["name"], "sha256": p["sha256"], "n_ids": len(p["ids"])}
                           for p in prompts],
               "samples": samples}
+    write_json(out_dir / "samples.json", record)
+    return record
+
+
+def run_compound(inf: Inference, scorer: Any, *, n: int, params: SamplingParams,
+                 max_new_tokens: int, seed: int, batch_size: int, out_dir: Path,
+                 settings: dict[str, Any], show_progress: bool | str = "auto"
+                 ) -> dict[str, Any]:
+    """:func:`run` for a compound model (CPWord, Octuple): unprompted samples drawn step by step
+    as ``generate`` draws them (:func:`pipeline.inference.sampling.sample_steps`: one id per
+    codebook from the same hidden state, under the tokenizer's step rules); ``--max-new-tokens``
+    counts steps. samples.json has per sample ``codes`` (one list per codebook) and empty
+    ``ids``; sample ``i`` draws from ``default_rng([seed, i])`` as for one stream."""
+    k = len(inf.info.codebooks or [])
+    rules = compound_rules(inf.info, inf.tokenizer)
+    rngs = [np.random.default_rng([seed, i]) for i in range(n)]
+    new: list[np.ndarray] = []
+    bar = progress(total=n, desc="sample", enabled=show_progress)
+    for lo in range(0, n, batch_size):
+        hi = min(n, lo + batch_size)
+        new += sample_steps(scorer, [np.zeros((0, k), np.int64)] * (hi - lo),
+                            max_new_steps=max_new_tokens, params=params, rngs=rngs[lo:hi],
+                            rules=rules, batch_size=batch_size)
+        bar.update(hi - lo)
+    bar.close()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in sorted(p for p in out_dir.iterdir() if SAMPLE_FILE.fullmatch(p.name)):
+        stale.unlink()
+    samples = []
+    for i, steps in enumerate(new):
+        score, err = decode_ids(inf.tokenizer, steps.tolist())
+        name = f"sample-{i:03d}.mid"
+        if err is None:
+            write_bytes(out_dir / name, score.dumps_midi())
+        samples.append({"index": i, "file": name if err is None else None, "prompt": None,
+                        "prompt_len": 0, "ids": [],
+                        "codes": codes_from_steps(steps, k).tolist(),
+                        "ended_by_eos": len(steps) < max_new_tokens, "conditions": {},
+                        "condition_ids": [], "decode_ok": err is None, "decode_error": err})
+    record = {"model": inf.identity(), "settings": settings, "prompts": [], "samples": samples}
     write_json(out_dir / "samples.json", record)
     return record
 
@@ -175,7 +227,10 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_settings(args)
-    inf = open_model(args.model, args.tokenizer)
+    inf = open_model(args.model, args.tokenizer, compound=True)
+    if inf.info.compound and args.prompt:
+        raise InferenceError(f"--prompt: {inf.info.tokenizer} is a compound tokenizer; its "
+                             "samples start from BOS here (generate continues test pieces)")
     conditions = parse_conditions(args.condition, inf)
     if args.guidance != 1.0 and not conditions:
         raise InferenceError(f"--guidance {args.guidance:g} needs --condition NAME=LABEL: "

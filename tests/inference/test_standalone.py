@@ -300,8 +300,9 @@ def test_open_model_needs_both_files(setup, tmp_path):
 
 
 def test_a_compound_tokenizer_is_refused_naming_it(tmp_path):
-    """symkit score and symkit sample open a model folder and its tokenizer: a compound
-    tokenizer's ids are no single stream, so it is refused before anything is scored."""
+    """symkit score opens a model folder and its tokenizer: a compound tokenizer's ids are no
+    single stream, so it is refused before anything is scored (symkit sample passes
+    ``compound=True``)."""
     from pipeline.core.artifacts import write_json, write_text
     from pipeline.core.config import ParamsError
     from pipeline.tokens.tokenizer import make_tokenizer, tokenizer_hash, tokenizer_text

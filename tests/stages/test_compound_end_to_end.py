@@ -453,3 +453,30 @@ def test_membership_scores_the_joint_nll_per_note_and_extraction_whole_steps(roo
     greedy = model.greedy_continue([s[:4] for s in seqs], 4)
     again = model.greedy_continue([s[:4] for s in seqs], 4)
     assert [g.tolist() for g in greedy] == [g.tolist() for g in again]
+
+
+def test_symkit_sample_draws_compound_steps_reproducibly(root, trained, tmp_path, capsys):
+    """symkit sample opens a compound model (symkit score still refuses it), draws unprompted
+    samples step by step, the same codes for the same seed, and refuses --prompt naming it."""
+    import symusic
+
+    from pipeline.cli import main
+
+    def sample(out: Path, *extra: str) -> int:
+        return main(["sample", "--model", str(trained / "model"), "--tokenizer",
+                     str(root / "data/tokenizer.json"), "--n", "3", "--max-new-tokens", "10",
+                     "--batch-size", "2", "--torch-threads", "1", "--out", str(out), *extra])
+
+    assert sample(tmp_path / "a") == 0 and sample(tmp_path / "b", "--batch-size", "3") == 0
+    record = read_json(tmp_path / "a" / "samples.json")
+    info = TokenInfo.read(root / "data/tokens/info.json")
+    assert len(record["samples"]) == 3
+    for s in record["samples"]:
+        assert s["ids"] == [] and len(s["codes"]) == len(info.codebooks)
+        assert all(len(c) == len(s["codes"][0]) <= 10 for c in s["codes"])
+    ok = [s for s in record["samples"] if s["decode_ok"]]
+    assert ok and symusic.Score.from_file(str(tmp_path / "a" / ok[0]["file"])).note_num() > 0
+    again = read_json(tmp_path / "b" / "samples.json")
+    assert [s["codes"] for s in again["samples"]] == [s["codes"] for s in record["samples"]]
+    assert sample(tmp_path / "c", "--prompt", str(root / "data/raw/0.mid")) == 2
+    assert "--prompt: Octuple is a compound tokenizer" in capsys.readouterr().err

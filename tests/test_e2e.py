@@ -213,3 +213,39 @@ def test_conditioned_run_by_params_alone(project: Path):
         assert "condition.use.0: registered '<absent>', now 'polyphony'" in report  # DEVIATED
     finally:
         shutil.copy(project / "params-before-conditions.yaml", project / "params.yaml")
+
+
+@pytest.mark.parametrize("tokenizer", ["Octuple", pytest.param("CPWord", marks=pytest.mark.slow)])
+def test_compound_run_by_params_alone(project: Path, tokenizer: str):
+    """``tokenize.tokenizer: Octuple`` (or CPWord, slow) with ``model: none`` runs the whole
+    pipeline through ``dvc repro`` with every other setting as it is: the n-gram is marked not
+    applicable and skipped by generate and audit (their default ``models: [ngram,
+    transformer]``), the compound transformer is trained, scored, sampled and audited, and the
+    gain rule reads its missing baseline as not available. Runs last: it leaves the project's
+    params as it found them."""
+    shutil.copy(project / "params.yaml", project / "params-before-octuple.yaml")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["tokenize"].update(tokenizer=tokenizer, model="none")
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        out = sh(["dvc", "repro"], project)
+        assert "generate: ngram skipped (not applicable: " in out, out
+        assert "audit: ngram skipped (not applicable: " in out, out
+        info = json.loads((project / "data/tokens/info.json").read_text())
+        assert info["compound"] is True and len(info["codebooks"]) >= 5
+        assert json.loads((project / "reports/ngram.json").read_text())["applicable"] is False
+        log = pd.read_csv(project / "reports/plots/train_log/seed-1234.tsv", sep="\t")
+        assert "train_loss" in log.columns  # and each codebook's loss
+        assert {f"train_loss_{k}" for k in ("pitch", "velocity", "duration")} <= set(log.columns)
+        ev = json.loads((project / "reports/eval.json").read_text())
+        assert "ngram" not in ev["models"] or not ev["models"]["ngram"].get("val")
+        samples = pd.read_parquet(project / "data/samples/samples.parquet")
+        assert set(samples["model"]) == {"transformer"} and samples["decode_ok"].any()
+        audit = json.loads((project / "reports/audit.json").read_text())
+        assert "compound" in audit
+        metrics = json.loads((project / "reports/metrics.json").read_text())
+        assert metrics.get("test.nll_per_note.ngram") is None
+        report = (project / "reports/report.md").read_text()
+        assert "n-gram baseline: not applicable" in report
+    finally:
+        shutil.copy(project / "params-before-octuple.yaml", project / "params.yaml")

@@ -865,16 +865,18 @@ def size_lines(block: Mapping[str, Any]) -> list[str]:
     if within:
         design = (f"{within['samples']} samples ({within['samples_factor']:g} times) and "
                   f"{within['seeds']} seeds")
+        draws = within.get("draws")  # recorded from amendment 2 on
         if within["meets_standard"]:
             out.append(f"with these pieces the good model passes all rules together at 80% "
-                       f"given {design} ({within['good_all']:.0%} of {within['draws']} draws)")
+                       f"given {design} ({within['good_all']:.0%} of "
+                       f"{f'{draws} draws' if draws else 'the draws'})")
         else:
             limits = (", ".join(f"{n} {within['rules'][n]:.0%}" for n in within["limited_by"])
                       or "no rule alone (each passes it at least 80% of the time; their "
                          "misses add up)")
-            out.append(f"with these pieces no recipe tried reaches 80% ({within['draws']} "
-                       f"draws): at best {design} pass the good model {within['good_all']:.0%} "
-                       f"of the time, held back by {limits}")
+            out.append(f"with these pieces no recipe tried reaches 80%"
+                       f"{f' ({draws} draws)' if draws else ''}: at best {design} pass the "
+                       f"good model {within['good_all']:.0%} of the time, held back by {limits}")
     good = ((block.get("joint") or {}).get("good") or {}).get("all")
     good_misses = good is None or good < GOOD_AT_LEAST  # a bad model missing needs no size
     if "size_for_standard" in block and good_misses and (not within

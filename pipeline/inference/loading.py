@@ -129,14 +129,24 @@ def _stale_reason(model_dir: Path, info: TokenInfo, any_split: bool = False) -> 
     return None
 
 
+def not_applicable(model_dir: Path) -> str | None:
+    """``"not applicable: <reason>"`` when the model's training stage marked it so (the n-gram
+    for compound tokens: ``not_applicable.json`` in its folder), else None."""
+    path = Path(model_dir) / NOT_APPLICABLE
+    if not path.exists():
+        return None
+    why = read_json(path)
+    return "not applicable: " + str(why.get("reason") if isinstance(why, dict) else why)
+
+
 def _problem(spec: ModelSpec, device: str, info: TokenInfo | None, any_split: bool = False
              ) -> tuple[SequenceModel | None, str | None]:
     d = spec.model_dir
     if not d.is_dir() or not any(d.iterdir()):
         return None, f"missing: {d.as_posix()} does not exist or is empty"
-    if (d / NOT_APPLICABLE).exists():
-        why = read_json(d / NOT_APPLICABLE)
-        return None, "not applicable: " + str(why.get("reason") if isinstance(why, dict) else why)
+    why = not_applicable(d)
+    if why is not None:
+        return None, why
     try:
         stale = _stale_reason(d, info, any_split) if info is not None else None
         if stale:
@@ -175,13 +185,23 @@ def load_models(specs: Sequence[ModelSpec], device: str = "cpu", info: TokenInfo
 
 
 def load_named(names: Sequence[str], *, ngram_dir: Path, transformer_dir: Path, device: str,
-               info: TokenInfo, torch_threads: int) -> dict[str, SequenceModel]:
-    """The models a stage's params name, loaded strictly (generation and audit): torch threads
-    are fixed first, and an unusable model raises :class:`ModelUnavailable`."""
+               info: TokenInfo, torch_threads: int
+               ) -> tuple[dict[str, SequenceModel], dict[str, str]]:
+    """The models a stage's params name, loaded strictly (generation and audit): ``(models by
+    name, skipped: name -> reason)``. Torch threads are fixed first. A model its training stage
+    marked not applicable (:func:`not_applicable`: the n-gram for compound tokens) is skipped
+    with that reason, so the default ``models: [ngram, transformer]`` serves every tokenizer;
+    any other unusable model raises :class:`ModelUnavailable`, and so does a list that leaves
+    no model."""
     set_torch_threads(torch_threads, names)
-    models, _ = load_models(default_specs(ngram_dir, transformer_dir, names), device, info,
+    specs = default_specs(ngram_dir, transformer_dir, names)
+    skipped = {s.key: why for s in specs if (why := not_applicable(s.model_dir)) is not None}
+    models, _ = load_models([s for s in specs if s.key not in skipped], device, info,
                             strict=True)
-    return models
+    if not models:
+        raise ModelUnavailable(f"{', '.join(names) or 'no model'} listed, none usable: "
+                               + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    return models, skipped
 
 
 def load_seeds(spec: ModelSpec, device: str, info: TokenInfo, *, any_split: bool = False

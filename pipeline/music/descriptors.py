@@ -283,7 +283,7 @@ def family_level(null: np.ndarray, alpha: float) -> tuple[float, np.ndarray]:
 
     Each value's rank is the share of its column at or below it; a row's smallest rank is how
     unusual its worst statistic is. The level is the row minimum at position
-    ``floor(alpha * rows)`` of their sorted list, so fewer than that many rows lie below it,
+    ``floor(alpha * rows)`` of their sorted list, so at most that many rows lie below it,
     and each column's band low is its smallest value of rank at least the level: a value is
     at or above the band low exactly when its rank reaches the level."""
     b, k = null.shape

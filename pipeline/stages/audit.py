@@ -173,14 +173,16 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = TokenInfo.read(args.info)
-        models = load_named(cfg.models, ngram_dir=args.ngram_dir,
-                            transformer_dir=args.transformer_dir, device=cfg.device, info=info,
-                            torch_threads=runtime.torch_threads)
+        models, skipped = load_named(cfg.models, ngram_dir=args.ngram_dir,
+                                     transformer_dir=args.transformer_dir, device=cfg.device,
+                                     info=info, torch_threads=runtime.torch_threads)
         seeds = named_seeds(cfg.models, transformer_dir=args.transformer_dir, device=cfg.device,
                             info=info)
     except ModelUnavailable as e:
         print(f"symkit audit: cannot use a model listed in audit.models: {e}", file=sys.stderr)
         return 1
+    for name, why in skipped.items():
+        print(f"audit: {name} skipped ({why})")
     s = run(cfg, models, samples=args.samples, tokens=args.tokens, info=args.info,
             tokenizer=args.tokenizer, per_sample=args.per_sample, report=args.report,
             spans=args.spans, shingling=Shingling.read(args.fingerprint),

@@ -130,19 +130,21 @@ def main(args: argparse.Namespace) -> int:
     runtime = load_section("runtime", args.params, RuntimeConfig)
     try:
         info = TokenInfo.read(args.info)
-        models = load_named(cfg.models, ngram_dir=args.ngram_dir,
-                            transformer_dir=args.transformer_dir, device=cfg.device, info=info,
-                            torch_threads=runtime.torch_threads)
+        models, skipped = load_named(cfg.models, ngram_dir=args.ngram_dir,
+                                     transformer_dir=args.transformer_dir, device=cfg.device,
+                                     info=info, torch_threads=runtime.torch_threads)
         seeds = named_seeds(cfg.models, transformer_dir=args.transformer_dir, device=cfg.device,
                             info=info)
     except ModelUnavailable as e:
         print(f"symkit generate: cannot use a model listed in generate.models: {e}",
               file=sys.stderr)
         return 1
+    for name, why in skipped.items():
+        print(f"generate: {name} skipped ({why})")
     s = run(cfg, models, tokens=args.tokens, info=args.info, tokenizer=args.tokenizer,
             samples_out=args.samples_out, samples_dir=args.samples_dir, seeds=seeds,
-            conditions=args.conditions, ledger_path=args.ledger,
-            preregistration=args.preregistration)
+            names=[n for n in cfg.models if n in models], conditions=args.conditions,
+            ledger_path=args.ledger, preregistration=args.preregistration)
     print(f"generate: {s.n_samples} samples ({s.n_decode_failures} failed to decode), "
           f"{s.n_prompts} prompts -> {args.samples_out}")
     return 0

@@ -405,6 +405,10 @@ def test_size_lines_say_when_no_single_rule_holds_the_good_model_back():
                         "size_for_standard": None})
     assert "(100 draws)" in lines[0] and "no rule alone" in lines[0]
     assert "held back by ," not in lines[0] and not lines[0].endswith("held back by ")
+    del within["draws"]  # a power block stated before amendment 2 did not record them
+    lines = size_lines({"joint": {"good": {"all": 0.72}}, "within_corpus": within,
+                        "size_for_standard": None})
+    assert "draws" not in lines[0] and "reaches 80%: at best" in lines[0]
 
 
 def test_designs_are_simulated_on_common_random_numbers():

@@ -312,8 +312,8 @@ def test_stride_reaches_the_scorer_and_a_too_large_one_names_the_key(setup):
         evaluate(paths, root, default_specs(*dirs, stride=17))  # lenient, yet it stops
     with pytest.raises(ParamsError, match=r"evaluate\.stride"):  # not ModelUnavailable
         load_models(default_specs(*dirs, ["transformer"], stride=17), info=info, strict=True)
-    named = load_named(["transformer"], ngram_dir=dirs[0], transformer_dir=dirs[1],
-                       device="cpu", info=info, torch_threads=1)  # generate, audit: unchanged
+    named, _ = load_named(["transformer"], ngram_dir=dirs[0], transformer_dir=dirs[1],
+                          device="cpu", info=info, torch_threads=1)  # generate, audit: unchanged
     assert named["transformer"].stride == 4
 
 

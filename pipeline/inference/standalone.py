@@ -15,6 +15,12 @@
   :class:`FileResult` with a ``status``, never an exception; one that crashes or hangs the
   parser costs only its own worker.
 
+A model of compound tokens (CPWord, Octuple; docs/transformer.md) is served as one of one
+stream: its ``info`` carries ``model.json``'s codebooks, :meth:`Inference.scorer` gives a
+:class:`pipeline.inference.scorer.CompoundScorer`, and a file's sequences are its steps, an
+(n, K) array of one id per codebook each (the token tables' ``codes``, transposed), cleaned by
+the protocol's compound rules (:func:`pipeline.inference.protocol.clean_compound`).
+
 Refusals are :class:`InferenceError`: one message that names what is wrong and what to do.
 """
 
@@ -36,9 +42,9 @@ from pipeline.conditions.table import measure
 from pipeline.conditions.vocab import NONE_LABEL, ConditionVocab
 from pipeline.core.artifacts import read_json, sha256_file
 from pipeline.core.parallel import ItemFailure, isolated_map
-from pipeline.inference.protocol import clean_sequences
+from pipeline.inference.protocol import clean_rows
 from pipeline.music.parsing import looks_like_midi, parse_many
-from pipeline.tokens.contract import TokenInfo, refuse_compound
+from pipeline.tokens.contract import TokenInfo
 from pipeline.tokens.encoding import encode_score
 from pipeline.tokens.entries import pack, parse_block
 from pipeline.tokens.tokenizer import is_compound, load_tokenizer, prepare_score, tokenizer_hash
@@ -104,40 +110,37 @@ class Inference:
 
     def scorer(self, device: str = "cpu", stride: int | None = None, batch_size: int = 32,
                torch_threads: int | None = None) -> Any:
-        """The model as a :class:`pipeline.inference.scorer.TransformerScorer` (fp32, eval mode);
-        ``stride``: its sliding-window step (None: the scorer's default, ``max_seq_len // 4``).
-        ``torch_threads`` fixes torch's CPU threads first (results depend on it)."""
+        """The model as a :class:`pipeline.inference.scorer.TransformerScorer` (fp32, eval mode;
+        a :class:`~pipeline.inference.scorer.CompoundScorer` for compound tokens, as evaluate
+        loads it); ``stride``: its sliding-window step (None: the scorer's default,
+        ``max_seq_len // 4``). ``torch_threads`` fixes torch's CPU threads first (results depend
+        on it)."""
         import torch
 
-        from models.transformer import load_model
-        from pipeline.inference.scorer import TransformerScorer
+        from models.loading import load_trained
+        from pipeline.inference.scorer import CompoundScorer, TransformerScorer
 
         if torch_threads is not None:
             torch.set_num_threads(torch_threads)
-        if self.info.compound:  # symkit sample of compound tokens (open_model's compound)
-            from models.loading import load_trained
-            from pipeline.inference.scorer import CompoundScorer
-
-            model, meta = load_trained(self.model_dir, device)
-            return CompoundScorer(model, codebooks=meta["codebooks"], device=device,
-                                  stride=stride, batch_size=batch_size)
-        model, meta = load_model(self.model_dir, device)
+        model, meta = load_trained(self.model_dir, device)
         limit = model.config.max_seq_len
         if stride is not None and not 1 <= stride <= limit:
-            raise InferenceError(f"--stride {stride}: the model's context is {limit} tokens; "
+            unit = "steps" if self.info.compound else "tokens"
+            raise InferenceError(f"--stride {stride}: the model's context is {limit} {unit}; "
                                  f"use 1..{limit}")
+        if self.info.compound:
+            return CompoundScorer(model, codebooks=meta["codebooks"], device=device,
+                                  stride=stride, batch_size=batch_size)
         return TransformerScorer(model, bos_id=meta["bos_id"], eos_id=meta["eos_id"],
                                  pad_id=meta.get("pad_id"), device=device, stride=stride,
                                  batch_size=batch_size, condition=meta.get("condition"))
 
 
-def open_model(model_dir: Path | str, tokenizer_path: Path | str, *,
-               compound: bool = False) -> Inference:
+def open_model(model_dir: Path | str, tokenizer_path: Path | str) -> Inference:
     """Read ``model_dir/model.json`` and the tokenizer; refuse them when they do not belong
-    together (module docstring). torch is not imported. ``compound``: the caller handles
-    compound tokens (``symkit sample``); without it a compound tokenizer is refused
-    (``symkit score`` reads one id stream). A compound model's ``info`` then has its
-    ``codebooks`` (``model.json``'s)."""
+    together (module docstring). torch is not imported. A compound model's ``info`` has its
+    ``codebooks`` (``model.json``'s); one with conditions is refused (training never writes
+    one: ``condition.use`` is refused for compound tokens)."""
     model_dir, tokenizer_path = Path(model_dir), Path(tokenizer_path)
     meta_path = model_dir / "model.json"
     for p in (meta_path, model_dir / "model.safetensors"):
@@ -155,8 +158,6 @@ def open_model(model_dir: Path | str, tokenizer_path: Path | str, *,
         raise InferenceError(f"{tokenizer_path.as_posix()}: no such file; --tokenizer takes the "
                              "tokenizer.json the model was trained with (data/tokenizer.json)")
     tokenizer = load_tokenizer(tokenizer_path)
-    if not compound:
-        refuse_compound(None, "symkit score", tokenizer=type(tokenizer).__name__)
     ours, theirs = tokenizer_hash(tokenizer), str(meta["tokenizer_hash"])
     if ours != theirs:
         raise InferenceError(
@@ -173,6 +174,12 @@ def open_model(model_dir: Path | str, tokenizer_path: Path | str, *,
             raise InferenceError(f"{meta_path.as_posix()}: not a compound transformer's "
                                  "model.json (it lacks codebooks), but the tokenizer is "
                                  f"{type(tokenizer).__name__}")
+        if meta.get("condition"):
+            raise InferenceError(f"{meta_path.as_posix()}: a compound model ("
+                                 f"{type(tokenizer).__name__}) with a `condition` entry; "
+                                 "compound models are trained without conditions "
+                                 "(condition.use is refused for compound tokens), so this "
+                                 "model.json was not written by train-transformer")
         info = replace(info, tokenizer=type(tokenizer).__name__, compound=True,
                        codebooks=list(meta["codebooks"]))
     if len(tokenizer) != info.vocab_size:
@@ -262,7 +269,8 @@ class FileResult:
     n_notes: int = 0
     """Notes in the file, counted as ingest counts them (``n_notes`` of the manifest)."""
     rows: tuple[tuple[int, np.ndarray], ...] = ()
-    """(track, ids) of each token sequence, as ``tokens.parquet`` holds them."""
+    """(track, ids) of each token sequence, as ``tokens.parquet`` holds them; for compound
+    tokens ids are the (steps, K) array of its ``codes``, transposed."""
     measured: dict[str, Any] | None = None
     """The built-in conditions measured from the file (as the conditions stage measures them)."""
 
@@ -272,18 +280,22 @@ def encode_midi(tokenizer: Any, data: bytes) -> list[tuple[int, np.ndarray]]:
     piece (:func:`pipeline.tokens.encoding.encode_file`, then the trained vocabulary as
     :func:`pipeline.tokens.vocabulary.apply_model` applies it): one sequence for a one-stream
     tokenizer (``track`` -1), one per track otherwise; a piece without sequences is one row of
-    ``track`` -1 and no ids, as in ``tokens.parquet``. Raises what symusic or miditok raise."""
+    ``track`` -1 and no ids, as in ``tokens.parquet``. A compound tokenizer's ids are its steps,
+    a (steps, K) array: row ``i`` holds step ``i``'s id in each of the K codebooks (its
+    ``codes`` in ``tokens.parquet``, transposed). Raises what symusic or miditok raise."""
     from symusic import Score
 
+    width = len(tokenizer.vocab) if is_compound(tokenizer) else 0
     score = Score.from_midi(data)
     pre = prepare_score(tokenizer, score)
     enc = encode_score(tokenizer, pre, int(score.note_num()), check=False)
     if not enc.seqs:
-        return [(-1, np.zeros(0, np.int32))]
+        return [(-1, np.zeros((0, width) if width else 0, np.int32))]
     block = parse_block([("", 0)], [pack(enc)])
     final = apply_model(tokenizer, block)
-    return [(int(s.track), np.asarray(final[j] if final is not None else s.ids, np.int32))
+    rows = [(int(s.track), np.asarray(final[j] if final is not None else s.ids, np.int32))
             for j, s in enumerate(enc.seqs)]
+    return [(t, ids.reshape(-1, width)) for t, ids in rows] if width else rows
 
 
 _WORKER: dict[str, Any] = {}
@@ -337,8 +349,9 @@ def read_files(paths: Sequence[str], inf: Inference, *, with_conditions: bool = 
                workers: int = 1, show_progress: bool | str = "auto") -> list[FileResult]:
     """:func:`read_file` of every path in worker processes (a file that crashes or hangs its
     worker is ``crash`` or ``timeout``), in order; then the scoring protocol's token rules
-    (:func:`pipeline.inference.protocol.clean_sequences`: special ids removed, a file without a
-    sequence or with an id outside the model's vocabulary unscored)."""
+    (:func:`pipeline.inference.protocol.clean_rows`: special ids removed, a file without a
+    sequence or with an id outside the model's vocabulary unscored; for compound tokens a step
+    holding a codebook's PAD, BOS or EOS removed, an id outside its codebook unscored)."""
     results = isolated_map(_read_in_worker, list(paths), workers=max(1, workers),
                            timeout_s=TIMEOUT_S, desc="read", show_progress=show_progress,
                            initializer=_init_worker,
@@ -350,9 +363,10 @@ def read_files(paths: Sequence[str], inf: Inference, *, with_conditions: bool = 
 def _cleaned(r: FileResult, info: TokenInfo) -> FileResult:
     if r.status != "ok":
         return r
+    column = "codes" if info.compound else "ids"  # compound: as the token tables hold them
     rows = pd.DataFrame({"sha256": ["file"] * len(r.rows), "track": [t for t, _ in r.rows],
-                         "ids": [ids for _, ids in r.rows]})
-    kept, excluded = clean_sequences(rows, info)
+                         column: [ids.T if info.compound else ids for _, ids in r.rows]})
+    kept, excluded = clean_rows(rows, info)
     if excluded["pieces"]:
         reason = excluded["pieces"][0]["reason"]
         return FileResult(reason, STATUSES[reason], r.sha256, r.n_notes, (), r.measured)

@@ -175,21 +175,19 @@ def codebook_key(name: str) -> str:
 
 
 NOT_YET_MODELLED = ("compound tokenizers (one id per codebook per step) are trained, scored, "
-                    "sampled and audited by train-transformer, evaluate, generate and audit, "
-                    "but not yet modelled here; use tokenize.tokenizer: REMI, TSD, MIDILike or "
-                    "Structured")
+                    "sampled and audited by train-transformer, evaluate, generate, audit, "
+                    "symkit score and symkit sample, but not yet modelled here; use "
+                    "tokenize.tokenizer: REMI, TSD, MIDILike or Structured")
 
 
-def refuse_compound(info: TokenInfo | None, what: str, *, tokenizer: str | None = None) -> None:
+def refuse_compound(info: TokenInfo | None, what: str) -> None:
     """Refuse compound tokens where ``what`` (a stage or command) models one id stream: a
     :class:`~pipeline.core.config.ParamsError` naming ``tokenize.tokenizer`` and its value.
-    The one check every such entry point makes at its start, from the tokens' ``info`` or,
-    without one (a model folder's tokenizer), from the ``tokenizer`` class name given."""
-    name = info.tokenizer if info is not None else tokenizer
-    compound = bool(info.compound) if info is not None else name in COMPOUND
-    if compound:
-        raise ParamsError(f"tokenize.tokenizer: {name} — {what} reads one id stream, and "
-                          f"{NOT_YET_MODELLED}")
+    The one check every such entry point makes at its start, from the tokens' ``info`` (None:
+    no tokens yet, nothing to refuse)."""
+    if info is not None and info.compound:
+        raise ParamsError(f"tokenize.tokenizer: {info.tokenizer} — {what} reads one id stream, "
+                          f"and {NOT_YET_MODELLED}")
 
 
 def never_sampled(info: TokenInfo, tokenizer: Any | None = None) -> list[int]:

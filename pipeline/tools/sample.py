@@ -10,8 +10,10 @@ guidance (``--guidance``). The sampler is the generate stage's
 (:func:`pipeline.inference.sampling.sample_sequences`): temperature, top-k, top-p, PAD/BOS and the
 tokenizer's other specials never drawn, EOS ends a sample.
 
-A compound model (CPWord, Octuple) draws unprompted samples step by step as ``generate`` does
-(:func:`run_compound`); ``--prompt`` is refused for it.
+A compound model (CPWord, Octuple) draws its samples step by step as ``generate`` does
+(:func:`run_compound`): a "token" is then a step, one id per codebook, so ``--prompt-tokens``
+and ``--max-new-tokens`` count steps, and a prompt is its file's first steps (encoded as the
+tokenize stage encodes it, the protocol's compound rules applied).
 
 Sample ``i`` draws from its own ``numpy.random.default_rng([seed, i])``, so the same seed, model,
 tokenizer, settings, device and torch threads give byte-identical files.
@@ -21,7 +23,9 @@ has no file; earlier ``sample-NNN.mid`` files there are removed first) and ``sam
 model's and tokenizer's hashes (``model``), the settings, the prompts (file name, sha256, ids
 used) and per sample its ``ids`` (prompt ids, then the generated ones), ``prompt_len``,
 ``prompt`` (index into ``prompts``, or null), ``conditions``, ``condition_ids``, ``ended_by_eos``,
-``file``, ``decode_ok`` and ``decode_error``.
+``file``, ``decode_ok`` and ``decode_error``. A compound model's samples have ``codes`` (one
+list per codebook: the prompt's steps, then the generated ones) and empty ``ids``; its prompts
+list ``n_steps`` instead of ``n_ids``, and ``prompt_len`` counts steps.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ SAMPLE_FILE = re.compile(r"sample-\d{3,}\.mid")
 
 
 def prompt_ids(inf: Inference, paths: list[Path], length: int) -> list[dict[str, Any]]:
-    """Each prompt file's first ``length`` ids (its first token sequence), with its name and
-    sha256; a file that cannot be encoded, or gives no ids, is refused."""
+    """Each prompt file's first ``length`` ids (its first token sequence; fewer when it is
+    shorter), with its name and sha256; for compound tokens its first ``length`` steps, an
+    (n, K) array. A file that cannot be encoded, or gives no ids, is refused."""
     results = read_files([p.as_posix() for p in paths], inf, show_progress=False)
     out = []
     for path, r in zip(paths, results, strict=True):
@@ -81,9 +86,9 @@ def run(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str, Any]],
         settings: dict[str, Any], show_progress: bool | str = "auto") -> dict[str, Any]:
     """Draw ``n`` samples, write their MIDI files and ``samples.json``; return its content."""
     if inf.info.compound:
-        return run_compound(inf, scorer, n=n, params=params, max_new_tokens=max_new_tokens,
-                            seed=seed, batch_size=batch_size, out_dir=out_dir, settings=settings,
-                            show_progress=show_progress)
+        return run_compound(inf, scorer, n=n, prompts=prompts, params=params,
+                            max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
+                            out_dir=out_dir, settings=settings, show_progress=show_progress)
     vocab = inf.vocab
     cond_row = vocab.encode(conditions) if vocab is not None and conditions else None
     starts = [prompts[i % len(prompts)]["ids"] if prompts else np.zeros(0, np.int64)
@@ -129,42 +134,50 @@ def run(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str, Any]],
     return record
 
 
-def run_compound(inf: Inference, scorer: Any, *, n: int, params: SamplingParams,
-                 max_new_tokens: int, seed: int, batch_size: int, out_dir: Path,
-                 settings: dict[str, Any], show_progress: bool | str = "auto"
+def run_compound(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str, Any]],
+                 params: SamplingParams, max_new_tokens: int, seed: int, batch_size: int,
+                 out_dir: Path, settings: dict[str, Any], show_progress: bool | str = "auto"
                  ) -> dict[str, Any]:
-    """:func:`run` for a compound model (CPWord, Octuple): unprompted samples drawn step by step
-    as ``generate`` draws them (:func:`pipeline.inference.sampling.sample_steps`: one id per
-    codebook from the same hidden state, under the tokenizer's step rules); ``--max-new-tokens``
-    counts steps. samples.json has per sample ``codes`` (one list per codebook) and empty
-    ``ids``; sample ``i`` draws from ``default_rng([seed, i])`` as for one stream."""
+    """:func:`run` for a compound model (CPWord, Octuple): samples drawn step by step as
+    ``generate`` draws them (:func:`pipeline.inference.sampling.sample_steps`: one id per
+    codebook from the same hidden state, under the tokenizer's step rules), from BOS or after a
+    prompt's (n, K) steps; ``--max-new-tokens`` counts steps. samples.json has per sample
+    ``codes`` (one list per codebook: the prompt's steps, then the generated ones), empty
+    ``ids`` and ``prompt_len`` in steps; sample ``i`` takes prompt ``i mod len(prompts)`` and
+    draws from ``default_rng([seed, i])`` as for one stream."""
     k = len(inf.info.codebooks or [])
     rules = compound_rules(inf.info, inf.tokenizer)
+    starts = [prompts[i % len(prompts)]["ids"] if prompts else np.zeros((0, k), np.int64)
+              for i in range(n)]
     rngs = [np.random.default_rng([seed, i]) for i in range(n)]
     new: list[np.ndarray] = []
     bar = progress(total=n, desc="sample", enabled=show_progress)
     for lo in range(0, n, batch_size):
         hi = min(n, lo + batch_size)
-        new += sample_steps(scorer, [np.zeros((0, k), np.int64)] * (hi - lo),
-                            max_new_steps=max_new_tokens, params=params, rngs=rngs[lo:hi],
-                            rules=rules, batch_size=batch_size)
+        new += sample_steps(scorer, starts[lo:hi], max_new_steps=max_new_tokens, params=params,
+                            rngs=rngs[lo:hi], rules=rules, batch_size=batch_size)
         bar.update(hi - lo)
     bar.close()
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in sorted(p for p in out_dir.iterdir() if SAMPLE_FILE.fullmatch(p.name)):
         stale.unlink()
     samples = []
-    for i, steps in enumerate(new):
+    for i, (start, gen) in enumerate(zip(starts, new, strict=True)):
+        steps = np.concatenate([start, gen]).astype(np.int64)
         score, err = decode_ids(inf.tokenizer, steps.tolist())
         name = f"sample-{i:03d}.mid"
         if err is None:
             write_bytes(out_dir / name, score.dumps_midi())
-        samples.append({"index": i, "file": name if err is None else None, "prompt": None,
-                        "prompt_len": 0, "ids": [],
+        samples.append({"index": i, "file": name if err is None else None,
+                        "prompt": i % len(prompts) if prompts else None,
+                        "prompt_len": len(start), "ids": [],
                         "codes": codes_from_steps(steps, k).tolist(),
-                        "ended_by_eos": len(steps) < max_new_tokens, "conditions": {},
+                        "ended_by_eos": len(gen) < max_new_tokens, "conditions": {},
                         "condition_ids": [], "decode_ok": err is None, "decode_error": err})
-    record = {"model": inf.identity(), "settings": settings, "prompts": [], "samples": samples}
+    record = {"model": inf.identity(), "settings": settings,
+              "prompts": [{"name": p["name"], "sha256": p["sha256"], "n_steps": len(p["ids"])}
+                          for p in prompts],
+              "samples": samples}
     write_json(out_dir / "samples.json", record)
     return record
 
@@ -179,9 +192,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="the tokenizer the model was trained with (default: data/tokenizer.json)")
     a("--n", type=int, default=4, help="number of samples (default: 4)")
     a("--prompt", type=Path, action="append", default=[], metavar="MIDI",
-      help="continue this MIDI file's first --prompt-tokens ids (repeatable: samples cycle "
-           "through the prompts; none: start from BOS)")
-    a("--prompt-tokens", type=int, default=64, help="prompt ids kept (default: 64)")
+      help="continue this MIDI file's first --prompt-tokens ids, or steps for a compound "
+           "model (repeatable: samples cycle through the prompts; none: start from BOS)")
+    a("--prompt-tokens", type=int, default=64,
+      help="prompt ids kept (default: 64); a compound model (CPWord, Octuple) counts steps, "
+           "one id per codebook each")
     a("--condition", action="append", default=[], metavar="NAME=LABEL",
       help="conditioned model: sample with this label (repeatable; other conditions 'none')")
     a("--guidance", type=float, default=1.0,
@@ -191,7 +206,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--top-k", type=int, default=0, help="keep the k most probable ids (default: 0 = all)")
     a("--top-p", type=float, default=0.95, help="nucleus mass kept (default: 0.95; 1.0 = off)")
     a("--max-new-tokens", type=int, default=128, help="generated ids per sample at most "
-      "(default: 128); EOS ends a sample earlier")
+      "(default: 128; steps for a compound model); EOS ends a sample earlier")
     a("--seed", type=int, default=1234, help="sample i draws from default_rng([seed, i]) "
       "(default: 1234)")
     a("--batch-size", type=int, default=8,
@@ -227,10 +242,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_settings(args)
-    inf = open_model(args.model, args.tokenizer, compound=True)
-    if inf.info.compound and args.prompt:
-        raise InferenceError(f"--prompt: {inf.info.tokenizer} is a compound tokenizer; its "
-                             "samples start from BOS here (generate continues test pieces)")
+    inf = open_model(args.model, args.tokenizer)
     conditions = parse_conditions(args.condition, inf)
     if args.guidance != 1.0 and not conditions:
         raise InferenceError(f"--guidance {args.guidance:g} needs --condition NAME=LABEL: "

@@ -8,6 +8,16 @@ sequence framed ``BOS x_1..x_n EOS``, ``n + 1`` targets, special ids removed, lo
 sliding windows (:func:`pipeline.inference.pieces.score_rows`). A file's NLL is the sum over its
 sequences; per note it divides by the file's notes counted as ingest counts them.
 
+A model of compound tokens (CPWord, Octuple) scores as evaluate scores compound rows: a
+sequence is its steps (one id per codebook each), framed by a step of every codebook's BOS and
+one of every codebook's EOS, each of the ``n + 1`` target steps scored once, in the same sliding
+windows (counted in steps), each codebook's distribution renormalised without its PAD, BOS and
+``Ignore_None`` (:class:`pipeline.inference.scorer.CompoundScorer`,
+:func:`pipeline.inference.pieces.score_codebooks`). A step's NLL is the sum over its codebooks
+(the joint NLL), so ``n_tokens`` counts steps and a piece's ``nll_nats`` and ``nll_per_note``
+are evaluate's; ``nll_nats_<codebook>`` columns (evaluate's per_piece names) give each
+codebook's share, adding up to ``nll_nats``. Compound models are never conditioned.
+
 A conditioned model scores each file with the file's own built-in conditions, measured as the
 conditions stage measures them (``--conditions auto``; a label the model's vocabulary lacks
 becomes "none" and is listed in ``conditions_unknown``), with "none" in every slot
@@ -16,7 +26,8 @@ becomes "none" and is listed in ``conditions_unknown``), with "none" in every sl
 Output (``--out``, CSV or Parquet by its extension): one row per file, in input order, bad files
 included (:data:`pipeline.inference.standalone.STATUSES`); columns :data:`COLUMNS`, then for a
 conditioned model one ``condition_<name>`` column per slot (the label used, ``<none>`` for "no
-condition") and ``conditions_unknown``.
+condition") and ``conditions_unknown``, for a compound model one ``nll_nats_<codebook>`` column
+per codebook (:func:`pipeline.inference.pieces.per_piece_schema`'s).
 
 Scoring a test piece spends the test set whichever command does it. So before anything is read
 for scoring, each input file is hashed (sha256 of its bytes, as ingest names a piece); when any
@@ -43,7 +54,7 @@ import pyarrow.compute as pc
 from pipeline.core.artifacts import sha256_file, write_parquet, write_text
 from pipeline.core.progress import progress
 from pipeline.decision import ledger, looks
-from pipeline.inference.pieces import score_rows
+from pipeline.inference.pieces import score_codebooks, score_rows
 from pipeline.inference.standalone import (
     FileResult,
     Inference,
@@ -65,7 +76,8 @@ COLUMNS = pa.schema([
     ("nll_per_token", pa.float64()),
 ])
 """Columns of every output; ``n_tokens`` counts the targets scored (each sequence's ids and its
-EOS, as evaluate counts them); the ``nll_*`` columns are null for a file not scored."""
+EOS, as evaluate counts them; steps for compound tokens); the ``nll_*`` columns are null for a
+file not scored."""
 
 FILES_PER_CALL = 32
 """Files scored per model call (a progress step)."""
@@ -122,20 +134,29 @@ def run(inf: Inference, scorer: Any, results: Sequence[FileResult], paths: Seque
     """Score the files ``read_files`` gave; one row per file (module docstring)."""
     fixed = fixed or {}
     conditioned = inf.vocab is not None
+    books = list(inf.info.codebook_keys())  # compound tokens (never conditioned: open_model)
     labels, unknown = (condition_rows(inf, results, mode, fixed) if conditioned
                        else ([{}] * len(results), [""] * len(results)))
     ok = [i for i, r in enumerate(results) if r.status == "ok"]
     nll: dict[int, float] = {}
+    shares: dict[int, list[float]] = {}
     bar = progress(total=len(ok), desc="score", enabled=show_progress)
     for lo in range(0, len(ok), FILES_PER_CALL):
         part = ok[lo : lo + FILES_PER_CALL]
-        owner = [i for i in part for _ in results[i].rows]
+        owner = np.asarray([i for i in part for _ in results[i].rows], dtype=np.int64)
         seqs = [ids for i in part for _, ids in results[i].rows]
-        conds = (np.stack([inf.vocab.encode(labels[i]) for i in owner]) if conditioned and owner
-                 else None)
-        per_seq = score_rows(scorer, seqs, conds) if seqs else np.zeros(0)
+        if books:  # compound: the joint NLL and each codebook's share, as evaluate scores them
+            per_seq, per_book = (score_codebooks(scorer, seqs) if seqs
+                                 else (np.zeros(0), np.zeros((0, len(books)))))
+        else:
+            conds = (np.stack([inf.vocab.encode(labels[i]) for i in owner])
+                     if conditioned and seqs else None)
+            per_seq = score_rows(scorer, seqs, conds) if seqs else np.zeros(0)
         for i in part:
-            nll[i] = math.fsum(float(v) for v, o in zip(per_seq, owner, strict=True) if o == i)
+            mine = owner == i
+            nll[i] = math.fsum(per_seq[mine].tolist())
+            if books:
+                shares[i] = [math.fsum(col) for col in per_book[mine].T.tolist()]
         bar.update(len(part))
     bar.close()
     rows = []
@@ -147,14 +168,16 @@ def run(inf: Inference, scorer: Any, results: Sequence[FileResult], paths: Seque
                "n_tokens": n_tokens, "nll_nats": nll.get(i),
                "nll_per_note": nll[i] / r.n_notes if scored else None,
                "nll_per_token": nll[i] / n_tokens if scored else None}
+        row.update({f"nll_nats_{k}": shares[i][b] if scored else None
+                    for b, k in enumerate(books)})
         if conditioned:
             shown = labels_of(inf, labels[i])
             row.update({f"condition_{n}": shown[n] if scored else None for n in inf.vocab.names})
             row["conditions_unknown"] = unknown[i] if scored else None
         rows.append(row)
-    schema = COLUMNS
+    schema = pa.schema([*COLUMNS, *[(f"nll_nats_{k}", pa.float64()) for k in books]])
     if conditioned:
-        schema = pa.schema([*COLUMNS, *[(f"condition_{n}", pa.string())
+        schema = pa.schema([*schema, *[(f"condition_{n}", pa.string())
                                         for n in inf.vocab.names],
                             ("conditions_unknown", pa.string())])
     return pa.Table.from_pylist(rows, schema=schema)
@@ -187,8 +210,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="conditioned model: use this label for every file (repeatable; overrides "
            "--conditions for that condition)")
     a("--stride", type=int, default=None,
-      help="sliding-window step for sequences longer than the model's context (default: "
-           "max_seq_len // 4, which is evaluate.stride's default for the default model)")
+      help="sliding-window step for sequences longer than the model's context, in tokens "
+           "(steps for a compound model) (default: max_seq_len // 4, which is "
+           "evaluate.stride's default for the default model)")
     a("--batch-size", type=int, default=32, help="windows per model call (speed only)")
     a("--device", default="cpu", help="torch device: cpu | cuda | cuda:N (default: cpu)")
     a("--torch-threads", type=int, default=2,

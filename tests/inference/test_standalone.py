@@ -299,20 +299,29 @@ def test_open_model_needs_both_files(setup, tmp_path):
     assert open_model(setup.plain, setup.tokenizer).vocab is None
 
 
-def test_a_compound_tokenizer_is_refused_naming_it(tmp_path):
-    """symkit score opens a model folder and its tokenizer: a compound tokenizer's ids are no
-    single stream, so it is refused before anything is scored (symkit sample passes
-    ``compound=True``)."""
+def test_a_compound_model_json_is_checked_against_its_tokenizer(tmp_path):
+    """A compound tokenizer (Octuple) opens with a compound transformer's model.json, whose
+    codebooks its info then carries; a model.json without codebooks, or with conditions (which
+    training never writes for compound tokens), is refused naming the file."""
     from pipeline.core.artifacts import write_json, write_text
-    from pipeline.core.config import ParamsError
-    from pipeline.tokens.tokenizer import make_tokenizer, tokenizer_hash, tokenizer_text
+    from pipeline.inference.standalone import InferenceError
+    from pipeline.tokens.tokenizer import codebooks, make_tokenizer, tokenizer_hash, tokenizer_text
 
     tok = make_tokenizer("Octuple", {"use_programs": True})
     write_text(tmp_path / "tokenizer.json", tokenizer_text(tok))
     model = tmp_path / "model"
     model.mkdir()
-    write_json(model / "model.json", {"tokenizer_hash": tokenizer_hash(tok),
-                                      "vocab_size": len(tok), "bos_id": 1, "eos_id": 2})
     (model / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: Octuple — symkit score"):
+    meta = {"tokenizer_hash": tokenizer_hash(tok), "vocab_size": len(tok), "bos_id": 1,
+            "eos_id": 2}
+    write_json(model / "model.json", meta)
+    with pytest.raises(InferenceError, match=r"model\.json: not a compound transformer's"):
+        open_model(model, tmp_path / "tokenizer.json")
+    write_json(model / "model.json", {**meta, "codebooks": codebooks(tok)})
+    inf = open_model(model, tmp_path / "tokenizer.json")
+    assert inf.info.compound and inf.info.codebooks == codebooks(tok) and inf.vocab is None
+    write_json(model / "model.json", {**meta, "codebooks": codebooks(tok),
+                                      "condition": {"names": ["mode"],
+                                                    "vocab": VOCAB.to_dict()}})
+    with pytest.raises(InferenceError, match=r"a compound model \(Octuple\) with a `condition`"):
         open_model(model, tmp_path / "tokenizer.json")

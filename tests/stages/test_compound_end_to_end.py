@@ -455,28 +455,170 @@ def test_membership_scores_the_joint_nll_per_note_and_extraction_whole_steps(roo
     assert [g.tolist() for g in greedy] == [g.tolist() for g in again]
 
 
-def test_symkit_sample_draws_compound_steps_reproducibly(root, trained, tmp_path, capsys):
-    """symkit sample opens a compound model (symkit score still refuses it), draws unprompted
-    samples step by step, the same codes for the same seed, and refuses --prompt naming it."""
-    import symusic
+# --- symkit score and symkit sample -----------------------------------------------------------
 
+
+def test_files_get_the_tokenize_stages_steps(root):
+    """A MIDI file encoded by the standalone tools gives its piece's codes in tokens.parquet,
+    as steps (one id per codebook each)."""
+    from pipeline.inference.standalone import encode_midi
+    from pipeline.tokens.tokenizer import load_tokenizer, steps_from_codes
+
+    tok = load_tokenizer(root / "data/tokenizer.json")
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet")
+    for i in range(N_PIECES):
+        data = (root / "data/raw" / f"{i}.mid").read_bytes()
+        row = tokens[tokens["sha256"] == sha256_bytes(data)]
+        got = encode_midi(tok, data)
+        assert [t for t, _ in got] == row["track"].tolist()
+        assert [ids.tolist() for _, ids in got] == [steps_from_codes(c) for c in row["codes"]]
+
+
+def _score(root: Path, trained: Path, out: Path, *paths: Path, splits: Path | None = None
+           ) -> pd.DataFrame:
     from pipeline.cli import main
 
-    def sample(out: Path, *extra: str) -> int:
-        return main(["sample", "--model", str(trained / "model"), "--tokenizer",
-                     str(root / "data/tokenizer.json"), "--n", "3", "--max-new-tokens", "10",
-                     "--batch-size", "2", "--torch-threads", "1", "--out", str(out), *extra])
+    rc = main(["score", *map(str, paths), "--model", str(trained / "model"), "--tokenizer",
+               str(root / "data/tokenizer.json"), "--stride", "8", "--torch-threads", "1",
+               "--splits", str(splits or root / "data/splits.parquet"),
+               "--preregistration", str(out / "none.json"), "--ledger", str(out / "ledger.jsonl"),
+               "--out", str(out / "scores.parquet")])
+    assert rc == 0
+    return pd.read_parquet(out / "scores.parquet")
 
-    assert sample(tmp_path / "a") == 0 and sample(tmp_path / "b", "--batch-size", "3") == 0
+
+def test_symkit_score_gives_evaluates_per_piece_nll(root, trained, tmp_path):
+    """symkit score of the raw files gives each piece the NLL evaluate wrote in per_piece (the
+    val pieces and the train subset), the same steps and codebook columns that add up to it; a
+    bad file keeps its status row; a file longer than the context is scored in windows."""
+    from pipeline.inference.pieces import score_codebooks
+    from pipeline.inference.scorer import load_scorer
+    from pipeline.inference.standalone import encode_midi
+    from pipeline.tokens.tokenizer import load_tokenizer
+
+    _evaluate(root, trained, tmp_path)
+    want = pd.read_parquet(tmp_path / "per_piece.parquet").set_index("sha256")
+    keys = TokenInfo.read(root / "data/tokens/info.json").codebook_keys()
+    raw = sorted((root / "data/raw").glob("*.mid"))
+    long = tmp_path / "long.mid"
+    long.write_bytes(synthetic_score(99, n_tracks=1, n_notes=80).dumps_midi())
+    (tmp_path / "bad.mid").write_bytes(b"MThd\x00\x00\x00\x06garbage")
+    got = _score(root, trained, tmp_path, *raw, tmp_path / "bad.mid", long)
+    books = [f"nll_nats_{k}" for k in keys]
+    assert list(got.columns)[-len(keys):] == books
+    assert got["status"].tolist() == ["ok"] * N_PIECES + ["corrupt", "ok"]
+    assert got.loc[N_PIECES, ["nll_nats", *books]].isna().all()
+    scored = got[got["sha256"].isin(want.index)]
+    assert len(scored) == len(want) == 4
+    for _, row in scored.iterrows():
+        piece = want.loc[row["sha256"]]
+        assert row["nll_per_note"] == pytest.approx(piece["nll_nats"] / piece["n_notes"],
+                                                    rel=1e-6)
+        assert row["n_tokens"] == piece["n_tokens"] and row["n_notes"] == piece["n_notes"]
+        np.testing.assert_allclose(row[books].to_numpy(float), piece[books].to_numpy(float),
+                                   rtol=1e-6)
+    ok = got[got["status"] == "ok"]
+    np.testing.assert_allclose(ok[books].sum(axis=1), ok["nll_nats"], rtol=1e-12)
+    steps = encode_midi(load_tokenizer(root / "data/tokenizer.json"), long.read_bytes())[0][1]
+    last = got.iloc[-1]
+    assert last["n_tokens"] == len(steps) + 1 > 2 * 32  # three windows of the 32-step context
+    nll, shares = score_codebooks(load_scorer(trained / "model", stride=8), [steps])
+    assert last["nll_nats"] == pytest.approx(nll[0], rel=1e-6)
+    np.testing.assert_allclose(last[books].to_numpy(float), shares[0], rtol=1e-6)
+
+
+def test_symkit_score_of_a_compound_test_piece_is_a_look(root, trained, tmp_path, capsys):
+    from pipeline.decision import ledger
+
+    splits = pd.read_parquet(root / "data/splits.parquet")
+    splits.loc[0, "split"] = "test"
+    write_parquet(tmp_path / "splits.parquet", splits)
+    raw = sorted((root / "data/raw").glob("*.mid"))
+    _score(root, trained, tmp_path, *raw, splits=tmp_path / "splits.parquet")
+    assert "1 of these files is a test piece" in capsys.readouterr().out
+    (look,) = ledger.read(tmp_path / "ledger.jsonl")
+    assert look["command"] == "score" and look["pieces"] == [splits.loc[0, "sha256"]]
+
+
+def test_symkit_score_refuses_a_stride_beyond_the_context_in_steps(root, trained, tmp_path,
+                                                                   capsys):
+    from pipeline.cli import main
+
+    rc = main(["score", str(root / "data/raw/0.mid"), "--model", str(trained / "model"),
+               "--tokenizer", str(root / "data/tokenizer.json"), "--stride", "33",
+               "--splits", str(root / "data/splits.parquet"), "--preregistration",
+               str(tmp_path / "none.json"), "--out", str(tmp_path / "scores.csv")])
+    assert rc == 2 and not (tmp_path / "scores.csv").exists()
+    assert "--stride 33: the model's context is 32 steps; use 1..32" in capsys.readouterr().err
+
+
+def _sample(root: Path, trained: Path, out: Path, *extra: str) -> int:
+    from pipeline.cli import main
+
+    return main(["sample", "--model", str(trained / "model"), "--tokenizer",
+                 str(root / "data/tokenizer.json"), "--n", "3", "--max-new-tokens", "10",
+                 "--batch-size", "2", "--torch-threads", "1", "--out", str(out), *extra])
+
+
+def test_symkit_sample_draws_compound_steps_reproducibly(root, trained, tmp_path):
+    """symkit sample opens a compound model, draws unprompted samples step by step, the same
+    codes for the same seed whatever the batch size."""
+    import symusic
+
+    assert _sample(root, trained, tmp_path / "a") == 0
+    assert _sample(root, trained, tmp_path / "b", "--batch-size", "3") == 0
     record = read_json(tmp_path / "a" / "samples.json")
     info = TokenInfo.read(root / "data/tokens/info.json")
-    assert len(record["samples"]) == 3
+    assert len(record["samples"]) == 3 and record["prompts"] == []
     for s in record["samples"]:
         assert s["ids"] == [] and len(s["codes"]) == len(info.codebooks)
         assert all(len(c) == len(s["codes"][0]) <= 10 for c in s["codes"])
+        assert s["prompt"] is None and s["prompt_len"] == 0
     ok = [s for s in record["samples"] if s["decode_ok"]]
     assert ok and symusic.Score.from_file(str(tmp_path / "a" / ok[0]["file"])).note_num() > 0
     again = read_json(tmp_path / "b" / "samples.json")
     assert [s["codes"] for s in again["samples"]] == [s["codes"] for s in record["samples"]]
-    assert sample(tmp_path / "c", "--prompt", str(root / "data/raw/0.mid")) == 2
-    assert "--prompt: Octuple is a compound tokenizer" in capsys.readouterr().err
+
+
+def test_symkit_sample_continues_a_prompts_steps(root, trained, tmp_path):
+    """--prompt: each sample starts with its prompt's first --prompt-tokens steps exactly, then
+    the drawn ones; the same seed writes the same bytes, another seed other steps; prompted
+    samples decode to MIDI holding at least the prompt's notes; a prompt shorter than
+    --prompt-tokens is used whole."""
+    import symusic
+
+    from pipeline.tokens.tokenizer import steps_from_codes
+
+    tokens = pd.read_parquet(root / "data/tokens/tokens.parquet").set_index("sha256")
+    prompts = [root / "data/raw" / "0.mid", root / "data/raw" / "1.mid"]
+    whole = [np.asarray(steps_from_codes(tokens.loc[sha256_bytes(p.read_bytes()), "codes"]))
+             for p in prompts]
+    args = ["--prompt", str(prompts[0]), "--prompt", str(prompts[1]), "--prompt-tokens", "4",
+            "--seed", "5"]
+    for name in ("a", "b"):
+        assert _sample(root, trained, tmp_path / name, *args) == 0
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert "samples.json" in files and any(f.endswith(".mid") for f in files)
+    for name in files:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    record = read_json(tmp_path / "a" / "samples.json")
+    assert record["prompts"] == [{"name": p.name, "sha256": sha256_bytes(p.read_bytes()),
+                                  "n_steps": 4} for p in prompts]
+    assert record["settings"]["prompt_tokens"] == 4
+    for s in record["samples"]:
+        steps = np.asarray(steps_from_codes(s["codes"]))
+        assert s["prompt"] == s["index"] % 2 and s["prompt_len"] == 4 and s["ids"] == []
+        np.testing.assert_array_equal(steps[:4], whole[s["prompt"]][:4])
+        assert 4 < len(steps) <= 4 + 10
+    ok = [s for s in record["samples"] if s["decode_ok"]]
+    assert ok and all(symusic.Score.from_file(str(tmp_path / "a" / s["file"])).note_num() >= 4
+                      for s in ok)
+    assert _sample(root, trained, tmp_path / "c", *args[:-1], "6") == 0
+    other = read_json(tmp_path / "c" / "samples.json")
+    assert [s["codes"] for s in other["samples"]] != [s["codes"] for s in record["samples"]]
+    assert _sample(root, trained, tmp_path / "d", "--prompt", str(prompts[0]),
+                   "--prompt-tokens", "1000", "--n", "1") == 0
+    (s,) = read_json(tmp_path / "d" / "samples.json")["samples"]
+    assert s["prompt_len"] == len(whole[0]) < 1000
+    np.testing.assert_array_equal(np.asarray(steps_from_codes(s["codes"]))[:len(whole[0])],
+                                  whole[0])

@@ -114,10 +114,7 @@ def test_refuse_compound_names_the_key_and_its_value(compound_tokens):
     with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: CPWord — symkit x reads one id "
                                           r"stream.*but not yet modelled here"):
         refuse_compound(TokenInfo.read(compound_tokens["info"]), "symkit x")
-    with pytest.raises(ParamsError, match=r"tokenize\.tokenizer: Octuple"):
-        refuse_compound(None, "symkit score", tokenizer="Octuple")
     refuse_compound(TokenInfo(600, 0, 1, 2, "t", "s", tokenizer="REMI"), "symkit x")
-    refuse_compound(None, "symkit score", tokenizer="REMI")
 
 
 def test_compound_tables_refuse_to_be_read_for_their_ids(compound_tokens, tmp_path):

@@ -1,7 +1,8 @@
 """Training throughput and memory of the transformer, with the estimator's prediction beside it.
 
 Run: ``python benchmarks/bench_train.py [--steps 20] [--repeats 3] [--device cpu|cuda]
-[--threads 2] [--pack]``.
+[--threads 2] [--pack]``; tokenizers compared: ``... --tokenizers [REMI,REMI+BPE,Octuple]
+[--pieces 40]`` (below).
 
 Data: synthetic pieces the size of the default corpus (370 pieces × ~1,400 tokens, vocab 300).
 Model and batch: the ``transformer`` defaults of ``TransformerStageConfig`` (``--pack`` packs).
@@ -43,6 +44,26 @@ tensors leave RSS, so RSS follows the tensors alive. The estimate (``pipeline.tr
 whose docstring lists what it covers) is compared with the latter; the difference between the
 two is memory the allocator keeps. Autograd's saved activations are compared with the
 estimate's activation term. The load average is printed before and after: the machine may be shared.
+
+Tokenizers compared (``--tokenizers``, a comma list of :data:`ARMS`; alone it means
+``REMI,REMI+BPE,Octuple``): instead of the above, the training loop on real pieces tokenised by
+each arm. Data: the first ``--pieces`` Bach chorales bundled with music21 (local, nothing is
+downloaded; ``pipeline.stages.corpus.chorale_midi``), every 10th piece val, the rest train,
+tokenised once per arm by ``symkit tokenize``'s ``run`` with the ``tokenize`` defaults
+(``use_programs: true``, ``program: 0``, BPE ``vocab_size`` 1000) but the arm's tokenizer and
+model and no transpositions. Every arm trains the same model and batch (the ``transformer``
+defaults, unpacked; final evaluation on 4 val windows) through ``pipeline.training.loop.train``,
+which trains a compound table (CPWord, Octuple) as ``models.compound.CompoundGPT``. After one
+untimed 2-step call per arm, ``--repeats`` rounds each time every arm once, the first arm
+rotating. Printed per arm (medians over the rounds, wall time):
+
+- ``steps/s``: 1 / the call's steady seconds per step (steps 2..N-1, as above);
+- ``tokens/s``: targets trained per second (padding excluded; a compound step is one token
+  position) = the call's targets per step × steps/s;
+- ``notes/s``: tokens/s / the arm's tokens per note, measured on its train pieces (``n_tokens``
+  summed / ``n_notes`` summed; a compound step counts once);
+- ratios against the first arm (REMI by default): the median of the rounds' paired ratios, in
+  wall time and in process CPU time (less sensitive to other processes on a shared machine).
 """
 
 from __future__ import annotations
@@ -55,12 +76,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from models.transformer import GPT, TransformerConfig
+from pipeline.core.artifacts import read_table, sha256_bytes, write_parquet
+from pipeline.core.config import RuntimeConfig
 from pipeline.core.memory import FIXED_MMAP, PeakRSS
+from pipeline.stages.tokenize import TokenizeConfig
+from pipeline.stages.tokenize import run as tokenize
 from pipeline.tokens.contract import TokenInfo
 from pipeline.training.config import TransformerStageConfig
 from pipeline.training.data import Corpus, WindowStream, load_corpus, make_batch
@@ -71,11 +98,20 @@ from pipeline.training.setup import build_model, make_optimizer, make_scheduler
 from pipeline.training.synthetic import write_token_data
 
 VOCAB = 300
+ARMS: dict[str, tuple[str, str]] = {  # --tokenizers arm -> (tokenize.tokenizer, tokenize.model)
+    "REMI": ("REMI", "none"), "REMI+BPE": ("REMI", "BPE"), "CPWord": ("CPWord", "none"),
+    "Octuple": ("Octuple", "none")}
+DEFAULT_ARMS = "REMI,REMI+BPE,Octuple"
 
 
-def make_cfg(device: str, precision: str, steps: int, pack: bool) -> TransformerStageConfig:
+def make_cfg(device: str, precision: str, steps: int, pack: bool,
+             val_windows: int = 0) -> TransformerStageConfig:
+    """The ``transformer`` defaults trained for ``steps`` steps; ``val_windows`` > 0 caps the
+    final evaluation (``data.val_max_windows``)."""
+    data = {**({"pack": True} if pack else {}),
+            **({"val_max_windows": val_windows} if val_windows else {})}
     return TransformerStageConfig.model_validate({
-        "device": device, "precision": precision, **({"data": {"pack": True}} if pack else {}),
+        "device": device, "precision": precision, "data": data,
         "train": {"max_steps": steps, "eval_every": 10**6, "log_every": 10**6},
         "optim": {"warmup_steps": 1}, "checkpoint": {"every": 10**6}})
 
@@ -207,6 +243,132 @@ def speed(args: argparse.Namespace, precision: str, info: TokenInfo,
             "bare_step_s": statistics.median(bare_wall)}
 
 
+def arm_names(text: str) -> list[str]:
+    """``--tokenizers``: two or more distinct :data:`ARMS`, comma-separated, the first the
+    baseline."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if len(names) < 2 or len(set(names)) < len(names) or not set(names) <= set(ARMS):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give two or more distinct arms, comma-separated, the first the "
+            f"baseline, from {', '.join(ARMS)}")
+    return names
+
+
+def write_chorales(root: Path, n: int) -> int:
+    """The first ``n`` distinct chorales music21 resolves (Riemenschneider order) as
+    ``raw/``, ``manifest.parquet`` and ``splits.parquet`` under ``root``: every 10th piece val,
+    the rest train. Returns the number of train pieces."""
+    from pipeline.stages.corpus import chorale_list, chorale_midi
+
+    (root / "raw").mkdir(parents=True)
+    rows: list[dict[str, str]] = []
+    for entry in chorale_list():
+        if len(rows) == n:
+            break
+        data, _ = chorale_midi(entry)
+        if not data or (sha := sha256_bytes(data)) in {r["sha256"] for r in rows}:
+            continue
+        path = f"{len(rows):03d}.mid"
+        (root / "raw" / path).write_bytes(data)
+        rows.append({"path": path, "sha256": sha, "status": "ok"})
+    if len(rows) < n:
+        raise SystemExit(f"--pieces {n}: music21 resolves only {len(rows)} distinct chorales")
+    split = ["val" if i % 10 == 0 else "train" for i in range(n)]
+    write_parquet(root / "manifest.parquet", pd.DataFrame(rows))
+    write_parquet(root / "splits.parquet", pd.DataFrame({
+        "sha256": [r["sha256"] for r in rows], "group_id": [r["path"] for r in rows],
+        "split": split, "fold": 0}))
+    return split.count("train")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One tokenizer's tables of the same pieces, ready to train on."""
+
+    name: str
+    info: TokenInfo
+    corpus: Corpus
+    tokens_per_note: float  # train pieces: tokens (compound: steps) / notes
+
+
+def tokenize_arm(root: Path, name: str) -> Arm:
+    """Tokenise the pieces :func:`write_chorales` wrote with arm ``name`` into ``root/name``."""
+    tokenizer, model = ARMS[name]
+    out = root / name
+    tokenize(TokenizeConfig(tokenizer=tokenizer, model=model, transpose=[]),
+             RuntimeConfig(workers=1, progress=False), raw_dir=root / "raw",
+             manifest=root / "manifest.parquet", splits=root / "splits.parquet",
+             split_report=None, tokenizer_out=out / "tokenizer.json", tokens_dir=out / "tokens",
+             cache_dir=None, report=out / "tokenize.json")
+    info = TokenInfo.read(out / "tokens" / "info.json")
+    table = read_table(out / "tokens" / "tokens.parquet",
+                       columns=["split", "n_tokens", "n_notes"]).to_pandas()
+    train = table[table["split"] == "train"]
+    return Arm(name, info, load_corpus(out / "tokens" / "tokens.parquet", info),
+               float(train["n_tokens"].sum() / train["n_notes"].sum()))
+
+
+def compare(args: argparse.Namespace, arms: list[Arm]) -> dict[str, dict[str, float]]:
+    """Per arm: steps/s, tokens/s, notes/s, padded share and the ratios against the first arm
+    (module docstring)."""
+    cfg = make_cfg(args.device, args.precision, args.steps, False, val_windows=4)
+    for arm in arms:  # warm-up
+        loop_call(make_cfg(args.device, args.precision, 2, False, val_windows=4), arm.info,
+                  arm.corpus)
+    runs: dict[str, list[tuple[float, float, float]]] = {a.name: [] for a in arms}
+    for r in range(args.repeats):
+        for k in range(len(arms)):
+            arm = arms[(r + k) % len(arms)]
+            _, wall, cpu, tokens = loop_call(cfg, arm.info, arm.corpus)
+            runs[arm.name].append((wall, cpu, tokens / args.steps))
+    base = runs[arms[0].name]
+    positions = cfg.train.micro_batch * cfg.model.max_seq_len
+    out = {}
+    for arm in arms:
+        own = runs[arm.name]
+        tps = [t / w for w, _, t in own]
+        ratio = [(t / w) / (bt / bw) for (w, _, t), (bw, _, bt) in zip(own, base, strict=True)]
+        ratio_cpu = [(t / c) / (bt / bc) for (_, c, t), (_, bc, bt) in zip(own, base, strict=True)]
+        note_scale = arms[0].tokens_per_note / arm.tokens_per_note
+        out[arm.name] = {
+            "steps_per_s": 1 / statistics.median(w for w, _, _ in own),
+            "tokens_per_s": statistics.median(tps),
+            "notes_per_s": statistics.median(tps) / arm.tokens_per_note,
+            "padded_share": 1 - own[0][2] / positions,
+            "tokens_ratio": statistics.median(ratio),
+            "tokens_ratio_cpu": statistics.median(ratio_cpu),
+            "notes_ratio": statistics.median(ratio) * note_scale,
+            "notes_ratio_cpu": statistics.median(ratio_cpu) * note_scale}
+    return out
+
+
+def compare_tokenizers(args: argparse.Namespace) -> None:
+    """Tokenise the chorales with each arm, time the training loop on each and print the
+    table (module docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        n_train = write_chorales(Path(tmp), args.pieces)
+        arms = [tokenize_arm(Path(tmp), name) for name in args.tokenizers]
+        prepared = time.perf_counter() - t0
+        res = compare(args, arms)
+    cfg = make_cfg(args.device, args.precision, args.steps, False)
+    m, base = cfg.model, arms[0].name
+    print(f"== {args.device} {args.precision}, {m.n_layer} layers × {m.n_embd}, batch "
+          f"{cfg.train.micro_batch}×{m.max_seq_len}, {args.steps} steps, {args.repeats} "
+          f"repeats, {args.threads} threads; {args.pieces} chorales ({n_train} train), "
+          f"written and tokenised in {prepared:.0f} s")
+    print(f"{'arm':<10} {'vocabulary':>16} {'tokens/note':>11} {'padded':>6} {'steps/s':>7} "
+          f"{'tokens/s':>8} {'notes/s':>7}   vs {base}: tokens/s, notes/s (wall; CPU time)")
+    for arm in arms:
+        r = res[arm.name]
+        books = arm.info.codebooks or []
+        vocab = f"{arm.info.vocab_size}" + (f" ({len(books)} books)" if books else "")
+        print(f"{arm.name:<10} {vocab:>16} {arm.tokens_per_note:11.2f} "
+              f"{r['padded_share']:6.1%} {r['steps_per_s']:7.2f} {r['tokens_per_s']:8,.0f} "
+              f"{r['notes_per_s']:7,.0f}   {r['tokens_ratio']:.2f}, {r['notes_ratio']:.2f} "
+              f"({r['tokens_ratio_cpu']:.2f}, {r['notes_ratio_cpu']:.2f})")
+
+
 def memory_child(args: argparse.Namespace) -> None:
     """Runs in a fresh process: warm up, then measure one ``train`` call; prints JSON."""
     torch.set_num_threads(args.threads)
@@ -258,8 +420,21 @@ def main() -> None:
     ap = training_parser(steps=20)
     ap.add_argument("--pack", action="store_true", help="transformer.data.pack: true")
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
+    ap.add_argument("--tokenizers", type=arm_names, nargs="?", const=arm_names(DEFAULT_ARMS),
+                    help=f"compare these tokenizers on Bach chorales instead (alone: "
+                         f"{DEFAULT_ARMS}; from {', '.join(ARMS)})")
+    ap.add_argument("--pieces", type=int, default=40, help="chorales for --tokenizers")
     args = start(ap, memory_child)
     if args is None:
+        return
+    if args.tokenizers:
+        if args.pack:
+            ap.error("--pack with --tokenizers: the arms are compared unpacked "
+                     "(transformer.data.pack refuses compound tokens)")
+        if args.pieces < 10:
+            ap.error(f"--pieces {args.pieces}: at least 10 (every 10th piece is val)")
+        compare_tokenizers(args)
+        print(load_average())
         return
     precisions = ["fp32", "bf16"] if args.device.startswith("cuda") else ["fp32"]
     with tempfile.TemporaryDirectory() as tmp:

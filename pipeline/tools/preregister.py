@@ -302,7 +302,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the token table (val's lengths give the audit's windows)")
     parser.add_argument("--power-draws", type=int, default=400,
                         help="simulated experiments per control for the power statement "
-                             "(0: none; default 400)")
+                             "(0: none; default 400); with --amend, 0 leaves the power "
+                             "statement as it stands and any other value restates it with "
+                             "the registration's own draws, so the two stay comparable")
     parser.add_argument("--force", action="store_true",
                         help="register although test scores or an earlier registration of the "
                              "test pieces exist (recorded, and named in the report)")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,27 +108,39 @@ def run(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str, Any]],
         bar.update(hi - lo)
     bar.close()
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in sorted(p for p in out_dir.iterdir() if SAMPLE_FILE.fullmatch(p.name)):
-        stale.unlink()  # an earlier run's files, which samples.json would no longer list
-    samples = []
     shown = labels_of(inf, conditions) if vocab is not None else {}
     cond_ids = (cond_row if cond_row is not None
                 else vocab.none_ids() if vocab is not None else np.zeros(0, np.int64))
+    return write_samples(inf, out_dir, starts, new, prompts=prompts, settings=settings,
+                         max_new_tokens=max_new_tokens, size="n_ids",
+                         fields=lambda ids: {"ids": ids.tolist(), "conditions": shown,
+                                             "condition_ids": cond_ids.tolist()})
+
+
+def write_samples(inf: Inference, out_dir: Path, starts: list[np.ndarray],
+                  new: list[np.ndarray], *, prompts: list[dict[str, Any]],
+                  settings: dict[str, Any], max_new_tokens: int, size: str,
+                  fields: Callable[[np.ndarray], dict[str, Any]]) -> dict[str, Any]:
+    """Decode each sample (its prompt, then what was drawn: ids, or (n, K) steps), write its
+    MIDI file and ``samples.json`` after removing an earlier run's sample files, which
+    samples.json would no longer list; return the record. ``fields`` gives a sample's
+    token fields from its whole sequence, and ``size`` names a prompt's length."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in sorted(p for p in out_dir.iterdir() if SAMPLE_FILE.fullmatch(p.name)):
+        stale.unlink()
+    samples = []
     for i, (start, gen) in enumerate(zip(starts, new, strict=True)):
-        ids = np.concatenate([start, gen]).astype(np.int64)
-        score, err = decode_ids(inf.tokenizer, ids)
+        seq = np.concatenate([start, gen]).astype(np.int64)
+        score, err = decode_ids(inf.tokenizer, seq.tolist() if seq.ndim == 2 else seq)
         name = f"sample-{i:03d}.mid"
         if err is None:
             write_bytes(out_dir / name, score.dumps_midi())
         samples.append({"index": i, "file": name if err is None else None,
                         "prompt": i % len(prompts) if prompts else None,
-                        "prompt_len": len(start), "ids": ids.tolist(),
-                        "ended_by_eos": len(gen) < max_new_tokens,
-                        "conditions": shown, "condition_ids": cond_ids.tolist(),
-                        "decode_ok": err is None, "decode_error": err})
+                        "prompt_len": len(start), "ended_by_eos": len(gen) < max_new_tokens,
+                        "decode_ok": err is None, "decode_error": err, **fields(seq)})
     record = {"model": inf.identity(), "settings": settings,
-              "prompts": [{"name": p["name"], "sha256": p["sha256"], "n_ids": len(p["ids"])}
+              "prompts": [{"name": p["name"], "sha256": p["sha256"], size: len(p["ids"])}
                           for p in prompts],
               "samples": samples}
     write_json(out_dir / "samples.json", record)
@@ -158,28 +171,11 @@ def run_compound(inf: Inference, scorer: Any, *, n: int, prompts: list[dict[str,
                             rngs=rngs[lo:hi], rules=rules, batch_size=batch_size)
         bar.update(hi - lo)
     bar.close()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in sorted(p for p in out_dir.iterdir() if SAMPLE_FILE.fullmatch(p.name)):
-        stale.unlink()
-    samples = []
-    for i, (start, gen) in enumerate(zip(starts, new, strict=True)):
-        steps = np.concatenate([start, gen]).astype(np.int64)
-        score, err = decode_ids(inf.tokenizer, steps.tolist())
-        name = f"sample-{i:03d}.mid"
-        if err is None:
-            write_bytes(out_dir / name, score.dumps_midi())
-        samples.append({"index": i, "file": name if err is None else None,
-                        "prompt": i % len(prompts) if prompts else None,
-                        "prompt_len": len(start), "ids": [],
-                        "codes": codes_from_steps(steps, k).tolist(),
-                        "ended_by_eos": len(gen) < max_new_tokens, "conditions": {},
-                        "condition_ids": [], "decode_ok": err is None, "decode_error": err})
-    record = {"model": inf.identity(), "settings": settings,
-              "prompts": [{"name": p["name"], "sha256": p["sha256"], "n_steps": len(p["ids"])}
-                          for p in prompts],
-              "samples": samples}
-    write_json(out_dir / "samples.json", record)
-    return record
+    return write_samples(inf, out_dir, starts, new, prompts=prompts, settings=settings,
+                         max_new_tokens=max_new_tokens, size="n_steps",
+                         fields=lambda steps: {"ids": [],
+                                               "codes": codes_from_steps(steps, k).tolist(),
+                                               "conditions": {}, "condition_ids": []})
 
 
 # ----------------------------------------------------------------------------------------- CLI
